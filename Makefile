@@ -1,0 +1,31 @@
+# Set-up on a fresh machine, then the main job / the tests.
+#   make run    the main job (installs everything first)
+#   make test   the test suite (installs everything first)
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test bench lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch 2.13.0 first: a local CPU wheel that then satisfies the `learning` range.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[learning,dev]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/ebfl demo
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2 -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_beta_bernoulli.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check ebfl tests benchmarks
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,47 @@
+"""ebfl: empirical-Bayes personalized estimation and learning.
+
+Many clients each hold a little data drawn from their own parameter theta_i;
+the theta_i come from an unknown population prior. Learning that prior across
+clients gives every client a better estimate than its data alone.
+
+Subpackages and modules
+-----------------------
+ebfl.eb      Gaussian and Beta-Bernoulli empirical-Bayes estimators.
+ebfl.bounds  Closed-form MSEs and bounds of the paper's theorems.
+ebfl.models  Generative models (population prior + client data) with ``sample``.
+ebfl.ragged  Ragged client data (flat values + offsets).
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from ebfl import bounds
+from ebfl.eb import (
+    BetaPrior,
+    NormalPrior,
+    beta_bernoulli_eb,
+    beta_binomial_eb,
+    gaussian_eb,
+    gaussian_eb_samples,
+    personalized_gaussian,
+)
+from ebfl.models import BetaBernoulliPopulation, GaussianPopulation
+from ebfl.ragged import Ragged
+
+try:
+    __version__ = version("ebfl")
+except PackageNotFoundError:  # running from a source tree without installing
+    __version__ = "0+unknown"
+
+__all__ = [
+    "BetaBernoulliPopulation",
+    "BetaPrior",
+    "GaussianPopulation",
+    "NormalPrior",
+    "Ragged",
+    "beta_bernoulli_eb",
+    "beta_binomial_eb",
+    "bounds",
+    "gaussian_eb",
+    "gaussian_eb_samples",
+    "personalized_gaussian",
+]

@@ -1,0 +1,28 @@
+"""Empirical-Bayes estimators: Gaussian and Beta-Bernoulli priors."""
+
+from ebfl.eb.beta_binomial import bernoulli_counts, beta_bernoulli_eb, beta_binomial_eb
+from ebfl.eb.gaussian import gaussian_eb, gaussian_eb_samples, personalized_gaussian
+from ebfl.eb.priors import BetaPrior, NormalPrior
+from ebfl.eb.results import (
+    BetaBinomialEBResult,
+    BetaPosterior,
+    GaussianEBResult,
+    NormalPosterior,
+    PersonalizedGaussianEstimate,
+)
+
+__all__ = [
+    "BetaBinomialEBResult",
+    "BetaPosterior",
+    "BetaPrior",
+    "GaussianEBResult",
+    "NormalPosterior",
+    "NormalPrior",
+    "PersonalizedGaussianEstimate",
+    "bernoulli_counts",
+    "beta_bernoulli_eb",
+    "beta_binomial_eb",
+    "gaussian_eb",
+    "gaussian_eb_samples",
+    "personalized_gaussian",
+]

@@ -1,0 +1,148 @@
+"""Numba kernels for the empirical-Bayes estimators (private: no validation).
+
+Each kernel has a plain-numpy twin in ``tests/naive.py`` that it must match to
+1e-12. Global sums are computed by the caller with numpy (pairwise summation,
+deterministic) and passed in, so results do not depend on the thread count.
+"""
+
+import numpy as np
+from numba import njit, prange
+
+from ebfl._config import CACHE, FASTMATH
+
+# Codes for the leave-one-out variants of eq. (6) (see ``beta_binomial._LOO_VARIANTS``).
+LOO_PRINTED = 0
+LOO_PROOF = 1
+LOO_CORRECTED = 2
+
+
+@njit(parallel=True, cache=CACHE, fastmath=FASTMATH)
+def _loo_beta_shrinkage(x, n, z, variant, total, ssq, corr_total):
+    """Leave-one-out moment shrinkage of eq. (6), spec C.6, for every client.
+
+    Parameters (all validated by the caller)
+    x : (m,) local means z/n;  n, z : (m,) trials and successes
+    variant : LOO_PRINTED, LOO_PROOF or LOO_CORRECTED
+    total : sum of x;  ssq : sum of (x - mean(x))**2
+    corr_total : sum of x(1-x)/(n-1) (only read by LOO_CORRECTED)
+
+    With y_i = x_i - mean(x), the leave-one-out sums are O(1) per client:
+      sum_{l != i} (x_l - mu_i)^2       = ssq - y_i^2 m/(m-1)        (proof / intended)
+      sum_{l != i} (x_l - mu_l)^2       = (m/(m-1))^2 (ssq - y_i^2)   (as printed: mu_l)
+    """
+    m = x.size
+    xbar = total / m
+    r2 = (m / (m - 1.0)) ** 2
+    mu = np.empty(m)
+    var = np.empty(m)
+    a = np.empty(m)
+    est = np.empty(m)
+    post_var = np.empty(m)
+    post_alpha = np.empty(m)
+    post_beta = np.empty(m)
+    clipped = np.zeros(m, np.bool_)
+    floored = np.zeros(m, np.bool_)
+    for i in prange(m):
+        xi = x[i]
+        ni = n[i]
+        mu_i = (total - xi) / (m - 1.0)
+        y = xi - xbar
+        if variant == LOO_PRINTED:
+            v = r2 * (ssq - y * y) / (m - 2.0)
+        else:
+            v = (ssq - y * y * m / (m - 1.0)) / (m - 2.0)
+        if v < 0.0:  # rounding only: a sum of squares
+            v = 0.0
+        if variant == LOO_CORRECTED:
+            v -= (corr_total - xi * (1.0 - xi) / (ni - 1.0)) / (m - 1.0)
+            if v < 0.0:
+                v = 0.0
+                floored[i] = True
+        u = mu_i * (1.0 - mu_i)
+        # a = n / (u/v - 1 + n) (printed, corrected) or n / (u/v + n) (proof),
+        # multiplied through by v so that v = 0 gives a = 0 without dividing by 0.
+        minus_one = 0.0 if variant == LOO_PROOF else 1.0
+        den = u - minus_one * v + ni * v
+        if v == 0.0:
+            ai = 0.0
+        elif den <= 0.0:
+            ai = np.inf
+        else:
+            ai = ni * v / den
+        if ai < 0.0:
+            ai = 0.0
+            clipped[i] = True
+        elif ai > 1.0:
+            ai = 1.0
+            clipped[i] = True
+        e = ai * xi + (1.0 - ai) * mu_i
+        mu[i] = mu_i
+        var[i] = v
+        a[i] = ai
+        est[i] = e
+        # Implied prior Beta(mu_i s, (1-mu_i) s) with s = n(1-a)/a; a = 0 is a point mass.
+        post_var[i] = e * (1.0 - e) * ai / (ni + ai)
+        if ai == 0.0:
+            post_alpha[i] = np.inf
+            post_beta[i] = np.inf
+        else:
+            s = ni * (1.0 - ai) / ai
+            post_alpha[i] = mu_i * s + z[i]
+            post_beta[i] = (1.0 - mu_i) * s + (ni - z[i])
+    return mu, var, a, est, post_var, post_alpha, post_beta, clipped, floored
+
+
+@njit(parallel=True, cache=CACHE, fastmath=FASTMATH)
+def _beta_posterior(z, n, alpha, beta):
+    """Posterior Beta(alpha + z, beta + n - z): parameters, mean, variance, weight on z/n."""
+    m = z.size
+    post_alpha = np.empty(m)
+    post_beta = np.empty(m)
+    mean = np.empty(m)
+    var = np.empty(m)
+    weight = np.empty(m)
+    for i in prange(m):
+        pa = alpha + z[i]
+        pb = beta + (n[i] - z[i])
+        s = pa + pb
+        post_alpha[i] = pa
+        post_beta[i] = pb
+        mean[i] = pa / s
+        var[i] = pa * pb / (s * s * (s + 1.0))
+        weight[i] = n[i] / (alpha + beta + n[i])
+    return post_alpha, post_beta, mean, var, weight
+
+
+@njit(cache=CACHE, fastmath=FASTMATH)
+def _trials_successes_table(z, n, n_max):
+    """Dense table ``T[n, z]`` = number of clients with those counts.
+
+    The beta-binomial likelihood depends on a client only through (n, z), so
+    the MLE iterates over the non-empty cells instead of over all m clients.
+    Serial: one increment per client is memory-bound and a parallel version
+    would need a table per thread.
+    """
+    table = np.zeros((n_max + 1, n_max + 1), np.int64)
+    for i in range(z.size):
+        table[n[i], z[i]] += 1
+    return table
+
+
+@njit(parallel=True, cache=CACHE, fastmath=FASTMATH)
+def _normal_posterior(x, s2, mu, tau2):
+    """Posterior of theta_i ~ N(mu, tau2 I) given x_i ~ N(theta_i, s2_i I).
+
+    x : (m, d); s2 : (m,); mu : (d,). Returns mean (m, d), per-coordinate
+    variance (m,) and shrinkage weight a_i = tau2 / (tau2 + s2_i) on x_i.
+    """
+    m, d = x.shape
+    mean = np.empty((m, d))
+    var = np.empty(m)
+    a = np.empty(m)
+    for i in prange(m):
+        ai = tau2 / (tau2 + s2[i])
+        for k in range(d):
+            mean[i, k] = mu[k] + ai * (x[i, k] - mu[k])
+        a[i] = ai
+        var[i] = ai * s2[i]
+    return mean, var, a

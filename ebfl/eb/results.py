@@ -1,0 +1,235 @@
+"""Result objects of the empirical-Bayes fits (frozen dataclasses, ebnm-shaped)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+from scipy import special, stats
+
+from ebfl._validation import check_positive_scalar
+from ebfl.eb.priors import BetaPrior, NormalPrior
+
+__all__ = [
+    "BetaBinomialEBResult",
+    "BetaPosterior",
+    "GaussianEBResult",
+    "NormalPosterior",
+    "PersonalizedGaussianEstimate",
+]
+
+
+def _check_level(level):
+    level = check_positive_scalar(level, "level")
+    if not level < 1.0:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    return level
+
+
+def _freeze(*arrays):
+    for arr in arrays:
+        if isinstance(arr, np.ndarray):
+            arr.setflags(write=False)
+
+
+@dataclass(frozen=True)
+class BetaPosterior:
+    """Per-client posterior Beta(alpha_i, beta_i) of the success probabilities.
+
+    Attributes
+    ----------
+    alpha, beta : ndarray of shape (m,)
+        Posterior shape parameters. ``inf`` marks a point mass at ``mean``
+        (a leave-one-out fit with shrinkage weight 0); 0 marks the limit
+        Beta(0, b) (point mass at 0) or Beta(a, 0) (point mass at 1).
+    mean : ndarray of shape (m,)
+        Posterior means, the personalized estimates.
+    var : ndarray of shape (m,)
+        Posterior variances.
+    """
+
+    alpha: np.ndarray
+    beta: np.ndarray
+    mean: np.ndarray
+    var: np.ndarray
+
+    def __post_init__(self):
+        _freeze(self.alpha, self.beta, self.mean, self.var)
+
+    @property
+    def sd(self) -> np.ndarray:
+        """Posterior standard deviations."""
+        return np.sqrt(self.var)
+
+    def interval(self, level=0.95):
+        """Equal-tailed credible intervals.
+
+        Parameters
+        ----------
+        level : float, default=0.95
+            Posterior probability inside the interval, in (0, 1).
+
+        Returns
+        -------
+        lower, upper : ndarray of shape (m,)
+        """
+        level = _check_level(level)
+        tail = (1.0 - level) / 2.0
+        a, b = self.alpha, self.beta
+        proper = np.isfinite(a) & np.isfinite(b) & (a > 0) & (b > 0)
+        lower = self.mean.copy()
+        upper = self.mean.copy()
+        lower[proper] = special.betaincinv(a[proper], b[proper], tail)
+        upper[proper] = special.betaincinv(a[proper], b[proper], 1.0 - tail)
+        return lower, upper
+
+
+@dataclass(frozen=True)
+class BetaBinomialEBResult:
+    """Empirical-Bayes fit of a Beta prior to binomial client counts.
+
+    Attributes
+    ----------
+    method : str
+        How the prior was obtained (``"mle"``, ``"moments"``, ``"loo_printed"``,
+        ``"loo_proof"``, ``"loo_corrected"`` or ``"fixed"``).
+    prior : BetaPrior or None
+        Fitted population prior ``g``. For the leave-one-out methods this is
+        the Beta implied by the method's moments on all m clients; ``None``
+        when those moments define no proper Beta (variance <= 0 or
+        >= mean (1 - mean)).
+    posterior : BetaPosterior
+        Per-client posteriors; ``posterior.mean`` are the estimates.
+    shrinkage : ndarray of shape (m,)
+        Weight ``a_i`` on the client's own mean z_i/n_i; ``1 - a_i`` goes to
+        ``centre``.
+    centre : ndarray of shape (m,)
+        What each client shrinks towards: the prior mean, or the leave-one-out
+        mean mu_hat_i.
+    log_likelihood : float
+        Beta-binomial marginal log-likelihood of all counts under ``prior``
+        (binomial coefficients included); NaN when ``prior`` is None.
+    n_clipped : int
+        Number of clients whose shrinkage weight left [0, 1] and was clipped
+        (leave-one-out methods only, spec [!5]g).
+    diagnostics : mapping
+        Method-specific details (optimizer status, moments, counts of floored
+        variances, ...).
+    """
+
+    method: str
+    prior: BetaPrior | None
+    posterior: BetaPosterior
+    shrinkage: np.ndarray
+    centre: np.ndarray
+    log_likelihood: float
+    n_clipped: int = 0
+    diagnostics: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self):
+        _freeze(self.shrinkage, self.centre)
+        object.__setattr__(self, "diagnostics", MappingProxyType(dict(self.diagnostics)))
+
+    @property
+    def n_clients(self) -> int:
+        """Number of clients m."""
+        return self.shrinkage.size
+
+
+@dataclass(frozen=True)
+class NormalPosterior:
+    """Per-client Gaussian posteriors N(mean_i, var_i I_d).
+
+    Attributes
+    ----------
+    mean : ndarray of shape (m,) or (m, d)
+        Posterior means, the personalized estimates (same shape as the input).
+    var : ndarray of shape (m,)
+        Per-coordinate posterior variance of each client.
+    """
+
+    mean: np.ndarray
+    var: np.ndarray
+
+    def __post_init__(self):
+        _freeze(self.mean, self.var)
+
+    @property
+    def sd(self) -> np.ndarray:
+        """Per-coordinate posterior standard deviations, shape (m,)."""
+        return np.sqrt(self.var)
+
+    def interval(self, level=0.95):
+        """Equal-tailed credible intervals per coordinate, each of the shape of ``mean``."""
+        level = _check_level(level)
+        zq = stats.norm.ppf(0.5 + level / 2.0)
+        half = zq * self.sd
+        if self.mean.ndim == 2:
+            half = half[:, None]
+        return self.mean - half, self.mean + half
+
+
+@dataclass(frozen=True)
+class GaussianEBResult:
+    """Empirical-Bayes fit of a Gaussian prior N(mu, sigma_theta^2 I_d).
+
+    Attributes
+    ----------
+    method : str
+        ``"mle"``, ``"moments"`` or ``"fixed"`` (both prior parameters given).
+    prior : NormalPrior
+        Fitted (or given) population prior.
+    posterior : NormalPosterior
+        Per-client posteriors.
+    shrinkage : ndarray of shape (m,)
+        Weight a_i = sigma_theta^2 / (sigma_theta^2 + s_i^2) on the client's own mean.
+    s : ndarray of shape (m,)
+        Standard errors of the client means used in the fit.
+    log_likelihood : float
+        Marginal log-likelihood sum_i log N(x_i; mu, (sigma_theta^2 + s_i^2) I_d).
+    diagnostics : mapping
+        Method-specific details.
+    """
+
+    method: str
+    prior: NormalPrior
+    posterior: NormalPosterior
+    shrinkage: np.ndarray
+    s: np.ndarray
+    log_likelihood: float
+    diagnostics: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self):
+        _freeze(self.shrinkage, self.s)
+        object.__setattr__(self, "diagnostics", MappingProxyType(dict(self.diagnostics)))
+
+    @property
+    def n_clients(self) -> int:
+        """Number of clients m."""
+        return self.shrinkage.size
+
+
+@dataclass(frozen=True)
+class PersonalizedGaussianEstimate:
+    """Output of the Theorem 1 / Theorem 2 estimator ``a x_i + (1 - a) mu_hat``.
+
+    Attributes
+    ----------
+    estimate : ndarray of shape (m,) or (m, d)
+        Personalized estimates theta_hat_i.
+    weight : float or ndarray of shape (m,)
+        Weight a on the client's own (unquantized) mean.
+    global_mean : float or ndarray of shape (d,)
+        mu_hat, the average of what the clients shared.
+    sigma_q : float
+        Per-coordinate standard deviation of the sharing mechanism (0: exact).
+    """
+
+    estimate: np.ndarray
+    weight: float | np.ndarray
+    global_mean: float | np.ndarray
+    sigma_q: float
+
+    def __post_init__(self):
+        _freeze(self.estimate, self.weight, self.global_mean)

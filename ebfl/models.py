@@ -1,0 +1,177 @@
+"""Generative models of the framework (spec C.0): a population prior, then client data.
+
+Each model draws client parameters theta_i from the population and n_i
+observations per client; ``sample`` returns the raw ragged data and
+``sample_sufficient`` draws the per-client sufficient statistics directly
+(exactly the same distribution, far cheaper for Monte Carlo).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ebfl._validation import (
+    as_generator,
+    check_int_scalar,
+    check_nonnegative_scalar,
+    check_positive_scalar,
+)
+from ebfl.ragged import Ragged
+
+__all__ = ["BetaBernoulliPopulation", "ClientSample", "GaussianPopulation"]
+
+
+@dataclass(frozen=True)
+class ClientSample:
+    """Clients drawn from a generative model.
+
+    Attributes
+    ----------
+    theta : ndarray of shape (m,) or (m, d)
+        True client parameters.
+    data : Ragged
+        Observations of every client.
+    """
+
+    theta: np.ndarray
+    data: Ragged
+
+
+def _sizes_iv(n_clients, n):
+    m = check_int_scalar(n_clients, "n_clients", minimum=1)
+    n_arr = np.asarray(n)
+    if n_arr.ndim == 0:
+        return m, np.full(m, check_int_scalar(n_arr.item(), "n", minimum=1), np.int64)
+    if n_arr.shape != (m,) or not np.issubdtype(n_arr.dtype, np.integer):
+        raise ValueError(f"n must be an integer or an integer array of shape ({m},)")
+    if n_arr.min() < 1:
+        raise ValueError("n must be >= 1 for every client (empty clients are not allowed)")
+    return m, n_arr.astype(np.int64)
+
+
+@dataclass(frozen=True)
+class GaussianPopulation:
+    """theta_i ~ N(mean, sigma_theta^2 I_d), X_ij | theta_i ~ N(theta_i, sigma_x^2 I_d).
+
+    Parameters
+    ----------
+    mean : float or array_like of shape (d,)
+        Population mean mu; a scalar gives 1-D clients.
+    sigma_theta : float
+        Population standard deviation, >= 0.
+    sigma_x : float
+        Observation noise standard deviation, > 0.
+
+    Examples
+    --------
+    >>> pop = GaussianPopulation(mean=[0.0, 1.0], sigma_theta=0.1, sigma_x=0.5)
+    >>> s = pop.sample(3, [2, 4, 1], rng=0)
+    >>> s.theta.shape, s.data.values.shape
+    ((3, 2), (7, 2))
+    """
+
+    mean: float | np.ndarray = 0.0
+    sigma_theta: float = 1.0
+    sigma_x: float = 1.0
+
+    def __post_init__(self):
+        mean = np.asarray(self.mean, dtype=np.float64)
+        if mean.ndim > 1 or not np.all(np.isfinite(mean)):
+            raise ValueError("mean must be a finite scalar or 1-D array")
+        object.__setattr__(self, "mean", float(mean) if mean.ndim == 0 else mean.copy())
+        object.__setattr__(self, "sigma_theta",
+                           check_nonnegative_scalar(self.sigma_theta, "sigma_theta"))
+        object.__setattr__(self, "sigma_x", check_positive_scalar(self.sigma_x, "sigma_x"))
+
+    @property
+    def _shape(self):
+        return np.shape(self.mean)
+
+    def _theta(self, m, rng):
+        return self.mean + self.sigma_theta * rng.standard_normal((m, *self._shape))
+
+    def sample(self, n_clients, n, *, rng=None):
+        """Draw client parameters and raw observations.
+
+        Parameters
+        ----------
+        n_clients : int
+            Number of clients m >= 1.
+        n : int or array_like of int, shape (m,)
+            Observations per client, each >= 1.
+        rng : None, int, SeedSequence or Generator
+            Source of randomness.
+
+        Returns
+        -------
+        ClientSample
+        """
+        rng = as_generator(rng)
+        m, counts = _sizes_iv(n_clients, n)
+        theta = self._theta(m, rng)
+        centres = np.repeat(theta, counts, axis=0)
+        values = centres + self.sigma_x * rng.standard_normal(centres.shape)
+        return ClientSample(theta, Ragged.from_counts(values, counts))
+
+    def sample_sufficient(self, n_clients, n, *, rng=None):
+        """Draw theta_i and the local means xbar_i ~ N(theta_i, sigma_x^2/n_i I_d) directly.
+
+        Returns
+        -------
+        theta, xbar : ndarray of shape (m,) or (m, d)
+        n : ndarray of shape (m,)
+        """
+        rng = as_generator(rng)
+        m, counts = _sizes_iv(n_clients, n)
+        theta = self._theta(m, rng)
+        scale = self.sigma_x / np.sqrt(counts)
+        if theta.ndim == 2:
+            scale = scale[:, None]
+        xbar = theta + scale * rng.standard_normal(theta.shape)
+        return theta, xbar, counts
+
+
+@dataclass(frozen=True)
+class BetaBernoulliPopulation:
+    """p_i ~ Beta(alpha, beta), X_ij | p_i ~ Bernoulli(p_i).
+
+    Examples
+    --------
+    >>> pop = BetaBernoulliPopulation(2.0, 2.0)
+    >>> p, z, n = pop.sample_sufficient(5, 14, rng=0)
+    >>> bool(((0 <= z) & (z <= n)).all())
+    True
+    """
+
+    alpha: float = 1.0
+    beta: float = 1.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "alpha", check_positive_scalar(self.alpha, "alpha"))
+        object.__setattr__(self, "beta", check_positive_scalar(self.beta, "beta"))
+
+    def sample(self, n_clients, n, *, rng=None):
+        """Draw success probabilities and raw 0/1 observations (uint8).
+
+        Parameters are those of :meth:`GaussianPopulation.sample`.
+        """
+        rng = as_generator(rng)
+        m, counts = _sizes_iv(n_clients, n)
+        p = rng.beta(self.alpha, self.beta, size=m)
+        values = (rng.random(int(counts.sum())) < np.repeat(p, counts)).astype(np.uint8)
+        return ClientSample(p, Ragged.from_counts(values, counts))
+
+    def sample_sufficient(self, n_clients, n, *, rng=None):
+        """Draw p_i and the success counts z_i ~ Binomial(n_i, p_i) directly.
+
+        Returns
+        -------
+        p : ndarray of shape (m,)
+        z, n : ndarray of shape (m,), int64
+        """
+        rng = as_generator(rng)
+        m, counts = _sizes_iv(n_clients, n)
+        p = rng.beta(self.alpha, self.beta, size=m)
+        return p, rng.binomial(counts, p), counts
