@@ -1,0 +1,276 @@
+"""Command-line interface: ``ebfl bounds``, ``ebfl fit``, ``ebfl demo``.
+
+Every subcommand accepts ``--json`` and then prints exactly one JSON object on
+stdout; otherwise it prints a readable table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+__all__ = ["main"]
+
+
+def _print_table(title, rows, columns):
+    print(title)
+    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    for r in rows:
+        print("  ".join(_fmt(r.get(c)).ljust(w) for c, w in zip(columns, widths, strict=True)))
+
+
+def _fmt(value):
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.7g}"
+    return str(value)
+
+
+def _emit(args, payload, render):
+    if args.json:
+        json.dump(payload, sys.stdout, default=_json_default)
+        sys.stdout.write("\n")
+    else:
+        render(payload)
+
+
+def _json_default(obj):
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+# ------------------------------------------------------------------- bounds
+
+def _cmd_bounds_gaussian(args):
+    from ebfl.bounds import gaussian_bounds
+
+    b = gaussian_bounds(args.m, args.n, args.sigma_theta, args.sigma_x, args.d)
+    payload = {"model": "gaussian", **b.as_dict(), "theorem1": b.personalized}
+
+    def render(p):
+        rows = [{"quantity": k, "value": p[k]} for k in
+                ("weight", "theorem1", "local", "global_only", "oracle", "lower_known_prior",
+                 "lower_estimated_mean")]
+        _print_table(f"Gaussian model: m={p['m']} n={p['n']} sigma_theta={p['sigma_theta']} "
+                     f"sigma_x={p['sigma_x']} d={p['d']} (MSE summed over d)", rows,
+                     ["quantity", "value"])
+    _emit(args, payload, render)
+
+
+def _cmd_bounds_beta(args):
+    from ebfl.bounds import beta_bounds
+
+    b = beta_bounds(args.alpha, args.beta, args.n)
+    payload = {"model": "beta-bernoulli", **b.as_dict()}
+
+    def render(p):
+        rows = [{"quantity": k, "value": p[k]} for k in ("weight", "posterior", "local")]
+        _print_table(f"Beta-Bernoulli, known prior Beta({p['alpha']}, {p['beta']}), n={p['n']}",
+                     rows, ["quantity", "value"])
+    _emit(args, payload, render)
+
+
+# ---------------------------------------------------------------------- fit
+
+def _read_table(path):
+    import pandas as pd
+
+    return pd.read_csv(path)
+
+
+def _column(frame, name):
+    if name not in frame.columns:
+        raise SystemExit(f"error: column {name!r} not in the file; columns are "
+                         f"{list(frame.columns)}")
+    return frame[name]
+
+
+def _cmd_fit_beta_binomial(args):
+    from ebfl.eb import beta_binomial_eb
+
+    frame = _read_table(args.path)
+    if args.client is not None:
+        if args.value is None or len(args.value) != 1:
+            raise SystemExit("error: --client needs exactly one --value column of 0/1 outcomes")
+        values = _column(frame, args.value[0])
+        if not values.isin([0, 1]).all():
+            raise SystemExit(f"error: column {args.value[0]!r} must hold only 0 and 1")
+        grouped = values.groupby(_column(frame, args.client), sort=True)
+        clients, z, n = grouped.sum().index, grouped.sum().to_numpy(), grouped.size().to_numpy()
+    elif args.successes and args.trials:
+        clients = frame.index
+        z = _column(frame, args.successes).to_numpy()
+        n = _column(frame, args.trials).to_numpy()
+    else:
+        raise SystemExit("error: give --successes and --trials, or --client and --value")
+    res = beta_binomial_eb(z, n, method=args.method)
+    lower, upper = res.posterior.interval(args.level)
+    table = {"client": list(clients), "successes": z, "trials": n, "local": z / n,
+             "estimate": res.posterior.mean, "sd": res.posterior.sd, "lower": lower,
+             "upper": upper, "shrinkage": res.shrinkage}
+    summary = {
+        "model": "beta-binomial", "method": res.method, "n_clients": res.n_clients,
+        "prior": None if res.prior is None else {"alpha": res.prior.alpha,
+                                                 "beta": res.prior.beta,
+                                                 "mean": res.prior.mean},
+        "log_likelihood": res.log_likelihood, "n_clipped": res.n_clipped,
+        "mean_shrinkage": float(np.mean(res.shrinkage)), "level": args.level,
+    }
+    _finish_fit(args, summary, table)
+
+
+def _cmd_fit_gaussian(args):
+    from ebfl.eb import gaussian_eb, gaussian_eb_samples
+    from ebfl.ragged import Ragged
+
+    frame = _read_table(args.path)
+    if args.client is not None:
+        if not args.value:
+            raise SystemExit("error: --client needs at least one --value column")
+        frame = frame.sort_values(args.client, kind="stable")
+        counts = frame.groupby(_column(frame, args.client), sort=True).size()
+        values = np.column_stack([_column(frame, v).to_numpy(float) for v in args.value])
+        data = Ragged.from_counts(values if values.shape[1] > 1 else values[:, 0],
+                                  counts.to_numpy())
+        res = gaussian_eb_samples(data, sigma_x=args.sigma_x, method=args.method)
+        clients = list(counts.index)
+    elif args.mean and args.se:
+        res = gaussian_eb(_column(frame, args.mean).to_numpy(float),
+                          _column(frame, args.se).to_numpy(float), method=args.method)
+        clients = list(frame.index)
+    else:
+        raise SystemExit("error: give --mean and --se, or --client and --value")
+    lower, upper = res.posterior.interval(args.level)
+    mean = res.posterior.mean
+    if mean.ndim == 1:
+        table = {"client": clients, "estimate": mean, "sd": res.posterior.sd, "lower": lower,
+                 "upper": upper, "shrinkage": res.shrinkage, "se": res.s}
+    else:
+        table = {"client": clients, "sd": res.posterior.sd, "shrinkage": res.shrinkage,
+                 "se": res.s}
+        for k, name in enumerate(args.value):
+            table.update({f"estimate_{name}": mean[:, k], f"lower_{name}": lower[:, k],
+                          f"upper_{name}": upper[:, k]})
+    summary = {"model": "gaussian", "method": res.method, "n_clients": res.n_clients,
+               "prior": {"mean": res.prior.mean, "sd": res.prior.sd},
+               "log_likelihood": res.log_likelihood,
+               "sigma_x": res.diagnostics.get("sigma_x"),
+               "mean_shrinkage": float(np.mean(res.shrinkage)), "level": args.level}
+    _finish_fit(args, summary, table)
+
+
+def _finish_fit(args, summary, table):
+    import pandas as pd
+
+    out = pd.DataFrame(table)
+    if args.output:
+        out.to_csv(args.output, index=False)
+        summary["output"] = args.output
+
+    def render(p):
+        _print_table("Fit", [{"field": k, "value": v} for k, v in p.items()], ["field", "value"])
+        print()
+        print(out.head(10).to_string(index=False))
+        if len(out) > 10:
+            print(f"... {len(out) - 10} more clients" + ("" if args.output else
+                                                         " (use --output FILE for all)"))
+    _emit(args, summary, render)
+
+
+# --------------------------------------------------------------------- demo
+
+def _cmd_demo(args):
+    from ebfl.demo import run_demo
+
+    payload = run_demo(n_clients=args.clients, rng=args.seed)
+
+    def render(p):
+        for part in p.values():
+            s = part["setting"]
+            _print_table(f"\n{s['model']} clients: " + ", ".join(
+                f"{k}={v}" for k, v in s.items() if k != "model"), part["rows"],
+                ["estimator", "mse", "formula", "gain_vs_local_pct"])
+            print("fitted:", part["fitted"])
+    _emit(args, payload, render)
+
+
+# ------------------------------------------------------------------- parser
+
+def build_parser():
+    """The argparse parser of ``ebfl``."""
+    parser = argparse.ArgumentParser(prog="ebfl", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add_json(p):
+        p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    bounds = sub.add_parser("bounds", help="closed-form MSEs and bounds").add_subparsers(
+        dest="model", required=True)
+    g = bounds.add_parser("gaussian", help="Theorem 1 and the local/global/oracle MSEs")
+    g.add_argument("--m", type=int, required=True, help="number of clients")
+    g.add_argument("--n", type=int, required=True, help="samples per client")
+    g.add_argument("--sigma-theta", type=float, required=True)
+    g.add_argument("--sigma-x", type=float, required=True)
+    g.add_argument("--d", type=int, default=1, help="dimension (default 1)")
+    add_json(g)
+    g.set_defaults(func=_cmd_bounds_gaussian)
+    b = bounds.add_parser("beta", help="known Beta prior: posterior and local MSE")
+    b.add_argument("--alpha", type=float, required=True)
+    b.add_argument("--beta", type=float, required=True)
+    b.add_argument("--n", type=int, required=True, help="trials per client")
+    add_json(b)
+    b.set_defaults(func=_cmd_bounds_beta)
+
+    fit = sub.add_parser("fit", help="empirical Bayes on your own CSV").add_subparsers(
+        dest="model", required=True)
+    fb = fit.add_parser("beta-binomial", help="success counts per client (Beta prior)")
+    fb.add_argument("path", help="CSV file")
+    fb.add_argument("--successes", help="column of successes (one row per client)")
+    fb.add_argument("--trials", help="column of trials (one row per client)")
+    fb.add_argument("--method", default="mle",
+                    choices=["mle", "moments", "loo_printed", "loo_proof", "loo_corrected"])
+    fg = fit.add_parser("gaussian", help="client means (Gaussian prior)")
+    fg.add_argument("path", help="CSV file")
+    fg.add_argument("--mean", help="column of client means (one row per client)")
+    fg.add_argument("--se", help="column of their standard errors")
+    fg.add_argument("--sigma-x", type=float, help="known noise sd (raw samples; else pooled)")
+    fg.add_argument("--method", default="mle", choices=["mle", "moments"])
+    for p in (fb, fg):
+        p.add_argument("--client", help="client id column (one row per observation)")
+        p.add_argument("--value", action="append",
+                       help="observation column (with --client; repeat for d > 1)")
+        p.add_argument("--level", type=float, default=0.95, help="credible level")
+        p.add_argument("--output", help="write per-client estimates to this CSV")
+        add_json(p)
+    fb.set_defaults(func=_cmd_fit_beta_binomial)
+    fg.set_defaults(func=_cmd_fit_gaussian)
+
+    demo = sub.add_parser("demo", help="simulate the paper's settings, compare with theory")
+    demo.add_argument("--clients", type=int, default=10_000)
+    demo.add_argument("--seed", type=int, default=0)
+    add_json(demo)
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv=None):
+    """Entry point of the ``ebfl`` command."""
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""Closed-form values of the bounds module (spec C.1, C.5, C.6, B.8)."""
+
+import numpy as np
+import pytest
+
+from ebfl import bounds as B
+
+
+def test_spec_reference_values():
+    b = B.gaussian_bounds(10_000, 15, 0.1, 0.5)
+    assert b.weight == pytest.approx(0.375)
+    assert b.personalized == pytest.approx(0.0062510, abs=5e-8)
+    assert b.local == pytest.approx(0.0166667, abs=5e-8)
+    assert b.global_only == pytest.approx(0.0100007, abs=5e-8)
+    # The oracle equals (46); (47) equals Theorem 1 (spec C.1).
+    assert b.oracle == b.lower_known_prior == pytest.approx(0.375 * 0.25 / 15)
+    assert b.lower_estimated_mean == pytest.approx(b.personalized, rel=1e-14)
+
+
+def test_remark1_ratio():
+    """m = 1e4, n = 100, sigma_x^2 = 10, sigma_theta^2 = 1e-3: a = 0.00990099, ratio 0.0100."""
+    m, n, st, sx = 10_000, 100, np.sqrt(1e-3), np.sqrt(10)
+    assert B.gaussian_weight(m, n, st, sx) == pytest.approx(0.00990099, abs=5e-9)
+    ratio = B.theorem1_mse(m, n, st, sx) / B.gaussian_local_mse(n, sx)
+    assert ratio == pytest.approx(0.0100, abs=5e-5)
+    assert B.theorem1_mse(m, n, 0.0, sx) / B.gaussian_local_mse(n, sx) == pytest.approx(1 / m)
+
+
+def test_theorem1_algebraic_form_and_dimension():
+    m, n, st, sx, d = 50, 7, 0.4, 1.3, 6
+    alt = d * (st**2 * sx**2 + sx**4 / (m * n)) / (n * st**2 + sx**2)
+    assert B.theorem1_mse(m, n, st, sx, d) == pytest.approx(alt, rel=1e-14)
+    assert B.theorem1_mse(m, n, st, sx, d) == pytest.approx(d * B.theorem1_mse(m, n, st, sx))
+
+
+def test_theorem2_is_theorem1_with_extra_heterogeneity():
+    m, n, st, sx, sq = 100, 10, 0.2, 1.0, 3.0
+    st_eff = np.sqrt(st**2 + sq**2 / (m - 1))
+    assert B.theorem2_mse(m, n, st, sx, sq) == pytest.approx(B.theorem1_mse(m, n, st_eff, sx))
+    assert B.theorem2_mse(m, n, st, sx, 1e6) == pytest.approx(B.gaussian_local_mse(n, sx), rel=1e-6)
+
+
+def test_beta_values():
+    b = B.beta_bounds(2, 2, 14)
+    assert b.posterior == pytest.approx(0.0111111, abs=5e-8)
+    assert b.local == pytest.approx(0.0142857, abs=5e-8)
+    assert b.posterior == pytest.approx(b.weight * b.local)
+
+
+def test_theorem3_rhs():
+    m, n, a, b = 10_000, 14, 2.0, 2.0
+    c2 = 3 * np.log(4 * m * m * n) / (m - 1)
+    assert c2 == pytest.approx(0.006734, abs=5e-7)  # spec C.6
+    rhs = B.theorem3_rhs(0.6, 0.05, m, n, a, b)
+    assert rhs == pytest.approx(0.6 * B.beta_local_mse(a, b, n) + 0.05 * (0.05 + c2))
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda: B.theorem1_mse(1, 15, 0.1, 0.5), "m must be"),
+    (lambda: B.theorem1_mse(10, 0, 0.1, 0.5), "n must be"),
+    (lambda: B.theorem1_mse(10, 2.5, 0.1, 0.5), "n must be"),
+    (lambda: B.theorem1_mse(10, 15, -0.1, 0.5), "sigma_theta"),
+    (lambda: B.theorem1_mse(10, 15, 0.1, 0.0), "sigma_x"),
+    (lambda: B.theorem1_mse(10, 15, np.nan, 0.5), "sigma_theta"),
+    (lambda: B.theorem1_mse(10, 15, 0.1, 0.5, d=0), "d must be"),
+    (lambda: B.theorem2_mse(10, 15, 0.1, 0.5, -1.0), "sigma_q"),
+    (lambda: B.beta_posterior_mse(0, 1, 3), "alpha"),
+    (lambda: B.beta_local_mse(1, -2, 3), "beta"),
+    (lambda: B.theorem3_rhs(1.5, 0.1, 10, 5, 1, 1), "mean_a2"),
+])
+def test_bad_input(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()

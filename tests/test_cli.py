@@ -1,0 +1,83 @@
+"""The ``ebfl`` command line: one JSON object with --json, readable tables otherwise."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ebfl import beta_binomial_eb
+from ebfl import bounds as B
+from ebfl.cli import main
+
+
+def _json(capsys, argv):
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1  # exactly one JSON object
+    return json.loads(out)
+
+
+def test_bounds_gaussian_json(capsys):
+    out = _json(capsys, ["bounds", "gaussian", "--m", "10000", "--n", "15", "--sigma-theta",
+                         "0.1", "--sigma-x", "0.5", "--json"])
+    assert out["theorem1"] == pytest.approx(0.0062510, abs=5e-8)
+    assert out["weight"] == pytest.approx(0.375)
+    assert out["local"] == pytest.approx(0.0166667, abs=5e-8)
+    assert out["global_only"] == pytest.approx(B.gaussian_global_mse(10_000, 15, 0.1, 0.5))
+    assert out["oracle"] == pytest.approx(B.gaussian_oracle_mse(15, 0.1, 0.5))
+    d3 = _json(capsys, ["bounds", "gaussian", "--m", "10000", "--n", "15", "--sigma-theta",
+                        "0.1", "--sigma-x", "0.5", "--d", "3", "--json"])
+    assert d3["theorem1"] == pytest.approx(3 * out["theorem1"])
+
+
+def test_bounds_beta_json_and_table(capsys):
+    out = _json(capsys, ["bounds", "beta", "--alpha", "2", "--beta", "2", "--n", "14", "--json"])
+    assert out["posterior"] == pytest.approx(0.0111111, abs=5e-8)
+    assert out["local"] == pytest.approx(0.0142857, abs=5e-8)
+    assert main(["bounds", "beta", "--alpha", "2", "--beta", "2", "--n", "14"]) == 0
+    assert "posterior" in capsys.readouterr().out
+
+
+def test_bad_arguments_give_clear_error(capsys):
+    assert main(["bounds", "beta", "--alpha", "-1", "--beta", "2", "--n", "14"]) == 2
+    assert "alpha" in capsys.readouterr().err
+
+
+def test_fit_beta_binomial_counts_and_long_format(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    n = rng.integers(3, 20, size=60)
+    z = rng.binomial(n, rng.beta(2, 5, size=60))
+    pd.DataFrame({"wins": z, "games": n}).to_csv(tmp_path / "counts.csv", index=False)
+    out = _json(capsys, ["fit", "beta-binomial", str(tmp_path / "counts.csv"), "--successes",
+                         "wins", "--trials", "games", "--output", str(tmp_path / "est.csv"),
+                         "--json"])
+    direct = beta_binomial_eb(z, n)
+    assert out["prior"]["alpha"] == pytest.approx(direct.prior.alpha)
+    est = pd.read_csv(tmp_path / "est.csv")
+    np.testing.assert_allclose(est["estimate"], direct.posterior.mean)
+    wins = [[1] * a + [0] * (b - a) for a, b in zip(z, n, strict=True)]
+    long = pd.DataFrame({"team": np.repeat(np.arange(60), n), "win": np.concatenate(wins)})
+    long.to_csv(tmp_path / "long.csv", index=False)
+    out2 = _json(capsys, ["fit", "beta-binomial", str(tmp_path / "long.csv"), "--client", "team",
+                          "--value", "win", "--method", "loo_corrected", "--json"])
+    assert out2["n_clients"] == 60 and out2["method"] == "loo_corrected"
+
+
+def test_fit_gaussian_long_format(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    ids = np.repeat(np.arange(40), 5)
+    frame = pd.DataFrame({"id": ids, "y": rng.normal(size=40)[ids] + rng.normal(size=200)})
+    frame.sample(frac=1.0, random_state=0).to_csv(tmp_path / "obs.csv", index=False)
+    out = _json(capsys, ["fit", "gaussian", str(tmp_path / "obs.csv"), "--client", "id",
+                         "--value", "y", "--output", str(tmp_path / "est.csv"), "--json"])
+    assert out["n_clients"] == 40 and out["sigma_x"] > 0
+    est = pd.read_csv(tmp_path / "est.csv")
+    assert list(est["client"]) == list(range(40))
+
+
+def test_demo_json(capsys):
+    out = _json(capsys, ["demo", "--clients", "2000", "--json"])
+    assert {"gaussian", "beta_bernoulli"} == set(out)
+    rows = {r["estimator"]: r for r in out["gaussian"]["rows"]}
+    assert rows["Theorem 1 (sigmas known)"]["mse"] < rows["local mean"]["mse"]

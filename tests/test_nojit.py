@@ -1,0 +1,34 @@
+"""The package imports and gives the same answers with NUMBA_DISABLE_JIT=1."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+SCRIPT = """
+import json, numpy as np
+from ebfl import BetaBernoulliPopulation, GaussianPopulation, beta_bernoulli_eb, gaussian_eb_samples
+sample = BetaBernoulliPopulation(2, 3).sample(150, np.arange(150) % 11 + 2, rng=5)
+out = {m: beta_bernoulli_eb(sample.data, method=m).posterior.mean.tolist()
+       for m in ("mle", "moments", "loo_printed", "loo_proof", "loo_corrected")}
+g = GaussianPopulation([0.0, 1.0], 0.3, 1.0).sample(100, np.arange(100) % 5 + 2, rng=6)
+out["gaussian"] = gaussian_eb_samples(g.data).posterior.mean.tolist()
+print(json.dumps(out))
+"""
+
+
+def _run(disable_jit):
+    env = dict(os.environ, NUMBA_DISABLE_JIT="1" if disable_jit else "0")
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
+                          text=True, check=True, cwd=Path(__file__).parent.parent)
+    return json.loads(proc.stdout)
+
+
+def test_same_answers_without_jit():
+    jit, plain = _run(False), _run(True)
+    assert jit.keys() == plain.keys()
+    for key in jit:
+        np.testing.assert_allclose(plain[key], jit[key], rtol=1e-12, err_msg=key)
