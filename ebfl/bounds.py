@@ -55,7 +55,7 @@ def gaussian_weight(m, n, sigma_theta, sigma_x, sigma_q=0.0):
 
     Examples
     --------
-    >>> gaussian_weight(10_000, 15, 0.1, 0.5)
+    >>> round(gaussian_weight(10_000, 15, 0.1, 0.5), 12)
     0.375
     """
     m, n, sigma_theta, sigma_x, _ = _gauss_iv(m, n, sigma_theta, sigma_x, 1)
@@ -176,7 +176,7 @@ def gaussian_bounds(m, n, sigma_theta, sigma_x, d=1, sigma_q=0.0):
     Examples
     --------
     >>> b = gaussian_bounds(10_000, 15, 0.1, 0.5)
-    >>> round(b.personalized, 7), round(b.local, 7), b.weight
+    >>> round(b.personalized, 7), round(b.local, 7), round(b.weight, 12)
     (0.006251, 0.0166667, 0.375)
     """
     m, n, sigma_theta, sigma_x, d = _gauss_iv(m, n, sigma_theta, sigma_x, d)
