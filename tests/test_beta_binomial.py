@@ -76,20 +76,16 @@ def test_mle_is_a_maximum_of_scipy_betabinom_likelihood():
     assert res.log_likelihood >= moments.log_likelihood
 
 
-def test_mle_dense_and_sorted_compression_agree(monkeypatch):
+def test_dense_and_sorted_compression_agree(monkeypatch):
+    from ebfl.eb import beta_binomial as bb
+
     z, n = _counts(seed=4)
-    dense = beta_binomial_eb(z, n)
-    monkeypatch.setattr("ebfl.eb.beta_binomial.MAX_DENSE_TABLE_CELLS", 0)
-    monkeypatch.setattr("ebfl.eb.beta_binomial._compress.__defaults__", None, raising=False)
-    z_big = z.copy()
-    n_big = n.copy()
-    n_big[0] = 10_000  # (n_max + 1)^2 > 4 m: forces the np.unique route
-    z_big[0] = 3_000
-    sorted_route = beta_binomial_eb(z_big, n_big)
-    monkeypatch.undo()
-    dense_again = beta_binomial_eb(z_big, n_big)
-    assert sorted_route.log_likelihood == pytest.approx(dense_again.log_likelihood, rel=1e-12)
-    assert dense.diagnostics["converged"]
+    dense = bb._compress(z, n)
+    monkeypatch.setattr(bb, "MAX_DENSE_TABLE_CELLS", 0)  # forces the np.unique route
+    sorted_route = bb._compress(z, n)
+    for a, b in zip(dense, sorted_route, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert dense[2].sum() == z.size
 
 
 @pytest.mark.parametrize("method", ["loo_printed", "loo_proof", "loo_corrected"])
@@ -249,3 +245,25 @@ def test_no_heterogeneity_gives_strong_shrinkage():
     assert res.diagnostics["converged"]
     assert res.shrinkage.max() < 0.1
     np.testing.assert_allclose(res.posterior.mean, z.mean() / 20, atol=0.02)
+
+
+def test_mle_derivatives_match_finite_differences():
+    """Gradient and Hessian (from the z, n-z, n margins) against scipy.stats.betabinom."""
+    from ebfl.eb import beta_binomial as bb
+
+    z, n = _counts(seed=12)
+
+    def loglik(t):
+        return stats.betabinom.logpmf(z, n, *np.exp(t)).sum()
+
+    x0 = np.log([1.3, 3.1])
+    value, grad, hess = bb._derivatives(x0, bb._compress(z, n), bb._margins(z, n))
+    const = bb._log_binom_total(*bb._compress(z, n))
+    assert value + const == pytest.approx(loglik(x0), rel=1e-12)
+    h = 1e-5
+    eye = np.eye(2) * h
+    fd_grad = [(loglik(x0 + e) - loglik(x0 - e)) / (2 * h) for e in eye]
+    np.testing.assert_allclose(grad, fd_grad, rtol=1e-6)
+    fd_hess = [[(loglik(x0 + a + b) - loglik(x0 + a - b) - loglik(x0 - a + b)
+                 + loglik(x0 - a - b)) / (4 * h * h) for b in eye] for a in eye]
+    np.testing.assert_allclose(hess, fd_hess, rtol=1e-4)

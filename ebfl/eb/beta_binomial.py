@@ -249,7 +249,7 @@ def _loo_fit(method, x, z, n):
         mean_all = total / m
         prior = BetaPrior(mean_all * s_all, (1 - mean_all) * s_all) if 0 < mean_all < 1 else None
     posterior = BetaPosterior(post_alpha, post_beta, est, post_var)
-    diagnostics = {"n_variance_floored": int(floored.sum()), "loo_mean": mu, "loo_variance": var}
+    diagnostics = {"n_variance_floored": int(floored.sum()), "loo_variance": var}
     return BetaBinomialEBResult(method, prior, posterior, a, mu,
                                 _log_likelihood(prior, z, n), int(clipped.sum()), diagnostics)
 
@@ -280,7 +280,7 @@ def _posterior_result(method, prior, z, n, diagnostics, compressed=None):
 def _compress(z, n):
     """Distinct (n, z) pairs with multiplicities: the likelihood's sufficient statistic."""
     n_max = int(n.max())
-    if (n_max + 1) ** 2 <= max(MAX_DENSE_TABLE_CELLS, 4 * z.size):
+    if (n_max + 1) ** 2 <= min(MAX_DENSE_TABLE_CELLS, max(4 * z.size, 1 << 16)):
         table = _kernels._trials_successes_table(z, n, n_max)
         nu, zu = np.nonzero(table)
         return nu.astype(np.float64), zu.astype(np.float64), table[nu, zu].astype(np.float64)
@@ -307,29 +307,52 @@ def _log_likelihood(prior, z, n, compressed=None):
     return _bb_loglik(prior.alpha, prior.beta, nu, zu, w) + _log_binom_total(nu, zu, w)
 
 
-def _derivatives(log_params, nu, zu, w):
-    """Log-likelihood, gradient and Hessian in (log alpha, log beta)."""
+def _margins(z, n):
+    """Weighted histograms of z, n - z and n: the likelihood's derivatives split over them.
+
+    d/d(alpha) sum_i log B(z_i + alpha, n_i - z_i + beta) involves z_i and n_i only
+    separately, so the special functions are evaluated on at most max(n) + 1
+    points instead of once per distinct (n, z) pair.
+    """
+    return tuple(_histogram(v) for v in (z, n - z, n))
+
+
+def _histogram(values):
+    top = int(values.max())
+    if top + 1 <= max(4 * values.size, 1 << 16):
+        counts = np.bincount(values, minlength=top + 1)
+        support = np.flatnonzero(counts)
+        return support.astype(np.float64), counts[support].astype(np.float64)
+    support, counts = np.unique(values, return_counts=True)
+    return support.astype(np.float64), counts.astype(np.float64)
+
+
+def _derivatives(log_params, pairs, margins):
+    """Log-likelihood, gradient and Hessian in (log alpha, log beta).
+
+    The value uses ``betaln`` on the distinct (n, z) pairs (accurate for large
+    alpha, beta); the derivatives use the margins (see :func:`_margins`).
+    """
     alpha, beta = np.exp(log_params)
-    total = np.sum(w)
-    value = _bb_loglik(alpha, beta, nu, zu, w)
-    s, ns = alpha + beta, nu + alpha + beta
-    g_a = (np.sum(w * (special.digamma(zu + alpha) - special.digamma(ns)))
-           + total * (special.digamma(s) - special.digamma(alpha)))
-    g_b = (np.sum(w * (special.digamma(nu - zu + beta) - special.digamma(ns)))
-           + total * (special.digamma(s) - special.digamma(beta)))
-    tri_ns = np.sum(w * special.polygamma(1, ns))
-    tri_s = total * special.polygamma(1, s)
-    h_ab = tri_s - tri_ns
-    h_aa = np.sum(w * special.polygamma(1, zu + alpha)) - total * special.polygamma(1, alpha) + h_ab
-    h_bb = (np.sum(w * special.polygamma(1, nu - zu + beta)) - total * special.polygamma(1, beta)
-            + h_ab)
+    (zs, wz), (fs, wf), (ns, wn) = margins
+    total = np.sum(wn)
+    value = _bb_loglik(alpha, beta, *pairs)
+    s = alpha + beta
+    dig_ns = np.sum(wn * special.digamma(ns + s))
+    g_a = np.sum(wz * special.digamma(zs + alpha)) - dig_ns + total * (
+        special.digamma(s) - special.digamma(alpha))
+    g_b = np.sum(wf * special.digamma(fs + beta)) - dig_ns + total * (
+        special.digamma(s) - special.digamma(beta))
+    h_ab = total * special.polygamma(1, s) - np.sum(wn * special.polygamma(1, ns + s))
+    h_aa = np.sum(wz * special.polygamma(1, zs + alpha)) - total * special.polygamma(1, alpha) + h_ab
+    h_bb = np.sum(wf * special.polygamma(1, fs + beta)) - total * special.polygamma(1, beta) + h_ab
     grad = np.array([alpha * g_a, beta * g_b])
     hess = np.array([[alpha * alpha * h_aa + alpha * g_a, alpha * beta * h_ab],
                      [alpha * beta * h_ab, beta * beta * h_bb + beta * g_b]])
     return value, grad, hess
 
 
-def _newton_mle(x0, nu, zu, w, *, max_iter=200, gtol=1e-10):
+def _newton_mle(x0, pairs, margins, *, max_iter=200, gtol=1e-10):
     """Levenberg-damped Newton ascent of the log-likelihood in (log alpha, log beta).
 
     Written out rather than calling scipy.optimize: L-BFGS-B stops with
@@ -338,8 +361,8 @@ def _newton_mle(x0, nu, zu, w, *, max_iter=200, gtol=1e-10):
     steps. The iterate stays in the box ``_LOG_BOUNDS``.
     """
     x = np.clip(np.asarray(x0, float), *_LOG_BOUNDS)
-    value, grad, hess = _derivatives(x, nu, zu, w)
-    scale = np.sum(w)
+    value, grad, hess = _derivatives(x, pairs, margins)
+    scale = np.sum(pairs[2])
     damping = 0.0
     for it in range(1, max_iter + 1):
         if np.max(np.abs(grad)) <= gtol * scale:
@@ -353,7 +376,7 @@ def _newton_mle(x0, nu, zu, w, *, max_iter=200, gtol=1e-10):
                 ok = False
             if ok:
                 x_new = np.clip(x + step, *_LOG_BOUNDS)
-                value_new, grad_new, hess_new = _derivatives(x_new, nu, zu, w)
+                value_new, grad_new, hess_new = _derivatives(x_new, pairs, margins)
                 if value_new >= value - 1e-12 * abs(value):
                     break
             damping = max(2.0 * damping, 1e-6 * scale)
@@ -383,13 +406,14 @@ def _mle_start(z, n, prior, moments):
 
 
 def _mle_fit(z, n, prior, moments):
-    nu, zu, w = _compress(z, n)
+    pairs = _compress(z, n)
     start, start_from = _mle_start(z, n, prior, moments)
-    x, _, n_iter, converged = _newton_mle(np.log([start.alpha, start.beta]), nu, zu, w)
+    x, _, n_iter, converged = _newton_mle(np.log([start.alpha, start.beta]), pairs,
+                                          _margins(z, n))
     fitted = BetaPrior(*np.exp(x))
     diagnostics = {
         "converged": converged, "n_iter": n_iter,
         "start": (start.alpha, start.beta), "start_from": start_from,
-        "at_bound": _on_bound(x), "n_distinct_counts": int(nu.size),
+        "at_bound": _on_bound(x), "n_distinct_counts": int(pairs[0].size),
     }
-    return _posterior_result("mle", fitted, z, n, diagnostics, (nu, zu, w))
+    return _posterior_result("mle", fitted, z, n, diagnostics, pairs)

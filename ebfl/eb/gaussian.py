@@ -146,8 +146,12 @@ def gaussian_eb(x, s, *, method="mle", prior_mean=None, prior_sd=None):
     diagnostics = {}
     if sd_known is not None:
         tau2 = sd_known**2
-        mu = mean_known if mean_known is not None else _weighted_mean(x2, s2, tau2)
-        fitted = "fixed" if mean_known is not None else "mle"
+        if mean_known is not None:
+            mu, fitted = mean_known, "fixed"
+        elif method == "moments":
+            mu, fitted = x2.mean(axis=0), "moments"
+        else:
+            mu, fitted = _weighted_mean(x2, s2, tau2), "mle"
     elif method == "moments":
         mu = mean_known if mean_known is not None else x2.mean(axis=0)
         dof = m if mean_known is not None else m - 1

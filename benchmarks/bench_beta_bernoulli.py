@@ -1,0 +1,217 @@
+"""Benchmark of the Beta-Bernoulli empirical-Bayes fit (prior + per-client posteriors).
+
+P1  ``ebfl.beta_bernoulli_eb(data, method=...)`` on ragged uint8 0/1 data with
+    10^6 clients and ~10^8 observations (n_i uniform on 2..198, mean 100; 2 and
+    not 1 because ``loo_corrected`` needs n_i >= 2), for methods "mle",
+    "loo_printed" and "loo_corrected". Reported as a ratio to one
+    ``np.add.reduceat(values, offsets[:-1], dtype=np.int64)`` pass over the same
+    data, i.e. the cost of merely counting the successes with numpy.
+    Goal: ratio <= 1.5. The counting pass alone (``bernoulli_counts``, the Numba
+    kernel) is timed too, so the rest is the fit from counts.
+P5  ``ebfl.beta_binomial_eb(successes, trials, method=...)`` from per-client
+    counts for 10^7 clients. Goal: < 2 s wall time and < 2 GB (2e9 bytes) peak
+    RSS. Each method runs in a fresh subprocess (Numba allocations bypass
+    tracemalloc); the child builds its int64 inputs chunk by chunk, warms Numba
+    up, records its RSS (baseline), resets the kernel's peak-RSS mark
+    (/proc/self/clear_refs), fits, and reports ``ru_maxrss``. The children are
+    started before P1 builds its data: a child's ``ru_maxrss`` also covers its
+    parent's RSS at the exec (vfork), so the parent must be small then.
+
+Every timed item is warmed up first (Numba compile time excluded) and reported as
+the best (minimum) of ``--reps`` repetitions. ``--quick``: 10^5 clients (~10^7
+observations) for P1 and 10^6 clients for P5. ``--json`` prints one JSON object.
+"""
+
+import argparse
+import gc
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+
+import numba
+import numpy as np
+
+import ebfl
+from ebfl.eb.beta_binomial import bernoulli_counts
+
+METHODS = ("mle", "loo_printed", "loo_corrected")
+GOAL_P1_RATIO = 1.5
+GOAL_P5_SECONDS = 2.0
+GOAL_P5_BYTES = 2e9
+N_MIN, N_MAX = 2, 198  # client sizes, uniform: mean 100
+ALPHA, BETA = 2.0, 5.0  # population prior of the success probabilities
+CHUNK = 50_000  # clients generated at a time
+
+
+def best_of(fn, reps):
+    """Minimum wall time (seconds) over ``reps`` calls of ``fn()``."""
+    times = []
+    for _ in range(reps):
+        gc.collect()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def make_ragged(m, seed):
+    """Ragged uint8 0/1 data of ``m`` clients, drawn chunk by chunk (low set-up memory)."""
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(N_MIN, N_MAX + 1, size=m)
+    offsets = np.zeros(m + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    values = np.empty(offsets[-1], np.uint8)
+    for lo in range(0, m, CHUNK):
+        hi = min(lo + CHUNK, m)
+        p = rng.beta(ALPHA, BETA, size=hi - lo).astype(np.float32)
+        a, b = offsets[lo], offsets[hi]
+        u = rng.random(b - a, dtype=np.float32)
+        np.less(u, np.repeat(p, counts[lo:hi]), out=values[a:b].view(np.bool_))
+    return ebfl.Ragged(values, offsets)
+
+
+def make_counts(m, seed):
+    """Per-client (successes, trials), int64, drawn chunk by chunk."""
+    rng = np.random.default_rng(seed)
+    n = rng.integers(N_MIN, N_MAX + 1, size=m)
+    z = np.empty(m, np.int64)
+    for lo in range(0, m, 20 * CHUNK):
+        hi = min(lo + 20 * CHUNK, m)
+        z[lo:hi] = rng.binomial(n[lo:hi], rng.beta(ALPHA, BETA, size=hi - lo))
+    return z, n
+
+
+def warm_up():
+    """Compile (or load from cache) every Numba kernel used, on small data."""
+    data = make_ragged(300, seed=12345)
+    for method in METHODS:
+        ebfl.beta_bernoulli_eb(data, method=method)
+
+
+def rss_now_kib():
+    """Current resident set size in KiB (Linux /proc)."""
+    with open("/proc/self/status") as f:
+        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
+
+
+def reset_peak_rss():
+    """Reset the kernel's peak-RSS mark to the current RSS; False if not permitted."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def p5_child(m, seed, reps, method):
+    """Body of the P5 subprocess: print one JSON line with time and memory figures."""
+    z, n = make_counts(m, seed)
+    warm_up()
+    gc.collect()
+    baseline = rss_now_kib()
+    reset = reset_peak_rss()
+    seconds = best_of(lambda: ebfl.beta_binomial_eb(z, n, method=method), reps)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"method": method, "seconds": seconds, "rss_baseline_kib": baseline,
+                      "rss_peak_kib": peak, "rss_increase_kib": peak - baseline,
+                      "peak_reset_before_fit": reset, "input_bytes": z.nbytes + n.nbytes}))
+
+
+def run_p5(m, seed, reps):
+    """P5: one fresh subprocess per method; adds the goals and pass/fail."""
+    out = {}
+    for method in METHODS:
+        cmd = [sys.executable, os.path.abspath(__file__), "--p5-child", method,
+               "--p5-clients", str(m), "--seed", str(seed), "--reps", str(reps)]
+        r = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+        r["pass_time"] = r["seconds"] < GOAL_P5_SECONDS
+        r["pass_memory"] = r["rss_peak_kib"] * 1024 < GOAL_P5_BYTES
+        out[method] = r
+    return out
+
+
+def run_p1(m, seed, reps):
+    """P1: reduceat baseline, counting kernel alone, and the full fit per method."""
+    data = make_ragged(m, seed)
+    values, starts = data.values, data.offsets[:-1]
+    warm_up()
+    ref = np.add.reduceat(values, starts, dtype=np.int64)
+    assert np.array_equal(ref, bernoulli_counts(data)[0]), "counting kernel disagrees"
+    base = best_of(lambda: np.add.reduceat(values, starts, dtype=np.int64), reps)
+    counting = best_of(lambda: bernoulli_counts(data), reps)
+    res = {"n_clients": m, "n_observations": int(values.size), "reduceat_seconds": base,
+           "counting_seconds": counting, "counting_ratio": counting / base, "methods": {}}
+    for method in METHODS:
+        t = best_of(lambda method=method: ebfl.beta_bernoulli_eb(data, method=method), reps)
+        res["methods"][method] = {"seconds": t, "ratio": t / base,
+                                  "pass": t / base <= GOAL_P1_RATIO}
+    return res
+
+
+def print_table(r):
+    """Human-readable report of the result dict built by ``main``."""
+    p1, p5, env = r["p1"], r["p5"], r["environment"]
+    print(f"numpy {env['numpy']}, numba {env['numba']} ({env['numba_threads']} threads), "
+          f"{env['cpu_count']} CPUs; best of {r['repetitions']} repetitions\n")
+    print(f"P1 beta_bernoulli_eb: {p1['n_clients']:,} clients, {p1['n_observations']:,} "
+          f"obs (uint8); goal ratio <= {GOAL_P1_RATIO}")
+    print(f"  {'item':<34}{'seconds':>9}{'ratio':>8}  goal")
+    print(f"  {'np.add.reduceat (baseline)':<34}{p1['reduceat_seconds']:9.4f}{1:8.2f}")
+    print(f"  {'bernoulli_counts (kernel only)':<34}{p1['counting_seconds']:9.4f}"
+          f"{p1['counting_ratio']:8.2f}")
+    for name, x in p1["methods"].items():
+        print(f"  {'fit method=' + name:<34}{x['seconds']:9.4f}{x['ratio']:8.2f}  "
+              f"{'PASS' if x['pass'] else 'FAIL'}")
+    mib = 1 / 1024
+    first = next(iter(p5.values()))
+    print(f"\nP5 beta_binomial_eb: {r['p5_n_clients']:,} clients, inputs "
+          f"{first['input_bytes'] / 2**20:.0f} MiB; goals < {GOAL_P5_SECONDS} s, "
+          f"peak RSS < {GOAL_P5_BYTES / 1e9:.0f} GB (fresh subprocess per method)")
+    print(f"  {'method':<16}{'seconds':>9}{'base MiB':>10}{'peak MiB':>10}{'incr MiB':>10}"
+          "  time  memory")
+    for name, x in p5.items():
+        print(f"  {name:<16}{x['seconds']:9.3f}{x['rss_baseline_kib'] * mib:10.0f}"
+              f"{x['rss_peak_kib'] * mib:10.0f}{x['rss_increase_kib'] * mib:10.0f}  "
+              f"{'PASS' if x['pass_time'] else 'FAIL'}  {'PASS' if x['pass_memory'] else 'FAIL'}")
+    print(f"\nall goals met: {r['all_pass']}")
+
+
+def main(argv=None):
+    """Parse arguments, run P5 (subprocesses) then P1, and print the report."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes for a smoke test")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions per timed item")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--p5-child", choices=METHODS, help=argparse.SUPPRESS)
+    ap.add_argument("--p5-clients", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.p5_child:
+        return p5_child(args.p5_clients, args.seed + 1, args.reps, args.p5_child)
+    m1, m5 = (10**5, 10**6) if args.quick else (10**6, 10**7)
+    p5 = run_p5(m5, args.seed, args.reps)  # first, while this process is small
+    p1 = run_p1(m1, args.seed, args.reps)
+    ok = (all(x["pass"] for x in p1["methods"].values())
+          and all(x["pass_time"] and x["pass_memory"] for x in p5.values()))
+    result = {
+        "repetitions": args.reps, "quick": args.quick, "seed": args.seed,
+        "goals": {"p1_max_ratio": GOAL_P1_RATIO, "p5_max_seconds": GOAL_P5_SECONDS,
+                  "p5_max_peak_bytes": GOAL_P5_BYTES},
+        "p1": p1, "p5_n_clients": m5, "p5": p5, "all_pass": ok,
+        "environment": {"numpy": np.__version__, "numba": numba.__version__,
+                        "python": sys.version.split()[0], "cpu_count": os.cpu_count(),
+                        "numba_threads": numba.get_num_threads()},
+    }
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print_table(result)
+
+
+if __name__ == "__main__":
+    main()
