@@ -93,6 +93,15 @@ def _column(frame, name):
     return frame[name]
 
 
+def _client_ids(frame, name):
+    """The client-id column; missing ids would be dropped by groupby, so refuse them."""
+    ids = _column(frame, name)
+    if ids.isna().any():
+        raise SystemExit(f"error: column {name!r} has {int(ids.isna().sum())} missing client "
+                         "id(s)")
+    return ids
+
+
 def _cmd_fit_beta_binomial(args):
     from ebfl.eb import beta_binomial_eb
 
@@ -103,7 +112,7 @@ def _cmd_fit_beta_binomial(args):
         values = _column(frame, args.value[0])
         if not values.isin([0, 1]).all():
             raise SystemExit(f"error: column {args.value[0]!r} must hold only 0 and 1")
-        grouped = values.groupby(_column(frame, args.client), sort=True)
+        grouped = values.groupby(_client_ids(frame, args.client), sort=True)
         clients, z, n = grouped.sum().index, grouped.sum().to_numpy(), grouped.size().to_numpy()
     elif args.successes and args.trials:
         clients = frame.index
@@ -135,8 +144,9 @@ def _cmd_fit_gaussian(args):
     if args.client is not None:
         if not args.value:
             raise SystemExit("error: --client needs at least one --value column")
+        _client_ids(frame, args.client)
         frame = frame.sort_values(args.client, kind="stable")
-        counts = frame.groupby(_column(frame, args.client), sort=True).size()
+        counts = frame.groupby(args.client, sort=True).size()
         values = np.column_stack([_column(frame, v).to_numpy(float) for v in args.value])
         data = Ragged.from_counts(values if values.shape[1] > 1 else values[:, 0],
                                   counts.to_numpy())

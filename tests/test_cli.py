@@ -81,3 +81,10 @@ def test_demo_json(capsys):
     assert {"gaussian", "beta_bernoulli"} == set(out)
     rows = {r["estimator"]: r for r in out["gaussian"]["rows"]}
     assert rows["Theorem 1 (sigmas known)"]["mse"] < rows["local mean"]["mse"]
+
+
+def test_fit_refuses_missing_client_ids(tmp_path):
+    pd.DataFrame({"id": [1, None, 2], "y": [1, 0, 1]}).to_csv(tmp_path / "x.csv", index=False)
+    for model in ("beta-binomial", "gaussian"):
+        with pytest.raises(SystemExit, match="missing client"):
+            main(["fit", model, str(tmp_path / "x.csv"), "--client", "id", "--value", "y"])

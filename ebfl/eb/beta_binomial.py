@@ -344,8 +344,9 @@ def _derivatives(log_params, pairs, margins):
     g_b = np.sum(wf * special.digamma(fs + beta)) - dig_ns + total * (
         special.digamma(s) - special.digamma(beta))
     h_ab = total * special.polygamma(1, s) - np.sum(wn * special.polygamma(1, ns + s))
-    h_aa = np.sum(wz * special.polygamma(1, zs + alpha)) - total * special.polygamma(1, alpha) + h_ab
-    h_bb = np.sum(wf * special.polygamma(1, fs + beta)) - total * special.polygamma(1, beta) + h_ab
+    trigamma = special.polygamma
+    h_aa = np.sum(wz * trigamma(1, zs + alpha)) - total * trigamma(1, alpha) + h_ab
+    h_bb = np.sum(wf * trigamma(1, fs + beta)) - total * trigamma(1, beta) + h_ab
     grad = np.array([alpha * g_a, beta * g_b])
     hess = np.array([[alpha * alpha * h_aa + alpha * g_a, alpha * beta * h_ab],
                      [alpha * beta * h_ab, beta * beta * h_bb + beta * g_b]])
