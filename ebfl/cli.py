@@ -122,6 +122,7 @@ def _cmd_fit_beta_binomial(args):
         raise SystemExit("error: give --successes and --trials, or --client and --value")
     res = beta_binomial_eb(z, n, method=args.method)
     lower, upper = res.posterior.interval(args.level)
+    z, n = np.asarray(z, np.int64), np.asarray(n, np.int64)  # validated by the fit
     table = {"client": list(clients), "successes": z, "trials": n, "local": z / n,
              "estimate": res.posterior.mean, "sd": res.posterior.sd, "lower": lower,
              "upper": upper, "shrinkage": res.shrinkage}
