@@ -27,14 +27,19 @@ __all__ = [
     "beta_posterior_mse",
     "gaussian_bounds",
     "gaussian_global_mse",
+    "gaussian_mechanism_sigma_q",
     "gaussian_local_mse",
     "gaussian_oracle_mse",
     "gaussian_weight",
     "lower_bound_estimated_mean",
     "lower_bound_known_prior",
+    "quantizer_sigma_q",
     "theorem1_mse",
+    "theorem2_gaussian_mse",
     "theorem2_mse",
+    "theorem2_quantizer_mse",
     "theorem3_rhs",
+    "theorem4_rhs",
 ]
 
 
@@ -292,3 +297,76 @@ def theorem3_rhs(mean_a2, mean_one_minus_a2, m, n, alpha, beta):
     prior_var = alpha * beta / (s * s * (s + 1.0))
     return float(mean_a2 * beta_local_mse(alpha, beta, n)
                  + mean_one_minus_a2 * (prior_var + c2))
+
+
+# ------------------------------------------------- quantized and private (Theorems 2, 4)
+
+def quantizer_sigma_q(m, n, sigma_theta, sigma_x, k_bits, r):
+    """sigma_q = b/(2^k - 1) of the k-bit quantizer with the paper's range b (spec C.3)."""
+    from ebfl.privacy.mechanisms import StochasticQuantizer, paper_clip_range
+
+    b = paper_clip_range(r, m, n, sigma_theta, sigma_x)
+    return float(np.sqrt(StochasticQuantizer(k_bits, b).max_variance))
+
+
+def gaussian_mechanism_sigma_q(m, n, sigma_theta, sigma_x, epsilon, delta, r):
+    """sigma_q = (b/epsilon) sqrt(8 log(2/delta)) of the paper's Gaussian mechanism (spec C.4)."""
+    from ebfl.privacy.mechanisms import GaussianMechanism, paper_clip_range
+
+    b = paper_clip_range(r, m, n, sigma_theta, sigma_x)
+    return GaussianMechanism(epsilon, delta, b).sigma
+
+
+def theorem2_quantizer_mse(m, n, sigma_theta, sigma_x, k_bits, r, d=1):
+    r"""Theorem 2, part 1: the k-bit quantizer on [-b, b], b from :func:`paper_clip_range`.
+
+    An upper bound (the quantizer's variance is at most b^2/(2^k-1)^2), claimed
+    with probability >= 1 - 2/(mn) over the clipping event (optimistic, spec [!4]).
+
+    Examples
+    --------
+    >>> [round(theorem2_quantizer_mse(10_000, 15, 0.1, 0.5, k, 1.0), 7) for k in (1, 2, 8)]
+    [0.0064131, 0.0062693, 0.006251]
+    """
+    sigma_q = quantizer_sigma_q(m, n, sigma_theta, sigma_x, k_bits, r)
+    return theorem2_mse(m, n, sigma_theta, sigma_x, sigma_q, d)
+
+
+def theorem2_gaussian_mse(m, n, sigma_theta, sigma_x, epsilon, delta, r, d=1):
+    r"""Theorem 2, part 2: the paper's (epsilon, delta)-LDP Gaussian mechanism on [-b, b].
+
+    Exact up to the (rare) clipping, since the noise variance does not depend
+    on the input. The paper claims it for epsilon in (0, 1) only (spec [!4]).
+
+    Examples
+    --------
+    >>> round(theorem2_gaussian_mse(10_000, 15, 0.1, 0.5, 1.0, 1e-5, 1.0), 6)
+    0.012572
+    """
+    sigma_q = gaussian_mechanism_sigma_q(m, n, sigma_theta, sigma_x, epsilon, delta, r)
+    return theorem2_mse(m, n, sigma_theta, sigma_x, sigma_q, d)
+
+
+def theorem4_rhs(mean_a2, mean_one_minus_a2, m, n, alpha, beta, epsilon):
+    r"""Right-hand side of Theorem 4 for the paper's private Bernoulli estimator.
+
+    .. math:: E[\hat a^2]\frac{\alpha\beta}{n(\alpha+\beta)(\alpha+\beta+1)}
+              + E[(1-\hat a)^2]\left(\frac{\alpha\beta}{(\alpha+\beta)^2(\alpha+\beta+1)}
+              + \frac{(e^{\epsilon}+1)^2\log(4m^2n)}{3(e^{\epsilon}-1)^2(m-1)}\right)
+
+    Notes
+    -----
+    As epsilon -> infinity the last term tends to log(4m^2 n)/(3(m-1)), 9 times
+    smaller than Theorem 3's non-private 3 log(4m^2 n)/(m-1) (spec [!5]e).
+    """
+    mean_a2 = check_probability(mean_a2, "mean_a2")
+    mean_one_minus_a2 = check_probability(mean_one_minus_a2, "mean_one_minus_a2")
+    m = check_int_scalar(m, "m", minimum=2)
+    alpha, beta, n = _beta_iv(alpha, beta, n)
+    epsilon = check_positive_scalar(epsilon, "epsilon")
+    s = alpha + beta
+    t = np.exp(-epsilon)  # (e^eps + 1)/(e^eps - 1) = (1 + t)/(1 - t), no overflow
+    cp2 = ((1.0 + t) / (1.0 - t)) ** 2 * np.log(4.0 * m * m * n) / (3.0 * (m - 1))
+    prior_var = alpha * beta / (s * s * (s + 1.0))
+    return float(mean_a2 * beta_local_mse(alpha, beta, n)
+                 + mean_one_minus_a2 * (prior_var + cp2))

@@ -50,17 +50,38 @@ def _json_default(obj):
 # ------------------------------------------------------------------- bounds
 
 def _cmd_bounds_gaussian(args):
-    from ebfl.bounds import gaussian_bounds
+    from ebfl.bounds import gaussian_bounds, gaussian_mechanism_sigma_q, quantizer_sigma_q
+    from ebfl.privacy.mechanisms import paper_clip_range
 
-    b = gaussian_bounds(args.m, args.n, args.sigma_theta, args.sigma_x, args.d)
-    payload = {"model": "gaussian", **b.as_dict(), "theorem1": b.personalized}
+    setting = (args.m, args.n, args.sigma_theta, args.sigma_x)
+    extra = {}
+    if args.k_bits is not None and args.epsilon is not None:
+        raise ValueError("give either --k-bits (quantizer) or --epsilon/--delta (privacy)")
+    if (args.k_bits is not None or args.epsilon is not None) and args.r is None:
+        raise ValueError("--r (bound on |mu| per coordinate) is needed with --k-bits/--epsilon")
+    if args.epsilon is not None and args.delta is None:
+        raise ValueError("--epsilon needs --delta")
+    sigma_q = 0.0
+    if args.k_bits is not None:
+        sigma_q = quantizer_sigma_q(*setting, args.k_bits, args.r)
+        extra = {"mechanism": "quantizer", "k_bits": args.k_bits}
+    elif args.epsilon is not None:
+        sigma_q = gaussian_mechanism_sigma_q(*setting, args.epsilon, args.delta, args.r)
+        extra = {"mechanism": "gaussian", "epsilon": args.epsilon, "delta": args.delta}
+    if extra:
+        extra.update(r=args.r, b=paper_clip_range(args.r, *setting))
+    b = gaussian_bounds(*setting, args.d, sigma_q=sigma_q)
+    key = "theorem2" if extra else "theorem1"
+    payload = {"model": "gaussian", **extra, **b.as_dict(), key: b.personalized}
 
     def render(p):
-        rows = [{"quantity": k, "value": p[k]} for k in
-                ("weight", "theorem1", "local", "global_only", "oracle", "lower_known_prior",
-                 "lower_estimated_mean")]
+        names = (["b", "sigma_q", "weight", key] if extra else ["weight", key]) + [
+            "local", "global_only", "oracle", "lower_known_prior", "lower_estimated_mean"]
+        rows = [{"quantity": k, "value": p[k]} for k in names]
+        mech = "" if not extra else " " + ", ".join(
+            f"{k}={p[k]}" for k in ("mechanism", "k_bits", "epsilon", "delta", "r") if k in p)
         _print_table(f"Gaussian model: m={p['m']} n={p['n']} sigma_theta={p['sigma_theta']} "
-                     f"sigma_x={p['sigma_x']} d={p['d']} (MSE summed over d)", rows,
+                     f"sigma_x={p['sigma_x']} d={p['d']}{mech} (MSE summed over d)", rows,
                      ["quantity", "value"])
     _emit(args, payload, render)
 
@@ -196,6 +217,36 @@ def _finish_fit(args, summary, table):
     _emit(args, summary, render)
 
 
+# ---------------------------------------------------------- private-bernoulli
+
+def _cmd_private_bernoulli(args):
+    from pathlib import Path
+
+    from ebfl.privacy.sweep import (
+        DEFAULT_EPSILONS,
+        plot_private_bernoulli,
+        private_bernoulli_sweep,
+    )
+
+    sweep = private_bernoulli_sweep(args.epsilon or DEFAULT_EPSILONS, alpha=args.alpha,
+                                    beta=args.beta,
+                                    n_clients=args.clients, n=args.n, rng=args.seed)
+    if args.plot:
+        Path(args.plot).mkdir(parents=True, exist_ok=True)
+        sweep["figure"] = str(plot_private_bernoulli(sweep, Path(args.plot) /
+                                                     "private_bernoulli.png"))
+
+    def render(p):
+        print("non-private references:", {k: {kk: round(vv, 6) for kk, vv in v.items()}
+                                          for k, v in p["reference"].items()})
+        _print_table("private estimators (mean weight on the local mean, MSE)", p["rows"],
+                     ["epsilon", "paper_weight", "paper_mse", "corrected_weight",
+                      "corrected_mse"])
+        if "figure" in p:
+            print("figure:", p["figure"])
+    _emit(args, sweep, render)
+
+
 # --------------------------------------------------------------------- demo
 
 def _cmd_demo(args):
@@ -231,6 +282,10 @@ def build_parser():
     g.add_argument("--sigma-theta", type=float, required=True)
     g.add_argument("--sigma-x", type=float, required=True)
     g.add_argument("--d", type=int, default=1, help="dimension (default 1)")
+    g.add_argument("--k-bits", type=int, help="Theorem 2: k-bit stochastic quantizer")
+    g.add_argument("--epsilon", type=float, help="Theorem 2: Gaussian LDP mechanism epsilon")
+    g.add_argument("--delta", type=float, help="Theorem 2: Gaussian LDP mechanism delta")
+    g.add_argument("--r", type=float, help="Theorem 2: |mu| <= r per coordinate (sets b)")
     add_json(g)
     g.set_defaults(func=_cmd_bounds_gaussian)
     b = bounds.add_parser("beta", help="known Beta prior: posterior and local MSE")
@@ -263,6 +318,18 @@ def build_parser():
         add_json(p)
     fb.set_defaults(func=_cmd_fit_beta_binomial)
     fg.set_defaults(func=_cmd_fit_gaussian)
+
+    pb = sub.add_parser("private-bernoulli",
+                        help="paper's vs corrected private Bernoulli EB across epsilon")
+    pb.add_argument("--alpha", type=float, default=2.0)
+    pb.add_argument("--beta", type=float, default=2.0)
+    pb.add_argument("--clients", type=int, default=10_000)
+    pb.add_argument("--n", type=int, default=14)
+    pb.add_argument("--epsilon", type=float, action="append", help="repeat; default: a grid")
+    pb.add_argument("--seed", type=int, default=0)
+    pb.add_argument("--plot", metavar="DIR", help="save private_bernoulli.png there")
+    add_json(pb)
+    pb.set_defaults(func=_cmd_private_bernoulli)
 
     demo = sub.add_parser("demo", help="simulate the paper's settings, compare with theory")
     demo.add_argument("--clients", type=int, default=10_000)

@@ -71,3 +71,26 @@ def test_theorem3_rhs():
 def test_bad_input(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call()
+
+
+def test_theorem2_private_values_match_spec_table():
+    """Spec B.8 (r = 1, delta = 1e-5) and C.3 (quantizer)."""
+    for eps, mse in ((0.1, 0.016600), (0.5, 0.015215), (1, 0.012572), (2, 0.0091513),
+                     (5, 0.0068568), (10, 0.0064094)):
+        value = B.theorem2_gaussian_mse(10_000, 15, 0.1, 0.5, eps, 1e-5, 1.0)
+        assert value == pytest.approx(mse, rel=5e-5)
+    for k, mse in ((1, 0.0064131), (2, 0.0062693), (4, 0.0062518), (8, 0.0062510)):
+        assert B.theorem2_quantizer_mse(10_000, 15, 0.1, 0.5, k, 1.0) == pytest.approx(
+            mse, abs=5e-8)
+
+
+def test_theorem4_rhs_and_constants():
+    """c_p^2 values of spec C.7 (m = 1e4, n = 14) and the 9x gap to Theorem 3 ([!5]e)."""
+    m, n = 10_000, 14
+    for eps, cp2 in ((0.5, 0.012474), (1, 0.003504), (2, 0.001290), (5, 0.000769)):
+        got = B.theorem4_rhs(0.0, 1.0, m, n, 2, 2, eps) - 0.05
+        assert got == pytest.approx(cp2, abs=5e-7)
+    limit = B.theorem4_rhs(0.0, 1.0, m, n, 2, 2, 700.0) - 0.05
+    non_private = B.theorem3_rhs(0.0, 1.0, m, n, 2, 2) - 0.05
+    assert non_private / limit == pytest.approx(9.0)
+    assert B.theorem4_rhs(1.0, 0.0, m, n, 2, 2, 1.0) == pytest.approx(B.beta_local_mse(2, 2, n))

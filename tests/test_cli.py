@@ -88,3 +88,26 @@ def test_fit_refuses_missing_client_ids(tmp_path):
     for model in ("beta-binomial", "gaussian"):
         with pytest.raises(SystemExit, match="missing client"):
             main(["fit", model, str(tmp_path / "x.csv"), "--client", "id", "--value", "y"])
+
+
+def test_bounds_gaussian_quantized_and_private(capsys):
+    base = ["bounds", "gaussian", "--m", "10000", "--n", "15", "--sigma-theta", "0.1",
+            "--sigma-x", "0.5", "--r", "1", "--json"]
+    q = _json(capsys, base + ["--k-bits", "1"])
+    assert q["theorem2"] == pytest.approx(0.0064131, abs=5e-8)
+    assert q["b"] == pytest.approx(2.0531, abs=5e-5) and q["mechanism"] == "quantizer"
+    g = _json(capsys, base + ["--epsilon", "1", "--delta", "1e-5"])
+    assert g["theorem2"] == pytest.approx(0.012572, abs=5e-7)
+    assert g["weight"] == pytest.approx(0.75429, abs=5e-6)
+    assert main(base[:-3] + ["--k-bits", "2"]) == 2  # no --r
+    assert "--r" in capsys.readouterr().err
+
+
+def test_private_bernoulli_figure(tmp_path, capsys):
+    out = _json(capsys, ["private-bernoulli", "--clients", "3000", "--epsilon", "1",
+                         "--epsilon", "100", "--plot", str(tmp_path), "--json"])
+    assert (tmp_path / "private_bernoulli.png").stat().st_size > 10_000
+    high = out["rows"][-1]
+    assert high["paper_weight"] > 0.9
+    assert high["corrected_weight"] == pytest.approx(
+        out["reference"]["loo_corrected"]["weight"], abs=0.03)
