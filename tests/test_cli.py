@@ -111,3 +111,19 @@ def test_private_bernoulli_figure(tmp_path, capsys):
     assert high["paper_weight"] > 0.9
     assert high["corrected_weight"] == pytest.approx(
         out["reference"]["loo_corrected"]["weight"], abs=0.03)
+
+
+def test_accounting_dp_adaped(capsys):
+    from ebfl.privacy import dp_adaped_epsilon
+
+    argv = ["accounting", "dp-adaped", "--m", "66", "--k", "22", "--iterations", "2400",
+            "--sync-gap", "10", "--clip", "1", "--noise", "5", "--clip-psi", "1",
+            "--noise-psi", "5", "--json"]
+    out = _json(capsys, argv)
+    direct = dp_adaped_epsilon(1e-5, n_clients=66, n_sampled=22, n_iterations=2400, sync_gap=10,
+                               clip_mu=1.0, noise_mu=5.0, clip_psi=1.0, noise_psi=5.0)
+    assert out["epsilon"] == pytest.approx(direct.epsilon)
+    assert out["theorem7_epsilon_classic"] == pytest.approx(5.76, abs=0.005)  # spec D.9.5
+    assert out["epsilon"] > out["theorem7_epsilon_lemma2"]
+    assert main(argv[:-5] + ["--delta", "1.5"]) == 2
+    assert "delta" in capsys.readouterr().err

@@ -1,5 +1,13 @@
 """Communication and local-privacy mechanisms, private estimators, privacy accounting."""
 
+from ebfl.privacy.accounting import (
+    DPAdaPeDAccountant,
+    PrivacySpent,
+    dp_adaped_epsilon,
+    rdp_to_delta,
+    rdp_to_epsilon,
+    theorem7_rdp,
+)
 from ebfl.privacy.estimators import (
     PrivateBernoulliEstimate,
     PrivateGaussianEstimate,
@@ -20,16 +28,22 @@ from ebfl.privacy.mechanisms import (
 
 __all__ = [
     "BinaryMechanism",
+    "DPAdaPeDAccountant",
     "GaussianMechanism",
     "LaplaceMechanism",
     "Mechanism",
     "PrivacyGuarantee",
+    "PrivacySpent",
     "PrivateBernoulliEstimate",
     "PrivateGaussianEstimate",
     "RandomizedResponse",
     "StochasticQuantizer",
+    "dp_adaped_epsilon",
     "paper_clip_range",
     "private_bernoulli_corrected",
     "private_bernoulli_paper",
     "private_gaussian",
+    "rdp_to_delta",
+    "rdp_to_epsilon",
+    "theorem7_rdp",
 ]

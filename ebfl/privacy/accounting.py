@@ -1,0 +1,745 @@
+"""User-level privacy accounting for DP-AdaPeD (spec D.9, Theorem 7).
+
+Two things live here, kept apart on purpose:
+
+* the paper's bound, :func:`theorem7_rdp`, reproduced exactly as printed
+  together with the paper's RDP -> (epsilon, delta) conversion (Lemma 2,
+  :func:`rdp_to_epsilon`, :func:`rdp_to_delta`);
+* a correct accountant, :class:`DPAdaPeDAccountant` (and the one-call
+  :func:`dp_adaped_epsilon`), that models one synchronization round as a
+  (sub)sampled Gaussian mechanism with the sensitivity of spec D.9.7 and hands
+  the composition to ``dp_accounting`` (RDP or PLD).
+
+The layering follows Opacus: pure keyword-only functions do the maths; the
+accountant only records ``(noise_multiplier, sampling, rounds)`` and delegates.
+
+Conventions used throughout
+---------------------------
+* One *round* is one synchronization period of ``sync_gap`` (tau) local
+  iterations; a run of T iterations has T/tau rounds, and T must be a multiple
+  of tau (spec D.9.7(d)).
+* ``noise_multiplier`` follows the ``dp_accounting.GaussianDpEvent`` docstring:
+  standard deviation of the noise on the released sum divided by the norm bound
+  of ONE client's contribution to that sum (tau*C here). Under the
+  replace-one relation the L2 sensitivity is twice that bound.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.privacy_accountant import NeighboringRelation
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from ebfl._validation import (
+    check_choice,
+    check_finite_array,
+    check_int_scalar,
+    check_positive_scalar,
+)
+
+__all__ = [
+    "DEFAULT_ORDERS",
+    "DPAdaPeDAccountant",
+    "PrivacySpent",
+    "RoundRecord",
+    "dp_adaped_epsilon",
+    "dp_adaped_noise_multiplier",
+    "rdp_to_delta",
+    "rdp_to_epsilon",
+    "theorem7_rdp",
+]
+
+#: RDP orders used when none are given (dp-accounting's default grid, 1.1 ... 1024).
+DEFAULT_ORDERS = tuple(float(a) for a in rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
+
+_SAMPLINGS = ("without_replacement", "poisson")
+_TRUSTS = ("aggregator", "local")
+_ACCOUNTANTS = ("rdp", "pld")
+_METHODS = ("lemma2", "classic")
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _delta_iv(delta):
+    delta = check_positive_scalar(delta, "delta")
+    if not delta < 1.0:
+        raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
+    return delta
+
+
+def _orders_iv(orders, *, ndim=1):
+    orders = check_finite_array(orders, "orders", ndim=ndim)
+    if np.any(orders <= 1.0):
+        raise ValueError(f"orders must all be > 1 (Renyi orders alpha > 1); "
+                         f"smallest is {float(np.min(orders))!r}")
+    return orders
+
+
+def _rdp_iv(orders, rdp):
+    orders = _orders_iv(orders)
+    try:
+        rdp = np.asarray(rdp, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError("rdp must be an array of real numbers") from exc
+    if rdp.shape != orders.shape:
+        raise ValueError(f"rdp must have the shape of orders {orders.shape}, got {rdp.shape}")
+    if np.any(np.isnan(rdp)) or np.any(rdp < 0):
+        raise ValueError("rdp must be >= 0 (+inf allowed) with no NaN")
+    return orders, rdp
+
+
+def _rounds_iv(n_iterations, sync_gap):
+    n_iterations = check_int_scalar(n_iterations, "n_iterations", minimum=1)
+    sync_gap = check_int_scalar(sync_gap, "sync_gap", minimum=1)
+    if n_iterations % sync_gap:
+        raise ValueError(f"n_iterations must be a multiple of sync_gap (T/tau synchronization "
+                         f"rounds), got n_iterations={n_iterations}, sync_gap={sync_gap}")
+    return n_iterations // sync_gap, sync_gap
+
+
+def _sampled_iv(n_sampled, n_clients):
+    n_sampled = check_int_scalar(n_sampled, "n_sampled", minimum=1)
+    if n_sampled > n_clients:
+        raise ValueError(f"n_sampled must be an integer in [1, n_clients={n_clients}], "
+                         f"got {n_sampled}")
+    return n_sampled
+
+
+def _blocks_iv(clip_mu, noise_mu, clip_psi, noise_psi):
+    """Return [(C, sigma), ...]: one block (concatenated variant) or two (mu and psi)."""
+    blocks = [(check_positive_scalar(clip_mu, "clip_mu"),
+               check_positive_scalar(noise_mu, "noise_mu"))]
+    if (clip_psi is None) != (noise_psi is None):
+        raise ValueError("clip_psi and noise_psi must be given together (separate clipping of "
+                         "psi) or both be None (concatenated [h; k] variant, spec D.9.6)")
+    if clip_psi is not None:
+        blocks.append((check_positive_scalar(clip_psi, "clip_psi"),
+                       check_positive_scalar(noise_psi, "noise_psi")))
+    return blocks
+
+
+# --------------------------------------------------------------------------- Theorem 7
+
+
+def theorem7_rdp(orders, *, n_clients, n_sampled, n_iterations, sync_gap, clip_mu, noise_mu,
+                 clip_psi=None, noise_psi=None):
+    r"""RDP curve of DP-AdaPeD exactly as printed in Theorem 7 (spec D.9.3).
+
+    .. math::
+        \varepsilon(\alpha) = \Big(\frac{K}{m}\Big)^2 \, 6 \, \frac{T}{\tau} \, \alpha
+        \Big(\frac{C_1^2}{K\sigma_{q1}^2} + \frac{C_2^2}{K\sigma_{q2}^2}\Big)
+
+    This is the paper's claim, NOT a valid privacy guarantee: see Notes, and
+    use :class:`DPAdaPeDAccountant` for a correct one.
+
+    Parameters
+    ----------
+    orders : float or array_like of shape (n_orders,)
+        Renyi orders alpha, each > 1.
+    n_clients : int
+        m, the number of clients, >= 1.
+    n_sampled : int
+        K, the clients sampled per round, in [1, m].
+    n_iterations : int
+        T, the total number of local iterations; a multiple of ``sync_gap``.
+    sync_gap : int
+        tau, local iterations per synchronization round, >= 1.
+    clip_mu, noise_mu : float
+        C1 and sigma_q1 (> 0): clip norm of h and standard deviation of the
+        noise added to it at every local step.
+    clip_psi, noise_psi : float or None, default=None
+        C2 and sigma_q2 (> 0) for the separately clipped psi gradient k. Leave
+        both None for the concatenated variant of spec D.9.6 (one clip norm
+        C = ``clip_mu`` and one noise scale sigma = ``noise_mu`` on [h; k]),
+        whose curve is 6 (K/m)^2 (T/tau) alpha C^2/(K sigma^2).
+
+    Returns
+    -------
+    rdp : float or ndarray of shape (n_orders,)
+        epsilon(alpha) at each order (a float for scalar ``orders``).
+
+    See Also
+    --------
+    DPAdaPeDAccountant : a correct accountant for the same mechanism.
+    rdp_to_epsilon : Lemma 2 conversion to (epsilon, delta)-DP.
+
+    Notes
+    -----
+    Flaws of the bound (spec D.9.7 and [!13]); the value is linear in alpha,
+    so it carries its errors unchanged into every conversion:
+
+    * (a) Sensitivity. The tau clipped steps of a round can add up
+      coherently, so one client moves the aggregate by up to tau*C (not
+      sqrt(tau)*C, eq. (67)); with the paper's own noise accounting the RDP is
+      optimistic by a factor tau. Under the paper's replace-one neighbouring
+      relation (App. A.3) the sensitivity is 2*tau*C, a further factor 4.
+    * (b) Trust. The 1/K in the noise term needs a trusted aggregator or
+      secure aggregation; if the server sees each mu_i the benefit vanishes.
+    * (c) Sampling. Algorithm 5 samples a fixed-size set of K clients, while
+      the q^2 subsampled-Gaussian bound and its constant 6 hold for Poisson
+      sampling under unstated conditions (small q, large noise multiplier,
+      bounded alpha).
+    * (d) The proof composes over "t in [T]" in words but T/tau rounds in the
+      formula; the formula (T/tau) is used here, and T must be a multiple of
+      tau.
+
+    Examples
+    --------
+    FEMNIST setting of spec D.9.5 (noise multipliers sigma/C = 5): c = 0.582.
+
+    >>> c = theorem7_rdp(2.0, n_clients=66, n_sampled=22, n_iterations=2400, sync_gap=10,
+    ...                  clip_mu=1.0, noise_mu=5.0, clip_psi=1.0, noise_psi=5.0) / 2.0
+    >>> round(c, 3)
+    0.582
+    """
+    scalar = np.ndim(orders) == 0
+    orders = _orders_iv(orders, ndim=(0, 1))
+    n_clients = check_int_scalar(n_clients, "n_clients", minimum=1)
+    n_sampled = _sampled_iv(n_sampled, n_clients)
+    n_rounds, _ = _rounds_iv(n_iterations, sync_gap)
+    blocks = _blocks_iv(clip_mu, noise_mu, clip_psi, noise_psi)
+    per_alpha = ((n_sampled / n_clients) ** 2 * 6.0 * n_rounds
+                 * sum(c**2 / (n_sampled * s**2) for c, s in blocks))
+    rdp = per_alpha * orders
+    return float(rdp) if scalar else rdp
+
+
+# --------------------------------------------------------------------------- conversions
+
+
+def rdp_to_epsilon(orders, rdp, delta, *, method="lemma2"):
+    r"""Smallest epsilon such that an RDP curve gives (epsilon, delta)-DP.
+
+    Parameters
+    ----------
+    orders : array_like of shape (n_orders,)
+        Renyi orders, each > 1.
+    rdp : array_like of shape (n_orders,)
+        epsilon(alpha) at each order, >= 0 (+inf allowed).
+    delta : float
+        Target delta in (0, 1).
+    method : {"lemma2", "classic"}, default="lemma2"
+        ``"lemma2"``: the paper's Lemma 2 (spec D.9.5),
+
+        .. math:: \varepsilon = \min_\lambda \varepsilon(\lambda)
+                  + \frac{\log(1/\delta) + (\lambda-1)\log(1-1/\lambda) - \log\lambda}
+                         {\lambda-1}.
+
+        ``"classic"``: Mironov's Proposition 3,
+        min over lambda of epsilon(lambda) + log(1/delta)/(lambda - 1).
+
+    Returns
+    -------
+    epsilon : float
+        The minimum over the given orders (a valid bound; finer grids can only
+        lower it).
+
+    Notes
+    -----
+    Lemma 2 is the conversion of Balle et al. (2020, Prop. 12) and Asoodeh et
+    al. (2021, eq. 20), which is what ``dp_accounting.rdp.compute_epsilon``
+    implements: r + log1p(-1/a) - log(delta a)/(a - 1) is the same expression.
+    It is therefore delegated to dp-accounting rather than re-derived. The
+    library adds two refinements that only help: orders in (1, 1.01] are
+    skipped (numerically unstable there, so they give +inf), and an order
+    whose RDP satisfies delta >= sqrt(1 - exp(-epsilon(alpha))) yields
+    epsilon = 0 (the KL/Pinsker bound). The result is clipped at 0.
+
+    Examples
+    --------
+    With epsilon(alpha) = c alpha the classic conversion has the closed form
+    c + 2 sqrt(c log(1/delta)) at lambda* = 1 + sqrt(log(1/delta)/c):
+
+    >>> c, delta = 0.5, 1e-5
+    >>> lam = 1 + np.sqrt(np.log(1 / delta) / c)
+    >>> round(rdp_to_epsilon([lam], [c * lam], delta, method="classic"), 6)
+    5.298526
+    >>> round(float(c + 2 * np.sqrt(c * np.log(1 / delta))), 6)
+    5.298526
+    >>> orders = np.linspace(1.5, 30, 300)
+    >>> rdp_to_epsilon(orders, c * orders, delta) < 5.298526  # Lemma 2 is tighter
+    True
+    """
+    return _rdp_to_epsilon_and_order(orders, rdp, delta, method)[0]
+
+
+def _rdp_to_epsilon_and_order(orders, rdp, delta, method):
+    orders, rdp = _rdp_iv(orders, rdp)
+    delta = _delta_iv(delta)
+    check_choice(method, "method", _METHODS)
+    if method == "lemma2":
+        # dp-accounting's improved conversion is Lemma 2 (see rdp_to_epsilon Notes).
+        eps, order = rdp_privacy_accountant.compute_epsilon(orders, rdp, delta)
+        return float(eps), float(order)
+    eps = rdp + math.log(1.0 / delta) / (orders - 1.0)
+    best = int(np.argmin(eps))
+    return float(eps[best]), float(orders[best])
+
+
+def rdp_to_delta(orders, rdp, epsilon):
+    r"""Smallest delta such that an RDP curve gives (epsilon, delta)-DP (Lemma 2).
+
+    .. math:: \delta = \min_\lambda \frac{\exp((\lambda-1)(\varepsilon(\lambda)-\varepsilon))}
+                                        {\lambda-1}\Big(1-\frac{1}{\lambda}\Big)^\lambda
+
+    Parameters
+    ----------
+    orders : array_like of shape (n_orders,)
+        Renyi orders, each > 1.
+    rdp : array_like of shape (n_orders,)
+        epsilon(alpha) at each order, >= 0 (+inf allowed).
+    epsilon : float
+        Target epsilon, > 0.
+
+    Returns
+    -------
+    delta : float
+        In [0, 1].
+
+    Notes
+    -----
+    Delegated to ``dp_accounting.rdp.compute_delta``: its bound
+    (a - 1)(r - eps + log1p(-1/a)) - log a is the logarithm of the printed
+    formula (expand (1 - 1/a)^a / (a - 1)). As for :func:`rdp_to_epsilon`, it
+    skips orders <= 1.01, also takes the KL bound sqrt(1 - exp(-r)), and caps
+    delta at 1.
+
+    Examples
+    --------
+    It inverts :func:`rdp_to_epsilon` (Lemma 2) on the same orders:
+
+    >>> orders = np.array([2.0, 4.0, 8.0, 16.0, 32.0])
+    >>> eps = rdp_to_epsilon(orders, 0.05 * orders, 1e-5)
+    >>> round(eps, 4), f"{rdp_to_delta(orders, 0.05 * orders, eps):.6g}"
+    (1.3182, '1e-05')
+    """
+    orders, rdp = _rdp_iv(orders, rdp)
+    epsilon = check_positive_scalar(epsilon, "epsilon")
+    delta, _ = rdp_privacy_accountant.compute_delta(orders, rdp, epsilon)
+    return float(delta)
+
+
+# --------------------------------------------------------------------------- mechanism model
+
+
+def dp_adaped_noise_multiplier(*, n_sampled, sync_gap, clip_mu, noise_mu, clip_psi=None,
+                               noise_psi=None, trust="aggregator"):
+    r"""Noise multiplier of one DP-AdaPeD synchronization round.
+
+    Each sampled client runs tau local steps, each adding a clipped update
+    (norm <= C) plus N(0, sigma^2 I); the tau updates can align, so one
+    client's contribution to the released sum has norm <= tau*C (spec
+    D.9.7(a)). The noise on the released quantity has variance
+    n_noise*tau*sigma^2, with n_noise = K when only the sum is seen (trusted
+    aggregator or secure aggregation) and n_noise = 1 when the server sees
+    each client's mu_i (spec D.9.7(b)). Per block
+
+    .. math:: z_j = \frac{\sigma_j\sqrt{n_\text{noise}\,\tau}}{\tau C_j},
+
+    and the mu and psi blocks, released together on the same sample, form one
+    Gaussian mechanism with :math:`z^{-2} = z_1^{-2} + z_2^{-2}` (rescale each
+    block by its noise standard deviation).
+
+    Parameters
+    ----------
+    n_sampled : int
+        K, clients whose noisy updates are summed, >= 1 (unused when
+        ``trust="local"``).
+    sync_gap : int
+        tau, local steps per round, >= 1.
+    clip_mu, noise_mu : float
+        C1 and sigma_q1, > 0.
+    clip_psi, noise_psi : float or None, default=None
+        C2 and sigma_q2, > 0; both None for the concatenated variant.
+    trust : {"aggregator", "local"}, default="aggregator"
+        Who sees what, as above.
+
+    Returns
+    -------
+    z : float
+        Standard deviation of the round's noise over the per-client norm bound
+        tau*C (the ``GaussianDpEvent`` convention; under replace-one the L2
+        sensitivity is 2*tau*C, i.e. std/sensitivity = z/2).
+
+    Examples
+    --------
+    >>> round(dp_adaped_noise_multiplier(n_sampled=22, sync_gap=10, clip_mu=1.0, noise_mu=5.0),
+    ...       6)  # 5 sqrt(22/10)
+    7.416198
+    >>> round(dp_adaped_noise_multiplier(n_sampled=22, sync_gap=10, clip_mu=1.0, noise_mu=5.0,
+    ...                                  clip_psi=1.0, noise_psi=5.0), 6)  # 5 sqrt(22/20)
+    5.244044
+    """
+    check_choice(trust, "trust", _TRUSTS)
+    n_sampled = check_int_scalar(n_sampled, "n_sampled", minimum=1)
+    sync_gap = check_int_scalar(sync_gap, "sync_gap", minimum=1)
+    blocks = _blocks_iv(clip_mu, noise_mu, clip_psi, noise_psi)
+    return _noise_multiplier(n_sampled if trust == "aggregator" else 1, sync_gap, blocks)
+
+
+def _noise_multiplier(n_noise, sync_gap, blocks):
+    inv_sq = sum((sync_gap * c) ** 2 / (n_noise * sync_gap * s**2) for c, s in blocks)
+    return float(inv_sq**-0.5)
+
+
+def _relation(sampling, trust):
+    """User-level neighbouring relation of the model (see DPAdaPeDAccountant Notes)."""
+    if trust == "aggregator" and sampling == "poisson":
+        return NeighboringRelation.ADD_OR_REMOVE_ONE
+    return NeighboringRelation.REPLACE_ONE
+
+
+@functools.cache
+def _rdp_replace_one_factor():
+    """Factor by which to scale noise multipliers for dp-accounting's RDP accountant.
+
+    ``GaussianDpEvent`` documents noise_multiplier as std / (per-record norm
+    bound), so under REPLACE_ONE the sensitivity is twice that bound; but the
+    RDP accountant of dp-accounting 0.6.0 reads it as std / (L2 sensitivity)
+    for both ``GaussianDpEvent`` and ``SampledWithoutReplacementDpEvent``
+    (google/differential-privacy#378; the PLD accountant follows the
+    docstring). Probe which reading the installed version uses.
+    """
+    acc = rdp_privacy_accountant.RdpAccountant([2.0], NeighboringRelation.REPLACE_ONE)
+    acc.compose(dp_event.GaussianDpEvent(1.0))
+    rdp = float(acc.rdp[0])
+    if math.isclose(rdp, 1.0):   # alpha/(2 z^2): z read as std / sensitivity
+        return 0.5
+    if math.isclose(rdp, 4.0):   # alpha (2)^2/(2 z^2): z read as std / norm bound
+        return 1.0
+    raise RuntimeError(f"unexpected RDP {rdp} of GaussianDpEvent(1) at order 2 under "
+                       "REPLACE_ONE in the installed dp-accounting")
+
+
+def _scale_gaussians(event, factor):
+    """Copy of ``event`` with every GaussianDpEvent noise multiplier times ``factor``."""
+    if isinstance(event, dp_event.GaussianDpEvent):
+        return dp_event.GaussianDpEvent(event.noise_multiplier * factor)
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return dp_event.SelfComposedDpEvent(_scale_gaussians(event.event, factor), event.count)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return dp_event.ComposedDpEvent([_scale_gaussians(e, factor) for e in event.events])
+    if isinstance(event, dp_event.PoissonSampledDpEvent):
+        return dp_event.PoissonSampledDpEvent(event.sampling_probability,
+                                              _scale_gaussians(event.event, factor))
+    if isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
+        return dp_event.SampledWithoutReplacementDpEvent(
+            event.source_dataset_size, event.sample_size, _scale_gaussians(event.event, factor))
+    return event
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """Rounds recorded by :class:`DPAdaPeDAccountant` with identical parameters.
+
+    Attributes
+    ----------
+    noise_multiplier : float
+        z of :func:`dp_adaped_noise_multiplier` (std over the norm bound tau*C).
+    n_sampled : int
+        K, clients sampled per round.
+    sampling_rate : float
+        K/m; 1.0 when nothing amplifies privacy (K = m or ``trust="local"``).
+    n_rounds : int
+        Number of such rounds.
+    """
+
+    noise_multiplier: float
+    n_sampled: int
+    sampling_rate: float
+    n_rounds: int
+
+
+@dataclass(frozen=True, eq=False)
+class PrivacySpent:
+    """(epsilon, delta) of a DP-AdaPeD run and how it was obtained.
+
+    Attributes
+    ----------
+    epsilon, delta : float
+        The user-level (epsilon, delta)-DP guarantee.
+    order : float or None
+        Optimal Renyi order of the conversion (RDP accountant), else None.
+    orders, rdp : ndarray of shape (n_orders,) or None
+        The composed RDP curve (RDP accountant), else None.
+    n_rounds : int
+        Synchronization rounds composed.
+    accountant : str
+        ``"rdp"`` or ``"pld"``.
+    neighboring_relation : str
+        ``"replace_one"`` or ``"add_or_remove_one"`` (user level).
+    """
+
+    epsilon: float
+    delta: float
+    order: float | None
+    orders: np.ndarray | None
+    rdp: np.ndarray | None
+    n_rounds: int
+    accountant: str
+    neighboring_relation: str
+
+
+class DPAdaPeDAccountant:
+    r"""Correct user-level accountant for DP-AdaPeD, built on dp-accounting.
+
+    Records synchronization rounds with :meth:`step` and converts them with
+    dp-accounting's RDP or PLD accountant. Round model: K of the m clients
+    are sampled; each runs tau local steps adding a clipped update (norm <= C)
+    and N(0, sigma^2 I) noise; the server averages. One round is a Gaussian
+    mechanism with noise multiplier z of :func:`dp_adaped_noise_multiplier`,
+    amplified by the client sampling, and rounds compose.
+
+    Parameters
+    ----------
+    n_clients : int
+        m, >= 1.
+    sampling : {"without_replacement", "poisson"}, default="without_replacement"
+        Fixed-size sampling of K clients (Algorithm 5), or Poisson sampling
+        with rate q = K/m.
+    trust : {"aggregator", "local"}, default="aggregator"
+        ``"aggregator"``: the adversary sees only the sum over the sampled
+        clients (trusted server or secure aggregation). ``"local"``: the
+        server sees each client's mu_i; no 1/K noise benefit and no
+        amplification by sampling (the server knows who was sampled).
+    accountant : {"rdp", "pld"}, default="rdp"
+        dp-accounting's ``RdpAccountant`` (conversion = Lemma 2) or
+        ``PLDAccountant`` (tighter; pessimistic discretization).
+    orders : array_like of shape (n_orders,), default=None
+        RDP orders (> 1); None uses :data:`DEFAULT_ORDERS`. RDP only.
+    value_discretization_interval : float, default=1e-4
+        PLD discretization (> 0). PLD only.
+
+    Attributes
+    ----------
+    history : list of RoundRecord
+        The recorded rounds, consecutive identical ones merged.
+    neighboring_relation : dp_accounting.NeighboringRelation
+        See Notes.
+
+    Raises
+    ------
+    ValueError
+        From :meth:`step`, for ``accountant="pld"`` with
+        ``sampling="without_replacement"`` and K < m: dp-accounting's PLD
+        accountant has no sampling-without-replacement event.
+
+    See Also
+    --------
+    dp_adaped_epsilon : the one-call version for a constant schedule.
+    theorem7_rdp : the paper's (incorrect) bound.
+
+    Notes
+    -----
+    Neighbouring relation (user level: one client's whole dataset differs):
+
+    * ``sampling="without_replacement"``: REPLACE_ONE, the paper's own
+      notion (App. A.3) and the only one for which fixed-size subsampling is
+      analysed (Wang, Balle and Kasiviswanathan 2019, Thm 27, via
+      ``SampledWithoutReplacementDpEvent``). The L2 sensitivity of the round's
+      sum is 2*tau*C.
+    * ``sampling="poisson"``: ADD_OR_REMOVE_ONE, sensitivity tau*C
+      (``PoissonSampledDpEvent``, exact subsampled-Gaussian RDP or PLD).
+    * ``trust="local"``: REPLACE_ONE (a sampled client always sends
+      something), no sampling amplification; every round counts, i.e. the
+      guarantee of a client sampled in all T/tau rounds. A client that took
+      part in r rounds gets the guarantee of ``n_rounds=r``.
+
+    The two relations are not comparable one to one: a replace-one
+    guarantee is roughly an add/remove guarantee at twice the sensitivity.
+
+    Modelling assumptions. The released round aggregate is taken to be
+    sum_i g_i + N(0, K tau sigma^2 I) with ||g_i|| <= tau*C and the noise
+    independent of the g_i. This is exact when the noise is added after the
+    local steps (or by the aggregator); in Algorithm 5 the noise enters mu_i
+    and so feeds back into later clipped steps, which this model (like the
+    paper's) idealizes away. Under Poisson sampling the number of sampled
+    clients is random; the noise standard deviation sigma sqrt(K tau) is taken
+    as fixed (the aggregator tops it up, as in DP-FedAvg), not as the sum of a
+    random number of client noises. The mu and psi blocks share the sample
+    and are released together, so they form one Gaussian with
+    1/z^2 = 1/z1^2 + 1/z2^2 inside the sampling (not two independently
+    sampled mechanisms).
+
+    dp-accounting 0.6.0 reads ``GaussianDpEvent.noise_multiplier`` as std
+    over L2 sensitivity in its RDP accountant under REPLACE_ONE but as std
+    over the norm bound in its PLD accountant (google/differential-privacy
+    #378); the RDP path is rescaled accordingly (probed at run time).
+
+    Examples
+    --------
+    FEMNIST (spec D.9.5): m = 66, K = 22, T = 2400, tau = 10, sigma/C = 5.
+
+    >>> acc = DPAdaPeDAccountant(66)
+    >>> acc = acc.step(n_sampled=22, sync_gap=10, clip_mu=1.0, noise_mu=5.0, clip_psi=1.0,
+    ...                noise_psi=5.0, n_rounds=240)
+    >>> round(acc.get_epsilon(1e-5), 2)
+    26.27
+    """
+
+    def __init__(self, n_clients, *, sampling="without_replacement", trust="aggregator",
+                 accountant="rdp", orders=None, value_discretization_interval=1e-4):
+        self.n_clients = check_int_scalar(n_clients, "n_clients", minimum=1)
+        self.sampling = check_choice(sampling, "sampling", _SAMPLINGS)
+        self.trust = check_choice(trust, "trust", _TRUSTS)
+        self.accountant = check_choice(accountant, "accountant", _ACCOUNTANTS)
+        self.orders = _orders_iv(DEFAULT_ORDERS if orders is None else orders)
+        self.value_discretization_interval = check_positive_scalar(
+            value_discretization_interval, "value_discretization_interval")
+        self.neighboring_relation = _relation(self.sampling, self.trust)
+        self.history = []
+        self._cache = (None, None)   # (recorded history, composed dp-accounting accountant)
+
+    # ------------------------------------------------------------------ recording
+
+    def step(self, *, n_sampled, sync_gap, clip_mu, noise_mu, clip_psi=None, noise_psi=None,
+             n_rounds=1):
+        """Record ``n_rounds`` synchronization rounds; returns ``self``.
+
+        Parameters are those of :func:`dp_adaped_noise_multiplier`, plus
+        ``n_rounds`` (int >= 1). ``n_sampled`` must lie in [1, n_clients].
+        """
+        n_sampled = _sampled_iv(n_sampled, self.n_clients)
+        n_rounds = check_int_scalar(n_rounds, "n_rounds", minimum=1)
+        z = dp_adaped_noise_multiplier(n_sampled=n_sampled, sync_gap=sync_gap, clip_mu=clip_mu,
+                                       noise_mu=noise_mu, clip_psi=clip_psi,
+                                       noise_psi=noise_psi, trust=self.trust)
+        rate = 1.0 if self.trust == "local" else n_sampled / self.n_clients
+        if self.accountant == "pld" and self.sampling == "without_replacement" and rate < 1.0:
+            raise ValueError(
+                "accountant='pld' does not support sampling='without_replacement' with "
+                f"n_sampled={n_sampled} < n_clients={self.n_clients}: dp-accounting's "
+                "PLDAccountant has no SampledWithoutReplacementDpEvent; use accountant='rdp' "
+                "or sampling='poisson'")
+        last = self.history[-1] if self.history else None
+        if last is not None and (last.noise_multiplier, last.n_sampled) == (z, n_sampled):
+            self.history[-1] = RoundRecord(z, n_sampled, rate, last.n_rounds + n_rounds)
+        else:
+            self.history.append(RoundRecord(z, n_sampled, rate, n_rounds))
+        return self
+
+    @property
+    def n_rounds(self):
+        """Total number of recorded rounds."""
+        return sum(r.n_rounds for r in self.history)
+
+    @property
+    def event(self):
+        """The recorded run as a ``dp_accounting`` DpEvent (``GaussianDpEvent`` convention).
+
+        Under REPLACE_ONE, feeding it to dp-accounting's ``RdpAccountant``
+        directly under-counts (see Notes); the accountant's methods correct it.
+        """
+        return dp_event.ComposedDpEvent([
+            dp_event.SelfComposedDpEvent(self._round_event(r), r.n_rounds)
+            for r in self.history])
+
+    def _round_event(self, record):
+        gauss = dp_event.GaussianDpEvent(record.noise_multiplier)
+        if record.sampling_rate == 1.0:
+            return gauss
+        if self.sampling == "poisson":
+            return dp_event.PoissonSampledDpEvent(record.sampling_rate, gauss)
+        return dp_event.SampledWithoutReplacementDpEvent(self.n_clients, record.n_sampled, gauss)
+
+    # ------------------------------------------------------------------ delegation
+
+    def _composed(self):
+        key = tuple(self.history)
+        if self._cache[0] != key:
+            self._cache = (key, self._compose())
+        return self._cache[1]
+
+    def _compose(self):
+        if self.accountant == "rdp":
+            acc = rdp_privacy_accountant.RdpAccountant(self.orders, self.neighboring_relation)
+            event = self.event
+            if self.neighboring_relation is NeighboringRelation.REPLACE_ONE:
+                event = _scale_gaussians(event, _rdp_replace_one_factor())
+        else:
+            acc = pld_privacy_accountant.PLDAccountant(
+                self.neighboring_relation, self.value_discretization_interval)
+            event = self.event
+        if not acc.supports(event):
+            raise ValueError(f"dp-accounting's {type(acc).__name__} does not support "
+                             f"{event!r} under {self.neighboring_relation.name}")
+        acc.compose(event)
+        return acc
+
+    def get_rdp(self):
+        """RDP curve of the recorded run at :attr:`orders` (``accountant="rdp"`` only)."""
+        if self.accountant != "rdp":
+            raise ValueError("get_rdp needs accountant='rdp'; the PLD accountant has no "
+                             "RDP curve")
+        return self._composed().rdp
+
+    def get_epsilon(self, delta):
+        """Epsilon of the recorded run for ``delta`` in (0, 1)."""
+        return self.get_privacy_spent(delta).epsilon
+
+    def get_delta(self, epsilon):
+        """Delta of the recorded run for ``epsilon`` > 0."""
+        epsilon = check_positive_scalar(epsilon, "epsilon")
+        return float(self._composed().get_delta(epsilon))
+
+    def get_privacy_spent(self, delta):
+        """Epsilon for ``delta`` in (0, 1), with the RDP curve and optimal order.
+
+        Returns
+        -------
+        PrivacySpent
+        """
+        delta = _delta_iv(delta)
+        acc = self._composed()
+        relation = self.neighboring_relation.name.lower()
+        if self.accountant == "rdp":
+            eps, order = acc.get_epsilon_and_optimal_order(delta)
+            return PrivacySpent(float(eps), delta, float(order), self.orders.copy(), acc.rdp,
+                                self.n_rounds, "rdp", relation)
+        return PrivacySpent(float(acc.get_epsilon(delta)), delta, None, None, None,
+                            self.n_rounds, "pld", relation)
+
+
+def dp_adaped_epsilon(delta, *, n_clients, n_sampled, n_iterations, sync_gap, clip_mu,
+                      noise_mu, clip_psi=None, noise_psi=None, sampling="without_replacement",
+                      trust="aggregator", accountant="rdp", orders=None,
+                      value_discretization_interval=1e-4):
+    """Correct user-level (epsilon, delta) of a DP-AdaPeD run with a constant schedule.
+
+    Same mechanism arguments as :func:`theorem7_rdp`; the accountant options
+    are those of :class:`DPAdaPeDAccountant` (see its Notes for the model and
+    the neighbouring relation). Composes T/tau rounds.
+
+    Parameters
+    ----------
+    delta : float
+        Target delta in (0, 1).
+
+    Returns
+    -------
+    PrivacySpent
+
+    Examples
+    --------
+    >>> kw = dict(n_clients=66, n_sampled=22, n_iterations=2400, sync_gap=10, clip_mu=1.0,
+    ...           noise_mu=5.0, clip_psi=1.0, noise_psi=5.0)
+    >>> res = dp_adaped_epsilon(1e-5, sampling="poisson", **kw)
+    >>> round(res.epsilon, 2), res.neighboring_relation, res.n_rounds
+    (4.77, 'add_or_remove_one', 240)
+    """
+    n_clients = check_int_scalar(n_clients, "n_clients", minimum=1)
+    n_sampled = _sampled_iv(n_sampled, n_clients)
+    n_rounds, sync_gap = _rounds_iv(n_iterations, sync_gap)
+    acc = DPAdaPeDAccountant(n_clients, sampling=sampling, trust=trust, accountant=accountant,
+                             orders=orders,
+                             value_discretization_interval=value_discretization_interval)
+    acc.step(n_sampled=n_sampled, sync_gap=sync_gap, clip_mu=clip_mu, noise_mu=noise_mu,
+             clip_psi=clip_psi, noise_psi=noise_psi, n_rounds=n_rounds)
+    return acc.get_privacy_spent(delta)
