@@ -135,6 +135,8 @@ def test_private_bad_input():
         private_bernoulli_corrected([1, 2], [5, 5], 1.0)
     with pytest.raises(ValueError, match="trials >= 2"):
         private_bernoulli_corrected([1, 0, 1], [1, 1, 1], 1.0)
+    with pytest.raises(ValueError, match="n must"):
+        private_gaussian([0.0, 1.0], 0, StochasticQuantizer(2, 1.0), sigma_x=1.0)
     with pytest.raises(TypeError, match="Mechanism"):
         private_gaussian([0.0, 1.0], 5, "gaussian", sigma_x=1.0)
     with pytest.raises(ValueError, match="exceed"):

@@ -19,7 +19,7 @@ from ebfl._validation import (
     check_positive_scalar,
 )
 from ebfl.eb.beta_binomial import _counts_iv
-from ebfl.eb.gaussian import personalized_gaussian
+from ebfl.eb.gaussian import _n_iv, personalized_gaussian
 from ebfl.privacy.mechanisms import BinaryMechanism, LaplaceMechanism, Mechanism
 
 __all__ = [
@@ -108,13 +108,14 @@ def private_gaussian(xbar, n, mechanism, *, sigma_x, sigma_theta=None, rng=None)
         raise TypeError(f"mechanism must be an ebfl.privacy Mechanism, got "
                         f"{type(mechanism).__name__}")
     xbar = check_finite_array(xbar, "xbar", ndim=(1, 2), min_len=2)
+    n_arr = _n_iv(n, xbar.shape[0])
     sigma_x = check_positive_scalar(sigma_x, "sigma_x")
     rng = as_generator(rng)
     n_clipped = mechanism.n_clipped(xbar) if hasattr(mechanism, "n_clipped") else 0
     shared = mechanism.privatize(xbar, rng)
     sigma_q2 = mechanism.max_variance
     if sigma_theta is None:
-        inv_n = np.mean(1.0 / np.asarray(n, dtype=np.float64))
+        inv_n = np.mean(1.0 / n_arr)
         raw = float(np.mean(np.var(shared, axis=0, ddof=1)) - sigma_x**2 * inv_n - sigma_q2)
         sigma_theta = float(np.sqrt(max(raw, 0.0)))
     else:
