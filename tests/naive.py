@@ -84,3 +84,15 @@ def naive_normal_posterior(x, s2, mu, tau2):
     prec = 1 / s2 + 1 / tau2
     mean = (x / s2[:, None] + mu / tau2) / prec[:, None]
     return mean, 1 / prec, (1 / s2) / prec
+
+
+def naive_discrete_posterior(x, s2, atoms, log_prob):
+    """Theorem 5 from the raw formula: p_l exp(-|x - mu_l|^2 / (2 s^2)), normalized (scipy)."""
+    from scipy.special import logsumexp
+
+    dist = ((x[:, None, :] - atoms[None, :, :]) ** 2).sum(axis=2)
+    logw = log_prob[None, :] - dist / (2 * s2[:, None])
+    w = np.exp(logw - logsumexp(logw, axis=1, keepdims=True))
+    mean = w @ atoms
+    second = w @ (atoms**2).sum(axis=1)
+    return w, mean, second - (mean**2).sum(axis=1)

@@ -110,3 +110,18 @@ def test_normal_posterior(seed, tau2):
     want = naive.naive_normal_posterior(x, s2, mu, tau2)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=RTOL, atol=1e-15)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("d", [1, 3])
+def test_discrete_posterior(seed, d):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(80, d)) * 3
+    s2 = rng.uniform(0.2, 2.0, size=80)
+    atoms = rng.normal(size=(5, d)) * 3
+    log_prob = np.log(rng.dirichlet(np.ones(5)))
+    got = _kernels._discrete_posterior(x, s2, atoms, log_prob)
+    want = naive.naive_discrete_posterior(x, s2, atoms, log_prob)
+    np.testing.assert_allclose(got[0], want[0], rtol=RTOL, atol=1e-15)
+    np.testing.assert_allclose(got[1], want[1], rtol=RTOL, atol=1e-13)
+    np.testing.assert_allclose(got[2], want[2], rtol=1e-9, atol=1e-12)

@@ -1,6 +1,14 @@
 """Empirical-Bayes estimators: Gaussian and Beta-Bernoulli priors."""
 
 from ebfl.eb.beta_binomial import bernoulli_counts, beta_bernoulli_eb, beta_binomial_eb
+from ebfl.eb.discrete import (
+    DiscreteMixtureFit,
+    DiscretePosterior,
+    discrete_mixture_eb,
+    discrete_posterior,
+    expected_posterior_variance,
+    lemma1_radius,
+)
 from ebfl.eb.gaussian import gaussian_eb, gaussian_eb_samples, personalized_gaussian
 from ebfl.eb.priors import BetaPrior, NormalPrior
 from ebfl.eb.results import (
@@ -15,6 +23,8 @@ __all__ = [
     "BetaBinomialEBResult",
     "BetaPosterior",
     "BetaPrior",
+    "DiscreteMixtureFit",
+    "DiscretePosterior",
     "GaussianEBResult",
     "NormalPosterior",
     "NormalPrior",
@@ -22,7 +32,11 @@ __all__ = [
     "bernoulli_counts",
     "beta_bernoulli_eb",
     "beta_binomial_eb",
+    "discrete_mixture_eb",
+    "discrete_posterior",
+    "expected_posterior_variance",
     "gaussian_eb",
     "gaussian_eb_samples",
+    "lemma1_radius",
     "personalized_gaussian",
 ]

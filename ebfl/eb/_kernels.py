@@ -146,3 +146,49 @@ def _normal_posterior(x, s2, mu, tau2):
         a[i] = ai
         var[i] = ai * s2[i]
     return mean, var, a
+
+
+@njit(parallel=True, cache=CACHE, fastmath=FASTMATH)
+def _discrete_posterior(x, s2, atoms, log_prob):
+    """Posterior over k atoms of theta_i given x_i ~ N(theta_i, s2_i I_d) (Theorem 5, eq. (9)).
+
+    x : (m, d); s2 : (m,); atoms : (k, d); log_prob : (k,) log prior weights
+    (-inf allowed for empty atoms). Weights by log-sum-exp. Returns weights
+    (m, k), posterior mean (m, d) and the posterior variance summed over
+    coordinates, sum_l w_l |mu_l|^2 - |theta_hat|^2 computed as
+    sum_l w_l |mu_l - theta_hat|^2 (no cancellation), shape (m,).
+    """
+    m, d = x.shape
+    k = atoms.shape[0]
+    weights = np.empty((m, k))
+    mean = np.zeros((m, d))
+    trace_var = np.empty(m)
+    for i in prange(m):
+        top = -np.inf
+        for l in range(k):
+            dist = 0.0
+            for c in range(d):
+                diff = x[i, c] - atoms[l, c]
+                dist += diff * diff
+            val = log_prob[l] - dist / (2.0 * s2[i])
+            weights[i, l] = val
+            if val > top:
+                top = val
+        total = 0.0
+        for l in range(k):
+            w = np.exp(weights[i, l] - top)
+            weights[i, l] = w
+            total += w
+        for l in range(k):
+            weights[i, l] /= total
+            for c in range(d):
+                mean[i, c] += weights[i, l] * atoms[l, c]
+        v = 0.0
+        for l in range(k):
+            dist = 0.0
+            for c in range(d):
+                diff = atoms[l, c] - mean[i, c]
+                dist += diff * diff
+            v += weights[i, l] * dist
+        trace_var[i] = v
+    return weights, mean, trace_var
