@@ -149,7 +149,9 @@ def expected_posterior_variance(atoms, probs, sigma_x, n, *, n_samples=100_000, 
 
 
 def lemma1_radius(d, sigma_x, n, m, r):
-    r"""Lemma 1: w.p. >= 1 - 1/(mn) every |xbar_i| <= 4 sqrt(d sigma_x^2/n) + 2 sqrt(log(m^2 n) sigma_x^2/n) + r.
+    r"""Lemma 1's radius: with probability >= 1 - 1/(mn) every |xbar_i| is at most
+
+    .. math:: 4\sqrt{d\sigma_x^2/n} + 2\sqrt{\log(m^2 n)\sigma_x^2/n} + r.
 
     Parameters
     ----------
