@@ -172,3 +172,10 @@ def test_bad_input_personalized_and_samples():
         gaussian_eb_samples(Ragged(np.ones(2), np.array([0, 1, 2])))
     with pytest.raises(TypeError, match="Ragged"):
         gaussian_eb_samples(np.ones(3))
+
+
+def test_caller_arrays_stay_writeable():
+    x = np.linspace(0.0, 1.0, 10)
+    s = np.full(10, 0.5)
+    gaussian_eb(x, s)
+    assert x.flags.writeable and s.flags.writeable

@@ -10,6 +10,13 @@ from ebfl.eb.discrete import (
     lemma1_radius,
 )
 from ebfl.eb.gaussian import gaussian_eb, gaussian_eb_samples, personalized_gaussian
+from ebfl.eb.gaussian_mixture import (
+    GaussianMixtureEBResult,
+    GaussianMixturePosterior,
+    GaussianMixturePrior,
+    gaussian_mixture_eb,
+    gaussian_mixture_posterior,
+)
 from ebfl.eb.priors import BetaPrior, NormalPrior
 from ebfl.eb.results import (
     BetaBinomialEBResult,
@@ -26,6 +33,9 @@ __all__ = [
     "DiscreteMixtureFit",
     "DiscretePosterior",
     "GaussianEBResult",
+    "GaussianMixtureEBResult",
+    "GaussianMixturePosterior",
+    "GaussianMixturePrior",
     "NormalPosterior",
     "NormalPrior",
     "PersonalizedGaussianEstimate",
@@ -37,6 +47,8 @@ __all__ = [
     "expected_posterior_variance",
     "gaussian_eb",
     "gaussian_eb_samples",
+    "gaussian_mixture_eb",
+    "gaussian_mixture_posterior",
     "lemma1_radius",
     "personalized_gaussian",
 ]

@@ -173,7 +173,8 @@ def gaussian_eb(x, s, *, method="mle", prior_mean=None, prior_sd=None):
     prior = NormalPrior(mu if x_arr.ndim == 2 else float(np.asarray(mu).reshape(-1)[0]),
                         np.sqrt(tau2))
     posterior = NormalPosterior(post_mean if x_arr.ndim == 2 else post_mean[:, 0], post_var)
-    return GaussianEBResult(fitted, prior, posterior, a, s_arr, loglik, diagnostics)
+    # copy: the result freezes its arrays, and s_arr may be the caller's own array
+    return GaussianEBResult(fitted, prior, posterior, a, s_arr.copy(), loglik, diagnostics)
 
 
 def gaussian_eb_samples(data, *, sigma_x=None, **kwargs):

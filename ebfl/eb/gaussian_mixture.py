@@ -1,0 +1,750 @@
+r"""Gaussian-mixture population prior: empirical Bayes by EM (spec C.8, C.9, D.0, D.3).
+
+Client ``i`` has parameter theta_i ~ g = sum_l p_l N(mu_l, tau_l^2 I_d) and
+reports a mean x_i ~ N(theta_i, s_i^2 I_d) with a known standard error s_i
+(s_i = sigma_x / sqrt(n_i) for n_i samples). The marginal of x_i is
+
+    x_i ~ sum_l p_l N(mu_l, (tau_l^2 + s_i^2) I_d),
+
+and the posterior of theta_i is again a mixture. This generalizes the
+single-Gaussian prior of :func:`ebfl.eb.gaussian.gaussian_eb` (k = 1) and the
+discrete prior of Theorem 5 / Algorithm 1 (all tau_l = 0, spec C.8, C.9); it is
+the "Gaussian mixture" population of spec D.0, fitted here to client means
+instead of to learned models (the clustering step of Algorithm 4, D.3).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+from scipy import optimize, special
+
+from ebfl._validation import (
+    as_generator,
+    check_choice,
+    check_finite_array,
+    check_int_scalar,
+    check_nonnegative_scalar,
+)
+from ebfl.eb.gaussian import _gaussian_iv
+from ebfl.eb.results import _freeze
+
+__all__ = [
+    "GaussianMixtureEBResult",
+    "GaussianMixturePosterior",
+    "GaussianMixturePrior",
+    "gaussian_mixture_eb",
+    "gaussian_mixture_posterior",
+]
+
+INITS = ("kmeans", "random")
+
+#: A component whose total responsibility sum_i r_il (its effective number of
+#: clients) is below this keeps its mean and sd in the M-step (see Notes of
+#: :func:`gaussian_mixture_eb`).
+EMPTY_COUNT = 1e-8
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+def _as_2d(x):
+    return x if x.ndim == 2 else x[:, None]
+
+
+@dataclass(frozen=True)
+class GaussianMixturePrior:
+    r"""Gaussian-mixture population prior g = sum_l p_l N(mu_l, tau_l^2 I_d).
+
+    Parameters
+    ----------
+    weights : array_like, shape (k,)
+        Mixture weights p_l >= 0, summing to 1 (to 1e-9; stored renormalized).
+    means : array_like, shape (k,) or (k, d)
+        Component means mu_l; shape (k,) is a one-dimensional prior.
+    sds : array_like, shape (k,)
+        Component standard deviations tau_l >= 0; tau_l = 0 is a point mass
+        (the discrete prior of spec C.8).
+
+    Examples
+    --------
+    >>> g = GaussianMixturePrior([0.5, 0.5], [-1.0, 1.0], [0.5, 0.5])
+    >>> g.n_components, g.dim
+    (2, 1)
+    >>> round(float(g.logpdf([0.0])[0]), 6)
+    -2.225791
+    """
+
+    weights: np.ndarray
+    means: np.ndarray
+    sds: np.ndarray
+
+    def __post_init__(self):
+        weights = check_finite_array(self.weights, "weights", ndim=1)
+        means = check_finite_array(self.means, "means", ndim=(1, 2))
+        sds = check_finite_array(self.sds, "sds", ndim=1)
+        k = weights.shape[0]
+        if means.shape[0] != k or sds.shape != (k,):
+            raise ValueError(f"weights, means and sds must have one entry per component; got "
+                             f"shapes {weights.shape}, {means.shape} and {sds.shape}")
+        if means.ndim == 2 and means.shape[1] < 1:
+            raise ValueError("means must have at least one coordinate")
+        if np.any(weights < 0) or not math.isclose(weights.sum(), 1.0, rel_tol=1e-9):
+            raise ValueError("weights must be >= 0 and sum to 1")
+        if np.any(sds < 0):
+            raise ValueError("sds must be >= 0")
+        weights = weights / weights.sum()
+        means = means.copy()
+        sds = sds.copy()
+        _freeze(weights, means, sds)
+        object.__setattr__(self, "weights", weights)
+        object.__setattr__(self, "means", means)
+        object.__setattr__(self, "sds", sds)
+
+    def __eq__(self, other):
+        return (isinstance(other, GaussianMixturePrior)
+                and np.array_equal(self.weights, other.weights)
+                and np.array_equal(self.means, other.means)
+                and np.array_equal(self.sds, other.sds))
+
+    __hash__ = None
+
+    @property
+    def n_components(self) -> int:
+        """Number of components k."""
+        return self.weights.shape[0]
+
+    @property
+    def dim(self) -> int:
+        """Dimension d of theta."""
+        return 1 if self.means.ndim == 1 else self.means.shape[1]
+
+    def _check_theta(self, theta, name):
+        theta = check_finite_array(theta, name, ndim=(1, 2), min_len=0)
+        theta2 = _as_2d(theta)
+        if theta2.shape[1] != self.dim:
+            raise ValueError(f"{name} must have dimension d={self.dim}, got shape {theta.shape}")
+        return theta2
+
+    def logpdf(self, theta):
+        r"""Log prior density of each row of ``theta``.
+
+        .. math:: \log g(\theta_i) = \log \sum_l p_l (2\pi\tau_l^2)^{-d/2}
+                  \exp(-|\theta_i - \mu_l|^2 / (2\tau_l^2)),
+
+        so ``-g.logpdf(theta).sum()`` is the corrected Gaussian-mixture
+        regularizer R({theta_i}) of spec D.0 (table, "Correct -log-prior").
+
+        Parameters
+        ----------
+        theta : array_like, shape (n,) or (n, d)
+            Points; shape (n,) for a one-dimensional prior.
+
+        Returns
+        -------
+        ndarray of shape (n,)
+
+        Raises
+        ------
+        ValueError
+            If a component with positive weight has sd 0 (a point mass has no density).
+        """
+        theta2 = self._check_theta(theta, "theta")
+        keep = self.weights > 0
+        if np.any(self.sds[keep] == 0):
+            raise ValueError("logpdf needs sds > 0 for every component of positive weight "
+                             "(a point mass has no density)")
+        mu = _as_2d(self.means)[keep]
+        tau2 = self.sds[keep] ** 2
+        d = self.dim
+        rss = _sq_dist(theta2, mu)
+        log_terms = (np.log(self.weights[keep]) - 0.5 * d * (_LOG_2PI + np.log(tau2))
+                     - 0.5 * rss / tau2)
+        return special.logsumexp(log_terms, axis=1)
+
+    def sample(self, size, rng=None):
+        """Draw ``size`` parameters theta_i ~ g.
+
+        Parameters
+        ----------
+        size : int
+            Number of draws, >= 0.
+        rng : None, int, SeedSequence or Generator
+
+        Returns
+        -------
+        theta : ndarray of shape (size,) or (size, d)
+            Shape (size,) for a one-dimensional prior (``means`` of shape (k,)).
+        labels : ndarray of int, shape (size,)
+            The component each draw came from.
+        """
+        size = check_int_scalar(size, "size", minimum=0)
+        rng = as_generator(rng)
+        labels = rng.choice(self.n_components, size=size, p=self.weights)
+        mu = _as_2d(self.means)
+        theta = mu[labels] + self.sds[labels, None] * rng.standard_normal((size, self.dim))
+        return (theta if self.means.ndim == 2 else theta[:, 0]), labels
+
+
+@dataclass(frozen=True)
+class GaussianMixturePosterior:
+    """Per-client posteriors of theta_i under a Gaussian-mixture prior.
+
+    The posterior of theta_i is the mixture
+    sum_l r_il N(component_means[i, l], component_vars[i, l] I_d).
+
+    Attributes
+    ----------
+    mean : ndarray of shape (m,) or (m, d)
+        Posterior means sum_l r_il (mu_l + a_il (x_i - mu_l)), the personalized
+        estimates (same shape as the input).
+    var : ndarray of shape (m,)
+        Posterior variance per coordinate, E[|theta_i - mean_i|^2 | x_i] / d:
+        within-component sum_l r_il a_il s_i^2 plus between-component
+        sum_l r_il |component_means[i, l] - mean_i|^2 / d. For d > 1 the
+        between part is not isotropic; this is the average over coordinates.
+    weights : ndarray of shape (m, k)
+        Posterior component probabilities r_il (the responsibilities).
+    component_means : ndarray of shape (m, k) or (m, k, d)
+        mu_l + a_il (x_i - mu_l), with a_il = tau_l^2 / (tau_l^2 + s_i^2).
+    component_vars : ndarray of shape (m, k)
+        Per-coordinate variances a_il s_i^2 of the component posteriors.
+    """
+
+    mean: np.ndarray
+    var: np.ndarray
+    weights: np.ndarray
+    component_means: np.ndarray
+    component_vars: np.ndarray
+
+    def __post_init__(self):
+        _freeze(self.mean, self.var, self.weights, self.component_means, self.component_vars)
+
+    @property
+    def sd(self) -> np.ndarray:
+        """Per-coordinate posterior standard deviations sqrt(var), shape (m,)."""
+        return np.sqrt(self.var)
+
+    @property
+    def map_component(self) -> np.ndarray:
+        """The most probable component of every client, shape (m,)."""
+        return np.argmax(self.weights, axis=1)
+
+
+@dataclass(frozen=True)
+class GaussianMixtureEBResult:
+    """Empirical-Bayes fit of a Gaussian-mixture prior by EM.
+
+    Attributes
+    ----------
+    prior : GaussianMixturePrior
+        Fitted population prior (weights, means, sds), components sorted by
+        their means (first coordinate first).
+    posterior : GaussianMixturePosterior
+        Per-client posteriors under ``prior``.
+    shrinkage : ndarray of shape (m, k)
+        a_il = tau_l^2 / (tau_l^2 + s_i^2), the weight on the client's own mean
+        within component l.
+    s : ndarray of shape (m,)
+        Standard errors of the client means used in the fit.
+    log_likelihood : float
+        Marginal log-likelihood
+        sum_i log sum_l p_l N(x_i; mu_l, (tau_l^2 + s_i^2) I_d) at ``prior``
+        (equal to ``log_likelihood_history[-1]``).
+    log_likelihood_history : ndarray of shape (n_iter + 1,)
+        Log-likelihood of the best start at its initial parameters (entry 0)
+        and after each EM iteration; non-decreasing up to rounding.
+    n_iter : int
+        EM iterations run by the best start.
+    converged : bool
+        Whether the best start met the ``tol`` criterion before ``max_iter``.
+    diagnostics : mapping
+        ``init``; ``n_init``; ``init_log_likelihoods`` (final log-likelihood of
+        every start); ``best_init`` (index of the start kept);
+        ``empty_components`` (indices of components whose effective number of
+        clients m p_l is below ``EMPTY_COUNT``); ``sd_at_min`` (indices of
+        components whose sd sits at ``min_sd``).
+    responsibilities : ndarray of shape (m, k)
+        Property: ``posterior.weights``, r_il = Pr(client i in component l | x_i).
+    n_clients : int
+        Property: m.
+    """
+
+    prior: GaussianMixturePrior
+    posterior: GaussianMixturePosterior
+    shrinkage: np.ndarray
+    s: np.ndarray
+    log_likelihood: float
+    log_likelihood_history: np.ndarray
+    n_iter: int
+    converged: bool
+    diagnostics: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self):
+        _freeze(self.shrinkage, self.s, self.log_likelihood_history)
+        object.__setattr__(self, "diagnostics", MappingProxyType(dict(self.diagnostics)))
+
+    @property
+    def responsibilities(self) -> np.ndarray:
+        """Posterior component probabilities r_il, shape (m, k)."""
+        return self.posterior.weights
+
+    @property
+    def n_clients(self) -> int:
+        """Number of clients m."""
+        return self.s.size
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def gaussian_mixture_posterior(x, s, prior):
+    r"""Posterior of every client under a known Gaussian-mixture prior.
+
+    With v_il = tau_l^2 + s_i^2 and a_il = tau_l^2 / v_il,
+
+    .. math:: r_{il} \propto p_l N(x_i; \mu_l, v_{il} I_d), \qquad
+              \theta_i \mid x_i \sim \sum_l r_{il}\,
+              N(\mu_l + a_{il}(x_i - \mu_l),\; a_{il} s_i^2 I_d),
+
+    with the responsibilities computed by log-sum-exp.
+
+    Parameters
+    ----------
+    x : array_like, shape (m,) or (m, d)
+        Client means.
+    s : float or array_like, shape (m,)
+        Their standard errors (per coordinate), > 0.
+    prior : GaussianMixturePrior
+        The prior g, of dimension d.
+
+    Returns
+    -------
+    GaussianMixturePosterior
+
+    Notes
+    -----
+    With every sd 0 this is Theorem 5's posterior (spec C.8,
+    :func:`ebfl.eb.discrete.discrete_posterior`); with one component it is the
+    conjugate normal posterior of :func:`ebfl.eb.gaussian.gaussian_eb`.
+
+    Examples
+    --------
+    >>> g = GaussianMixturePrior([0.5, 0.5], [-3.0, 3.0], [0.5, 0.5])
+    >>> post = gaussian_mixture_posterior([-2.5, 0.0, 3.5], 0.5, g)
+    >>> np.round(post.mean, 3).tolist()
+    [-2.75, 0.0, 3.25]
+    >>> post.map_component.tolist()
+    [0, 0, 1]
+    """
+    x_arr, s_arr, _, _ = _gaussian_iv(x, s, None, None)
+    x2 = _as_2d(x_arr)
+    if x2.shape[1] < 1:
+        raise ValueError(f"x must have at least one coordinate, got shape {x_arr.shape}")
+    if not isinstance(prior, GaussianMixturePrior):
+        raise TypeError(f"prior must be a GaussianMixturePrior, got {type(prior).__name__}")
+    if prior.dim != x2.shape[1]:
+        raise ValueError(f"prior must have dimension d={x2.shape[1]}, got {prior.dim}")
+    with np.errstate(divide="ignore"):
+        log_w = np.log(prior.weights)
+    _, resp = _e_step(x2, s_arr**2, log_w, _as_2d(prior.means), prior.sds**2)
+    post, _ = _posterior(x2, s_arr**2, _as_2d(prior.means), prior.sds**2, resp)
+    return _posterior_shape(post, x_arr.ndim)
+
+
+def gaussian_mixture_eb(x, s, n_components, *, rng=None, n_init=5, max_iter=1000, tol=1e-8,
+                        init="kmeans", min_sd=0.0):
+    r"""Empirical Bayes with a Gaussian-mixture prior fitted by (generalized) EM.
+
+    Model: theta_i ~ sum_l p_l N(mu_l, tau_l^2 I_d), x_i | theta_i ~ N(theta_i, s_i^2 I_d),
+    so that x_i ~ sum_l p_l N(mu_l, (tau_l^2 + s_i^2) I_d). The prior
+    (p, mu, tau) maximizes this marginal likelihood (EM from several starts);
+    every client then gets its posterior under the fitted prior
+    (:func:`gaussian_mixture_posterior`).
+
+    Parameters
+    ----------
+    x : array_like, shape (m,) or (m, d)
+        Client means.
+    s : float or array_like, shape (m,)
+        Standard errors of the client means (per coordinate), > 0; with n_i
+        samples of noise sd sigma_x, s_i = sigma_x / sqrt(n_i).
+    n_components : int
+        k, the number of mixture components, 1 <= k <= m.
+    rng : None, int, SeedSequence or Generator
+        Seeds the initializations (one k-means seed per start); unused when
+        ``init`` is a prior.
+    n_init : int, default=5
+        Number of EM starts; the fit with the largest final log-likelihood is
+        kept. Ignored when ``init`` is a prior.
+    max_iter : int, default=1000
+        Maximum EM iterations per start, >= 1.
+    tol : float, default=1e-8
+        A start stops (``converged``) when an iteration raises the
+        log-likelihood by less than ``tol`` per client, (l_t - l_{t-1}) / m < tol
+        (a rounding-level decrease also stops it). >= 0.
+    init : {"kmeans", "random"} or GaussianMixturePrior, default="kmeans"
+        "kmeans": scikit-learn's ``KMeans`` (k-means++, one run per start) on
+        the x_i; "random": k distinct clients' x_i as centres, every client
+        assigned to its nearest. From the hard clusters S_l: p_l = |S_l|/m,
+        mu_l = mean of S_l, tau_l^2 = max(min_sd^2, mean_{S_l} |x_i - mu_l|^2/d
+        - mean_{S_l} s_i^2). A prior (e.g. an earlier fit's) is used as the
+        single start, its sds raised to ``min_sd``.
+    min_sd : float, default=0
+        Lower bound on every tau_l, >= 0. Not needed for a bounded likelihood
+        (see Notes); 0 allows point-mass components.
+
+    Returns
+    -------
+    GaussianMixtureEBResult
+
+    Notes
+    -----
+    E-step: r_il = p_l N(x_i; mu_l, v_il I_d) / sum_l' p_l' N(x_i; mu_l', v_il' I_d),
+    v_il = tau_l^2 + s_i^2, by log-sum-exp.
+
+    M-step: p_l = mean_i r_il. For (mu_l, tau_l) the expected complete-data
+    log-likelihood (complete data: x_i and its component label) is
+
+    .. math:: Q_l(\mu, t) = -\frac12 \sum_i r_{il}\Big[d \log(t + s_i^2)
+              + \frac{|x_i - \mu|^2}{t + s_i^2}\Big] + \text{const},
+
+    maximized in mu for fixed t = tau^2 by
+    mu_l(t) = sum_i r_il w_il x_i / sum_i r_il w_il, w_il = 1/(t + s_i^2).
+    The profile P_l(t) = Q_l(mu_l(t), t) has no closed-form maximizer when the
+    s_i differ. It is maximized over t in [min_sd^2, U^2] by projected Newton
+    from the current tau_l, with the exact P_l' and P_l'' and step halving
+    (a few O(md) passes per component, as tau_l moves little between
+    iterations); where P_l is not locally concave, bounded Brent
+    (``scipy.optimize.minimize_scalar``) over the whole interval, polished by
+    Newton. U = max(min_sd, 2 max_i |x_i - xbar| / sqrt(d)) bounds every
+    maximizer, because dP_l/dt < 0 once t > max_i |x_i - mu|^2/d and mu lies
+    in the convex hull of the x_i. Every accepted step raises P_l and t =
+    min_sd^2 is always compared, so Q never decreases and the log-likelihood
+    is non-decreasing (generalized EM; an exact M-step whenever P_l is
+    unimodal). With equal s_i the update is closed-form, tau^2 = max(min_sd^2,
+    sum_i r_il |x_i - mu_l|^2 / (d sum_i r_il) - s^2) with mu_l the r-weighted
+    mean; with k = 1 the M-step is the profile MLE of
+    :func:`ebfl.eb.gaussian.gaussian_eb`.
+
+    Because every s_i > 0, each component density N(x_i; mu_l, v_il I_d) is
+    at most (2 pi min_i s_i^2)^(-d/2): the likelihood is bounded and tau_l = 0
+    (a point mass, the discrete prior of Theorem 5) is a legitimate fit rather
+    than the singular collapse of ordinary Gaussian-mixture EM.
+
+    Degenerate components: when a component's effective number of clients
+    sum_i r_il falls below ``EMPTY_COUNT`` (its weight p_l -> 0, e.g. all
+    responsibilities underflow to 0), its mean and sd are kept unchanged
+    (still a valid generalized-EM step) and its weight is set to the tiny,
+    possibly zero, mean responsibility; a zero weight stays zero. The
+    component remains in the result and is listed in
+    ``diagnostics["empty_components"]``; refit with fewer components if that
+    is not wanted. Components start empty when the initial clustering leaves
+    a cluster without clients (fewer distinct x_i than k: scikit-learn then
+    warns).
+
+    EM finds a local maximum; several starts (``n_init``) reduce, but do not
+    remove, the risk of a poor one. Components are returned sorted by their
+    means (first coordinate, then the next) so that fits are comparable.
+
+    References
+    ----------
+    Spec C.8 (Theorem 5), C.9 (Algorithm 1), D.0 and D.3 (Gaussian-mixture
+    population). A. P. Dempster, N. M. Laird and D. B. Rubin (1977), "Maximum
+    likelihood from incomplete data via the EM algorithm", JRSS B 39(1);
+    X.-L. Meng and D. B. Rubin (1993), "Maximum likelihood estimation via the
+    ECM algorithm", Biometrika 80(2).
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> labels = rng.choice(3, size=3000, p=[0.5, 0.3, 0.2])
+    >>> theta = np.array([-4.0, 1.0, 6.0])[labels] + 0.5 * rng.standard_normal(3000)
+    >>> s = rng.uniform(0.3, 1.0, size=3000)
+    >>> x = theta + s * rng.standard_normal(3000)
+    >>> res = gaussian_mixture_eb(x, s, 3, rng=1)
+    >>> np.round(res.prior.means).tolist(), np.round(res.prior.weights, 1).tolist()
+    ([-4.0, 1.0, 6.0], [0.5, 0.3, 0.2])
+    >>> bool(np.all(np.abs(res.prior.sds - 0.5) < 0.1)), res.converged
+    (True, True)
+    >>> bool(np.mean((res.posterior.mean - theta) ** 2) < np.mean((x - theta) ** 2))
+    True
+    """
+    (x_arr, x2, s_arr, k, rng, n_init, max_iter, tol, init,
+     min_sd) = _gaussian_mixture_iv(x, s, n_components, rng, n_init, max_iter, tol, init, min_sd)
+    m, d = x2.shape
+    s2 = s_arr**2
+    lower = min_sd
+    radius = float(np.sqrt(np.max(np.sum((x2 - x2.mean(axis=0)) ** 2, axis=1))))
+    upper = max(lower, 2.0 * radius / math.sqrt(d))
+
+    if isinstance(init, GaussianMixturePrior):
+        starts = [(init.weights.copy(), _as_2d(init.means).copy(),
+                   np.maximum(init.sds, min_sd) ** 2)]
+        init_name = "prior"
+    else:
+        seeds = rng.integers(2**31 - 1, size=n_init)
+        starts = [_initial_params(x2, s2, k, init, int(seed), lower**2) for seed in seeds]
+        init_name = init
+
+    best, finals = None, []
+    for start in starts:
+        fit = _em(x2, s2, *start, lower, upper, max_iter, tol)
+        finals.append(fit["history"][-1])
+        if best is None or fit["history"][-1] > best["history"][-1]:
+            best = fit
+
+    order = np.lexsort(best["means"].T[::-1])
+    weights, means, tau2 = best["weights"][order], best["means"][order], best["tau2"][order]
+    resp = best["resp"][:, order]
+    post, shrinkage = _posterior(x2, s2, means, tau2, resp)
+    sds = np.sqrt(tau2)
+    prior = GaussianMixturePrior(weights, means if x_arr.ndim == 2 else means[:, 0], sds)
+    history = np.asarray(best["history"])
+    diagnostics = {
+        "init": init_name,
+        "n_init": len(starts),
+        "init_log_likelihoods": tuple(float(v) for v in finals),
+        "best_init": int(np.argmax(finals)),
+        "empty_components": tuple(int(i) for i in np.flatnonzero(m * weights < EMPTY_COUNT)),
+        "sd_at_min": tuple(int(i) for i in np.flatnonzero(sds <= min_sd)),
+    }
+    # s_arr may be the caller's own array (no copy at validation): copy before freezing
+    return GaussianMixtureEBResult(prior, _posterior_shape(post, x_arr.ndim), shrinkage,
+                                   s_arr.copy(), float(history[-1]), history, best["n_iter"],
+                                   best["converged"], diagnostics)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _gaussian_mixture_iv(x, s, n_components, rng, n_init, max_iter, tol, init, min_sd):
+    x_arr, s_arr, _, _ = _gaussian_iv(x, s, None, None)
+    x2 = _as_2d(x_arr)
+    m, d = x2.shape
+    if d < 1:
+        raise ValueError(f"x must have at least one coordinate, got shape {x_arr.shape}")
+    k = check_int_scalar(n_components, "n_components", minimum=1)
+    if k > m:
+        raise ValueError(f"n_components must be <= the number of clients {m}, got {k}")
+    n_init = check_int_scalar(n_init, "n_init", minimum=1)
+    max_iter = check_int_scalar(max_iter, "max_iter", minimum=1)
+    tol = check_nonnegative_scalar(tol, "tol")
+    min_sd = check_nonnegative_scalar(min_sd, "min_sd")
+    if isinstance(init, GaussianMixturePrior):
+        if init.n_components != k:
+            raise ValueError(f"init prior must have n_components={k} components, "
+                             f"got {init.n_components}")
+        if init.dim != d:
+            raise ValueError(f"init prior must have dimension d={d}, got {init.dim}")
+    elif isinstance(init, str):
+        check_choice(init, "init", INITS)
+    else:
+        raise TypeError(f"init must be one of {list(INITS)} or a GaussianMixturePrior, "
+                        f"got {type(init).__name__}")
+    rng = as_generator(rng)
+    return x_arr, x2, s_arr, k, rng, n_init, max_iter, tol, init, min_sd
+
+
+# --------------------------------------------------------------------------- numerics
+
+
+def _sq_dist(x2, mu):
+    """|x_i - mu_l|^2 as an (m, k) array (one pass per component: no (m, k, d) temporary)."""
+    out = np.empty((x2.shape[0], mu.shape[0]))
+    for l in range(mu.shape[0]):
+        diff = x2 - mu[l]
+        out[:, l] = np.einsum("ij,ij->i", diff, diff)
+    return out
+
+
+def _e_step(x2, s2, log_w, mu, tau2):
+    """Marginal log-likelihood and responsibilities r_il (log-sum-exp, max-shifted)."""
+    d = x2.shape[1]
+    v = tau2[None, :] + s2[:, None]
+    log_p = log_w - 0.5 * (d * (_LOG_2PI + np.log(v)) + _sq_dist(x2, mu) / v)
+    top = log_p.max(axis=1, keepdims=True)  # finite: some weight is > 0
+    shifted = np.exp(log_p - top)
+    total = shifted.sum(axis=1, keepdims=True)
+    return float(np.sum(top[:, 0] + np.log(total[:, 0]))), shifted / total
+
+
+def _profile_mean(tau, x2, s2, r):
+    """mu_l(tau^2) = sum_i r_i w_i x_i / sum_i r_i w_i, w_i = 1/(tau^2 + s_i^2)."""
+    w = r / (tau * tau + s2)
+    return (w @ x2) / w.sum()
+
+
+def _profile_neg_q(tau, x2, s2, r):
+    """-Q_l(mu_l(tau^2), tau^2), up to a constant (the objective of the Brent fallback)."""
+    v = tau * tau + s2
+    diff = x2 - _profile_mean(tau, x2, s2, r)
+    rss = np.einsum("ij,ij->i", diff, diff)
+    return 0.5 * float(r @ (x2.shape[1] * np.log(v) + rss / v))
+
+
+def _profile_q_derivatives(t, x2, s2, r):
+    """Profile P(t) = Q_l(mu_l(t), t) (up to a constant) and its first two derivatives in t.
+
+    P'(t) = dQ/dt at mu_l(t) (envelope theorem); P''(t) = Q_tt + |b|^2 / W, the Schur
+    complement of the (mu, t) Hessian, with W = sum_i r_i / v_i and
+    b = sum_i r_i (x_i - mu) / v_i^2.
+    """
+    d = x2.shape[1]
+    v = t + s2
+    w = r / v
+    total = w.sum()
+    diff = x2 - (w @ x2) / total
+    rss = np.einsum("ij,ij->i", diff, diff)
+    w2 = w / v
+    b = w2 @ diff
+    value = -0.5 * (d * float(r @ np.log(v)) + float(w @ rss))
+    grad = 0.5 * (float(w2 @ rss) - d * total)
+    hess = 0.5 * d * float(w2.sum()) - float((w2 / v) @ rss) + float(b @ b) / total
+    return value, grad, hess
+
+
+def _newton_tau2(t, lo, hi, x2, s2, r, max_steps=50):
+    """Projected Newton ascent of P on [lo, hi] from t, with step halving.
+
+    Every accepted step raises P, so the result is never worse than the start. A
+    bound where P points outward (e.g. tau at min_sd with P' <= 0) is accepted.
+    Stops after a Newton step below 1e-7 (t + mean s_i^2): convergence is quadratic,
+    so t is then accurate to about 1e-14 of that scale. Returns (t, P(t), ok);
+    ok is False when P is not locally concave (P'' >= 0), where Newton's
+    direction cannot be trusted.
+    """
+    value, grad, hess = _profile_q_derivatives(t, x2, s2, r)
+    scale = float(np.mean(s2))
+    for _ in range(max_steps):
+        if (t == lo and grad <= 0.0) or (t == hi and grad >= 0.0):
+            return t, value, True  # a bound satisfying the first-order (KKT) condition
+        if hess >= 0.0:
+            return t, value, False
+        target = min(max(t - grad / hess, lo), hi)
+        small = abs(target - t) <= 1e-7 * (t + scale)
+        for _ in range(60):
+            if target == t:
+                return t, value, True  # at a bound, or the step is below rounding
+            new = _profile_q_derivatives(target, x2, s2, r)
+            if new[0] >= value:
+                break
+            if small:
+                return t, value, True  # converged: the remaining step is rounding noise
+            target = t + 0.5 * (target - t)
+        else:
+            return t, value, True
+        t, (value, grad, hess) = target, new
+        if small:
+            break
+    return t, value, True
+
+
+def _update_component(x2, s2, r, tau_old, lower, upper):
+    """Generalized-EM update of one component's (mu, tau^2) given its responsibilities r.
+
+    Maximizes the profile P(t) = Q_l(mu_l(t), t) over t = tau^2 in [lower^2, upper^2]:
+    safeguarded Newton from the current tau (one O(md) pass per step, a few steps as
+    tau moves little between EM iterations); where P is not locally concave, bounded
+    Brent over the whole interval, polished by Newton. The boundary t = lower^2 is
+    always a candidate (it wins ties). P never decreases, so EM stays monotone.
+    Clients with r_i = 0 are dropped (exactly: they add nothing). Returns (mu, tau^2).
+    """
+    keep = r > 0
+    x2, s2, r = x2[keep], s2[keep], r[keep]
+    upper = max(upper, tau_old)
+    lo, hi = lower * lower, upper * upper
+    start = min(max(tau_old * tau_old, lo), hi)  # guards against sqrt-then-square rounding
+    t, best, ok = _newton_tau2(start, lo, hi, x2, s2, r)
+    if not ok and upper > lower:
+        opt = optimize.minimize_scalar(_profile_neg_q, bounds=(lower, upper), method="bounded",
+                                       args=(x2, s2, r), options={"xatol": 1e-10 * upper})
+        t_b, value_b, _ = _newton_tau2(float(opt.x) ** 2, lo, hi, x2, s2, r)
+        if value_b > best:
+            t, best = t_b, value_b
+    if t != lo and _profile_q_derivatives(lo, x2, s2, r)[0] >= best:
+        t = lo
+    return _profile_mean(math.sqrt(t), x2, s2, r), t
+
+
+def _m_step(x2, s2, resp, mu, tau2, lower, upper):
+    m = x2.shape[0]
+    counts = resp.sum(axis=0)
+    weights = counts / m
+    weights = weights / weights.sum()
+    mu_new, tau2_new = mu.copy(), tau2.copy()
+    for l in range(resp.shape[1]):
+        if counts[l] < EMPTY_COUNT:
+            continue  # degenerate component: keep its mean and sd (see Notes)
+        mu_new[l], tau2_new[l] = _update_component(x2, s2, resp[:, l], math.sqrt(tau2[l]),
+                                                   lower, upper)
+    return weights, mu_new, tau2_new
+
+
+def _em(x2, s2, weights, mu, tau2, lower, upper, max_iter, tol):
+    m = x2.shape[0]
+    with np.errstate(divide="ignore"):
+        ll, resp = _e_step(x2, s2, np.log(weights), mu, tau2)
+    history = [ll]
+    converged = False
+    n_iter = 0
+    while n_iter < max_iter:
+        n_iter += 1
+        weights, mu, tau2 = _m_step(x2, s2, resp, mu, tau2, lower, upper)
+        with np.errstate(divide="ignore"):
+            ll_new, resp = _e_step(x2, s2, np.log(weights), mu, tau2)
+        history.append(ll_new)
+        if (ll_new - ll) / m < tol:
+            converged = True
+            break
+        ll = ll_new
+    return {"weights": weights, "means": mu, "tau2": tau2, "resp": resp, "history": history,
+            "n_iter": n_iter, "converged": converged}
+
+
+def _initial_params(x2, s2, k, init, seed, lower2):
+    """Initial (weights, means, tau^2) from hard clusters: k-means or random centres."""
+    m = x2.shape[0]
+    if init == "kmeans":
+        from sklearn.cluster import KMeans
+
+        labels = KMeans(n_clusters=k, n_init=1, random_state=seed).fit(x2).labels_
+    else:
+        centres = x2[np.random.default_rng(seed).choice(m, size=k, replace=False)]
+        labels = np.argmin(_sq_dist(x2, centres), axis=1)
+    d = x2.shape[1]
+    weights = np.bincount(labels, minlength=k) / m
+    mu = np.empty((k, d))
+    tau2 = np.full(k, lower2)
+    overall = x2.mean(axis=0)
+    for l in range(k):
+        members = labels == l
+        if not members.any():  # an empty cluster: weight 0, kept for the fixed k
+            mu[l] = overall
+            continue
+        mu[l] = x2[members].mean(axis=0)
+        spread = np.sum((x2[members] - mu[l]) ** 2) / (d * members.sum())
+        tau2[l] = max(lower2, spread - float(s2[members].mean()))
+    return weights, mu, tau2
+
+
+def _posterior(x2, s2, mu, tau2, resp):
+    """Mixture posterior of every client; returns (GaussianMixturePosterior in 2-D, a_il)."""
+    d = x2.shape[1]
+    a = tau2[None, :] / (tau2[None, :] + s2[:, None])
+    comp_mean = mu[None, :, :] + a[:, :, None] * (x2[:, None, :] - mu[None, :, :])
+    comp_var = a * s2[:, None]
+    mean = np.einsum("il,ild->id", resp, comp_mean)
+    between = np.einsum("il,il->i", resp,
+                        np.sum((comp_mean - mean[:, None, :]) ** 2, axis=2)) / d
+    var = np.einsum("il,il->i", resp, comp_var) + between
+    return GaussianMixturePosterior(mean, var, resp, comp_mean, comp_var), a
+
+
+def _posterior_shape(post, ndim):
+    if ndim == 2:
+        return post
+    return GaussianMixturePosterior(post.mean[:, 0], post.var, post.weights,
+                                    post.component_means[:, :, 0], post.component_vars)
