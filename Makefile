@@ -23,6 +23,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_beta_bernoulli.py
+	$(PY) benchmarks/bench_npmle.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ebfl tests benchmarks

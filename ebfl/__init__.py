@@ -6,7 +6,9 @@ clients gives every client a better estimate than its data alone.
 
 Subpackages and modules
 -----------------------
-ebfl.eb      Gaussian and Beta-Bernoulli empirical-Bayes estimators.
+ebfl.eb      Empirical-Bayes estimators: Gaussian, Beta-Bernoulli, mixture and
+             nonparametric (NPMLE) priors.
+ebfl.privacy Quantizers, local-DP mechanisms, private estimators, accounting.
 ebfl.bounds  Closed-form MSEs and bounds of the paper's theorems.
 ebfl.models  Generative models (population prior + client data) with ``sample``.
 ebfl.ragged  Ragged client data (flat values + offsets).
@@ -22,6 +24,8 @@ from ebfl.eb import (
     beta_binomial_eb,
     gaussian_eb,
     gaussian_eb_samples,
+    npmle_binomial,
+    npmle_normal,
     personalized_gaussian,
 )
 from ebfl.models import BetaBernoulliPopulation, GaussianPopulation
@@ -43,5 +47,7 @@ __all__ = [
     "bounds",
     "gaussian_eb",
     "gaussian_eb_samples",
+    "npmle_binomial",
+    "npmle_normal",
     "personalized_gaussian",
 ]

@@ -124,7 +124,7 @@ def _client_ids(frame, name):
 
 
 def _cmd_fit_beta_binomial(args):
-    from ebfl.eb import beta_binomial_eb
+    from ebfl.eb import beta_binomial_eb, npmle_binomial
 
     frame = _read_table(args.path)
     if args.client is not None:
@@ -141,6 +141,11 @@ def _cmd_fit_beta_binomial(args):
         n = _column(frame, args.trials).to_numpy()
     else:
         raise SystemExit("error: give --successes and --trials, or --client and --value")
+    if args.method == "npmle":
+        _finish_npmle(args, npmle_binomial(z, n), clients,
+                      {"successes": np.asarray(z, np.int64), "trials": np.asarray(n, np.int64),
+                       "local": np.asarray(z) / np.asarray(n)}, "beta-binomial")
+        return
     res = beta_binomial_eb(z, n, method=args.method)
     lower, upper = res.posterior.interval(args.level)
     z, n = np.asarray(z, np.int64), np.asarray(n, np.int64)  # validated by the fit
@@ -159,13 +164,15 @@ def _cmd_fit_beta_binomial(args):
 
 
 def _cmd_fit_gaussian(args):
-    from ebfl.eb import gaussian_eb, gaussian_eb_samples
+    from ebfl.eb import gaussian_eb, gaussian_eb_samples, npmle_normal
     from ebfl.ragged import Ragged
 
     frame = _read_table(args.path)
     if args.client is not None:
         if not args.value:
             raise SystemExit("error: --client needs at least one --value column")
+        if args.method == "npmle":
+            raise SystemExit("error: --method npmle needs --mean and --se (one row per client)")
         _client_ids(frame, args.client)
         frame = frame.sort_values(args.client, kind="stable")
         counts = frame.groupby(args.client, sort=True).size()
@@ -174,6 +181,11 @@ def _cmd_fit_gaussian(args):
                                   counts.to_numpy())
         res = gaussian_eb_samples(data, sigma_x=args.sigma_x, method=args.method)
         clients = list(counts.index)
+    elif args.mean and args.se and args.method == "npmle":
+        x = _column(frame, args.mean).to_numpy(float)
+        _finish_npmle(args, npmle_normal(x, _column(frame, args.se).to_numpy(float)),
+                      list(frame.index), {"local": x}, "gaussian")
+        return
     elif args.mean and args.se:
         res = gaussian_eb(_column(frame, args.mean).to_numpy(float),
                           _column(frame, args.se).to_numpy(float), method=args.method)
@@ -196,6 +208,21 @@ def _cmd_fit_gaussian(args):
                "log_likelihood": res.log_likelihood,
                "sigma_x": res.diagnostics.get("sigma_x"),
                "mean_shrinkage": float(np.mean(res.shrinkage)), "level": args.level}
+    _finish_fit(args, summary, table)
+
+
+def _finish_npmle(args, fit, clients, columns, model):
+    """Per-client posterior means and sds under the NPMLE prior (no normal intervals:
+    the posterior is discrete)."""
+    table = {"client": clients, **columns, "estimate": fit.posterior_mean,
+             "sd": np.sqrt(fit.posterior_var)}
+    atoms, weights = fit.support(threshold=0.01)
+    summary = {"model": model, "method": "npmle", "n_clients": int(fit.posterior_mean.size),
+               "prior": {"mean": fit.prior_mean, "sd": float(np.sqrt(fit.prior_var)),
+                         "atoms_above_1pct": np.round(atoms, 4).tolist(),
+                         "their_weights": np.round(weights, 4).tolist()},
+               "log_likelihood": fit.log_likelihood, "kkt": fit.kkt,
+               "iterations": fit.n_iter, "converged": fit.converged}
     _finish_fit(args, summary, table)
 
 
@@ -340,13 +367,16 @@ def build_parser():
     fb.add_argument("--successes", help="column of successes (one row per client)")
     fb.add_argument("--trials", help="column of trials (one row per client)")
     fb.add_argument("--method", default="mle",
-                    choices=["mle", "moments", "loo_printed", "loo_proof", "loo_corrected"])
+                    choices=["mle", "moments", "loo_printed", "loo_proof", "loo_corrected",
+                             "npmle"],
+                    help="prior fit; npmle = nonparametric prior on a grid")
     fg = fit.add_parser("gaussian", help="client means (Gaussian prior)")
     fg.add_argument("path", help="CSV file")
     fg.add_argument("--mean", help="column of client means (one row per client)")
     fg.add_argument("--se", help="column of their standard errors")
     fg.add_argument("--sigma-x", type=float, help="known noise sd (raw samples; else pooled)")
-    fg.add_argument("--method", default="mle", choices=["mle", "moments"])
+    fg.add_argument("--method", default="mle", choices=["mle", "moments", "npmle"],
+                    help="prior fit; npmle = nonparametric prior on a grid (with --mean/--se)")
     for p in (fb, fg):
         p.add_argument("--client", help="client id column (one row per observation)")
         p.add_argument("--value", action="append",

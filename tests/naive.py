@@ -96,3 +96,46 @@ def naive_discrete_posterior(x, s2, atoms, log_prob):
     mean = w @ atoms
     second = w @ (atoms**2).sum(axis=1)
     return w, mean, second - (mean**2).sum(axis=1)
+
+
+def naive_normal_likelihood_matrix(x, s, grid):
+    """Normal densities phi_s(x - u), then each row divided by its largest entry."""
+    log_lik = (-0.5 * ((x[:, None] - grid[None, :]) / s[:, None]) ** 2
+               - np.log(s)[:, None] - 0.5 * np.log(2 * np.pi))
+    shift = log_lik.max(axis=1)
+    return np.exp(log_lik - shift[:, None]), shift
+
+
+def naive_mixture_gradient(lik, w, counts):
+    f = lik @ w
+    return lik.T @ (counts / f), float(counts @ np.log(f))
+
+
+def naive_normal_grid_posterior(x, s, grid, w):
+    """Posterior over the grid by Bayes' rule with scipy's normal density."""
+    from scipy import special, stats
+
+    log_joint = np.log(w)[None, :] + stats.norm.logpdf(x[:, None], grid[None, :], s[:, None])
+    loglik = special.logsumexp(log_joint, axis=1)
+    post = np.exp(log_joint - loglik[:, None])
+    mean = post @ grid
+    var = np.sum(post * (grid[None, :] - mean[:, None]) ** 2, axis=1)
+    return mean, var, loglik
+
+
+def naive_npmle_em(lik, counts, shift, *, n_iter=None, target=None, max_iter=10**6):
+    """Plain EM for the grid NPMLE (Laird 1978): w <- w * (L^T (c / L w)) / N.
+
+    Runs ``n_iter`` iterations, or until the log-likelihood reaches ``target``.
+    Returns weights, log-likelihood and the number of iterations.
+    """
+    total = counts.sum()
+    w = np.full(lik.shape[1], 1.0 / lik.shape[1])
+    const = float(counts @ shift)
+    for it in range(max_iter):
+        f = lik @ w
+        ll = const + float(counts @ np.log(f))
+        if (n_iter is not None and it >= n_iter) or (target is not None and ll >= target):
+            return w, ll, it
+        w = w * (lik.T @ (counts / f)) / total
+    return w, ll, max_iter

@@ -127,3 +127,29 @@ def test_accounting_dp_adaped(capsys):
     assert out["epsilon"] > out["theorem7_epsilon_lemma2"]
     assert main(argv[:-5] + ["--delta", "1.5"]) == 2
     assert "delta" in capsys.readouterr().err
+
+
+def test_fit_npmle_binomial_and_gaussian(tmp_path, capsys):
+    from ebfl import npmle_binomial, npmle_normal
+
+    rng = np.random.default_rng(2)
+    n = rng.integers(5, 30, size=200)
+    z = rng.binomial(n, rng.choice([0.2, 0.8], size=200))
+    pd.DataFrame({"wins": z, "games": n}).to_csv(tmp_path / "counts.csv", index=False)
+    out = _json(capsys, ["fit", "beta-binomial", str(tmp_path / "counts.csv"), "--successes",
+                         "wins", "--trials", "games", "--method", "npmle", "--output",
+                         str(tmp_path / "est.csv"), "--json"])
+    direct = npmle_binomial(z, n)
+    assert out["method"] == "npmle" and out["converged"]
+    assert out["log_likelihood"] == pytest.approx(direct.log_likelihood)
+    np.testing.assert_allclose(pd.read_csv(tmp_path / "est.csv")["estimate"],
+                               direct.posterior_mean)
+
+    x, s = rng.normal(size=150), rng.uniform(0.5, 1.0, size=150)
+    pd.DataFrame({"m": x, "se": s}).to_csv(tmp_path / "means.csv", index=False)
+    out = _json(capsys, ["fit", "gaussian", str(tmp_path / "means.csv"), "--mean", "m", "--se",
+                         "se", "--method", "npmle", "--json"])
+    assert out["log_likelihood"] == pytest.approx(npmle_normal(x, s).log_likelihood)
+    with pytest.raises(SystemExit, match="npmle needs --mean"):
+        main(["fit", "gaussian", str(tmp_path / "means.csv"), "--client", "m", "--value", "se",
+              "--method", "npmle"])

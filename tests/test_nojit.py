@@ -16,6 +16,9 @@ out = {m: beta_bernoulli_eb(sample.data, method=m).posterior.mean.tolist()
        for m in ("mle", "moments", "loo_printed", "loo_proof", "loo_corrected")}
 g = GaussianPopulation([0.0, 1.0], 0.3, 1.0).sample(100, np.arange(100) % 5 + 2, rng=6)
 out["gaussian"] = gaussian_eb_samples(g.data).posterior.mean.tolist()
+from ebfl.eb import npmle_normal
+x = np.linspace(-2, 3, 200) ** 3 / 5
+out["npmle"] = npmle_normal(x, 0.5 + (np.arange(200) % 3) / 4, n_grid=60).posterior_mean.tolist()
 print(json.dumps(out))
 """
 

@@ -1,4 +1,4 @@
-"""Empirical-Bayes estimators: Gaussian and Beta-Bernoulli priors."""
+"""Empirical-Bayes estimators: Gaussian, Beta-Bernoulli, mixture and nonparametric priors."""
 
 from ebfl.eb.beta_binomial import bernoulli_counts, beta_bernoulli_eb, beta_binomial_eb
 from ebfl.eb.discrete import (
@@ -17,6 +17,7 @@ from ebfl.eb.gaussian_mixture import (
     gaussian_mixture_eb,
     gaussian_mixture_posterior,
 )
+from ebfl.eb.npmle import NPMLEResult, npmle_binomial, npmle_normal
 from ebfl.eb.priors import BetaPrior, NormalPrior
 from ebfl.eb.results import (
     BetaBinomialEBResult,
@@ -36,6 +37,7 @@ __all__ = [
     "GaussianMixtureEBResult",
     "GaussianMixturePosterior",
     "GaussianMixturePrior",
+    "NPMLEResult",
     "NormalPosterior",
     "NormalPrior",
     "PersonalizedGaussianEstimate",
@@ -50,5 +52,7 @@ __all__ = [
     "gaussian_mixture_eb",
     "gaussian_mixture_posterior",
     "lemma1_radius",
+    "npmle_binomial",
+    "npmle_normal",
     "personalized_gaussian",
 ]

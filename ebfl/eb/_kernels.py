@@ -192,3 +192,110 @@ def _discrete_posterior(x, s2, atoms, log_prob):
             v += weights[i, l] * dist
         trace_var[i] = v
     return weights, mean, trace_var
+
+
+# --- NPMLE on a grid (ebfl.eb.npmle) -------------------------------------------------
+
+_HALF_LOG_2PI = 0.5 * np.log(2.0 * np.pi)
+
+
+@njit(parallel=True, cache=CACHE, fastmath=FASTMATH)
+def _normal_likelihood_matrix(x, s, grid):
+    """Row-shifted normal likelihoods L_ik = exp(log phi_s_i(x_i - u_k) - c_i).
+
+    x, s : (n,) observations and standard errors;  grid : (K,) support points.
+    Returns L (n, K) with max_k L_ik = 1 and the shifts c (n,), so that
+    log(sum_k w_k phi(...)) = c_i + log(sum_k w_k L_ik) without underflow.
+    """
+    n = x.size
+    k = grid.size
+    lik = np.empty((n, k))
+    shift = np.empty(n)
+    for i in prange(n):
+        inv = 1.0 / s[i]
+        top = -np.inf
+        for j in range(k):
+            z = (x[i] - grid[j]) * inv
+            v = -0.5 * z * z
+            lik[i, j] = v
+            if v > top:
+                top = v
+        for j in range(k):
+            lik[i, j] = np.exp(lik[i, j] - top)
+        shift[i] = top - np.log(s[i]) - _HALF_LOG_2PI
+    return lik, shift
+
+
+@njit(parallel=True, cache=CACHE, fastmath=FASTMATH)
+def _mixture_gradient(lik, w, counts, n_blocks):
+    """One pass over L: g_k = sum_i c_i L_ik / f_i and sum_i c_i log f_i, f = L w.
+
+    Rows are split into ``n_blocks`` fixed blocks whose partial sums are added in
+    block order, so the result does not depend on the number of threads. A row
+    with f_i <= 0 (w puts no mass where the row's likelihood lives) makes the
+    log-likelihood -inf; its gradient contribution is skipped.
+    """
+    n, k = lik.shape
+    partial = np.zeros((n_blocks, k))
+    partial_ll = np.zeros(n_blocks)
+    for b in prange(n_blocks):
+        start = b * n // n_blocks
+        stop = (b + 1) * n // n_blocks
+        for i in range(start, stop):
+            f = 0.0
+            for j in range(k):
+                f += lik[i, j] * w[j]
+            if f <= 0.0:
+                partial_ll[b] = -np.inf
+                continue
+            scale = counts[i] / f
+            for j in range(k):
+                partial[b, j] += lik[i, j] * scale
+            partial_ll[b] += counts[i] * np.log(f)
+    grad = np.zeros(k)
+    ll = 0.0
+    for b in range(n_blocks):
+        for j in range(k):
+            grad[j] += partial[b, j]
+        ll += partial_ll[b]
+    return grad, ll
+
+
+@njit(parallel=True, cache=CACHE, fastmath=FASTMATH)
+def _normal_grid_posterior(x, s, grid, log_w):
+    """Posterior mean and variance of theta_i under the discrete prior (grid, w).
+
+    Streams over rows without storing the n x K likelihood. log_w may hold -inf
+    for empty grid points. Returns mean, var and the marginal log-likelihood of
+    each observation, log sum_k w_k phi_s_i(x_i - u_k).
+    """
+    n = x.size
+    k = grid.size
+    mean = np.empty(n)
+    var = np.empty(n)
+    loglik = np.empty(n)
+    for i in prange(n):
+        inv = 1.0 / s[i]
+        top = -np.inf
+        for j in range(k):
+            z = (x[i] - grid[j]) * inv
+            v = log_w[j] - 0.5 * z * z
+            if v > top:
+                top = v
+        total = 0.0
+        first = 0.0
+        for j in range(k):
+            z = (x[i] - grid[j]) * inv
+            p = np.exp(log_w[j] - 0.5 * z * z - top)
+            total += p
+            first += p * grid[j]
+        mu = first / total
+        second = 0.0
+        for j in range(k):
+            z = (x[i] - grid[j]) * inv
+            p = np.exp(log_w[j] - 0.5 * z * z - top)
+            second += p * (grid[j] - mu) ** 2
+        mean[i] = mu
+        var[i] = second / total
+        loglik[i] = top + np.log(total) - np.log(s[i]) - _HALF_LOG_2PI
+    return mean, var, loglik

@@ -1,0 +1,33 @@
+"""The benchmark scripts run end to end on tiny inputs (their figures are not asserted)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).parent.parent / "benchmarks"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_npmle_smoke(capsys):
+    bench = _load("bench_npmle")
+    result = bench.main(["--n", "2000", "--budget", "3", "--reps", "1", "--json"])
+    assert result["ours"]["kkt"] <= 1e-8
+    # EM can approach but never pass the certified optimum.
+    ref, ours = result["reference"]["log_likelihood"], result["ours"]["log_likelihood"]
+    assert ref <= ours + result["n"] * result["ours"]["kkt"]
+    for ratio in result["ratio_reference_over_ours"].values():
+        assert next(iter(ratio.values())) > 0
+    assert capsys.readouterr().out.lstrip().startswith("{")
+
+
+@pytest.mark.parametrize("flag", [[], ["--json"]])
+def test_bench_npmle_text_and_json(flag, capsys):
+    _load("bench_npmle").main(["--n", "500", "--budget", "0.5", "--reps", "1", *flag])
+    assert "P3" in capsys.readouterr().out or flag
