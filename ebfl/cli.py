@@ -1,4 +1,4 @@
-"""Command-line interface: ``ebfl bounds``, ``ebfl fit``, ``ebfl demo``.
+"""Command-line interface: ``ebfl bounds``, ``fit``, ``validate``, ``reproduce``, ``demo``.
 
 Every subcommand accepts ``--json`` and then prints exactly one JSON object on
 stdout; otherwise it prints a readable table.
@@ -329,6 +329,64 @@ def _cmd_demo(args):
     _emit(args, payload, render)
 
 
+# ----------------------------------------------------------------- validate
+
+def _cmd_validate(args):
+    from ebfl.validation import validate
+    from ebfl.validation.sweeps import plot_sweeps
+
+    report = validate(args.names or None, reps=args.reps, quick=args.quick, rng=args.seed,
+                      progress=not args.json)
+    payload = {"quick": args.quick, "seed": args.seed, "counts": report.counts(),
+               "results": report.to_dicts()}
+    if args.plot:
+        payload["figures"] = plot_sweeps(args.plot, reps=args.reps, quick=args.quick,
+                                         rng=args.seed, progress=not args.json)
+
+    def render(p):
+        rows = [{"check": r["name"], "row": r["label"], "kind": r["kind"],
+                 "formula": r["formula"], "monte carlo": r["estimate"], "se": r["se"],
+                 "verdict": r["verdict"] + (" *" if r["flag"] else "")}
+                for r in p["results"]]
+        _print_table("Monte Carlo checks (* = the spec flags the paper's statement)", rows,
+                     ["check", "row", "kind", "formula", "monte carlo", "se", "verdict"])
+        print("\n" + ", ".join(f"{k}: {v}" for k, v in p["counts"].items()))
+        flags = {r["name"]: r["flag"] for r in p["results"] if r["flag"]}
+        for name, flag in flags.items():
+            print(f"* {name}: {flag}")
+        for path in p.get("figures", []):
+            print("saved", path)
+    _emit(args, payload, render)
+
+
+def _cmd_reproduce_estimation(args):
+    from ebfl.experiments.estimation import reproduce_estimation
+
+    payload = reproduce_estimation(quick=args.quick, rng=args.seed, progress=not args.json,
+                                   plot_dir=args.plot)
+
+    def render(p):
+        rows = []
+        for r in p["E1"]:
+            row = {"prior": r["prior"], "paper": f"{r['paper_decrease_pct']} ± {r['paper_pm']}"}
+            for meth in ("loo_printed", "loo_corrected", "mle"):
+                row[meth] = f"{r[meth]['mean']:.1f} ± {r[meth]['sd']:.1f}"
+            row["(6) in paper band"] = r["within_paper_band"]
+            rows.append(row)
+        _print_table("E1: % MSE decrease vs local (mean ± sd over runs)", rows,
+                     ["prior", "paper", "loo_printed", "loo_corrected", "mle",
+                      "(6) in paper band"])
+        e8 = p["E8"]
+        rows = [{"eps0": r["epsilon"], "monte carlo": r["mse"]["mean"], "se": r["mse"]["se"],
+                 "Theorem 2.2": r["formula"], "a": r["weight"]} for r in e8["rows"]]
+        _print_table(f"\nE8: MSE vs eps0 (local {e8['local']['formula']:.7g}, non-private "
+                     f"{e8['non_private']['formula']:.7g})", rows,
+                     ["eps0", "monte carlo", "se", "Theorem 2.2", "a"])
+        for path in p["figures"]:
+            print("saved", path)
+    _emit(args, payload, render)
+
+
 # ------------------------------------------------------------------- parser
 
 def build_parser():
@@ -417,6 +475,27 @@ def build_parser():
     ad.add_argument("--trust", default="aggregator", choices=["aggregator", "local"])
     add_json(ad)
     ad.set_defaults(func=_cmd_accounting_dp_adaped)
+
+    from ebfl.validation.checks import CHECKS
+
+    val = sub.add_parser("validate", help="Monte Carlo checks of the paper's theorems")
+    val.add_argument("names", nargs="*", metavar="NAME",
+                     help=f"checks to run (default all): {', '.join(CHECKS)}")
+    val.add_argument("--reps", type=int, help="replicates per check (default: per check)")
+    val.add_argument("--quick", action="store_true", help="fewer replicates")
+    val.add_argument("--seed", type=int, default=0)
+    val.add_argument("--plot", metavar="DIR", help="save sweep figures (MC vs formula) there")
+    add_json(val)
+    val.set_defaults(func=_cmd_validate)
+
+    rep = sub.add_parser("reproduce", help="the papers' experiments").add_subparsers(
+        dest="experiment", required=True)
+    est = rep.add_parser("estimation", help="E1 (Bernoulli) and E8 (private Gaussian)")
+    est.add_argument("--quick", action="store_true", help="fewer runs (same m)")
+    est.add_argument("--seed", type=int, default=0)
+    est.add_argument("--plot", metavar="DIR", help="save the E8 figure there")
+    add_json(est)
+    est.set_defaults(func=_cmd_reproduce_estimation)
 
     demo = sub.add_parser("demo", help="simulate the paper's settings, compare with theory")
     demo.add_argument("--clients", type=int, default=10_000)

@@ -153,3 +153,29 @@ def test_fit_npmle_binomial_and_gaussian(tmp_path, capsys):
     with pytest.raises(SystemExit, match="npmle needs --mean"):
         main(["fit", "gaussian", str(tmp_path / "means.csv"), "--client", "m", "--value", "se",
               "--method", "npmle"])
+
+
+def test_validate_json_and_table(tmp_path, capsys):
+    out = _json(capsys, ["validate", "known_beta", "mechanism7", "--reps", "10", "--json"])
+    assert {r["name"] for r in out["results"]} == {"known_beta", "mechanism7"}
+    assert sum(out["counts"].values()) == len(out["results"])
+    assert main(["validate", "thm4", "--reps", "5"]) == 0
+    text = capsys.readouterr().out
+    assert "violated" in text and "[!5]" in text
+    assert main(["validate", "nope"]) == 2
+
+
+def test_reproduce_estimation_quick(tmp_path, capsys):
+    out = _json(capsys, ["reproduce", "estimation", "--quick", "--plot", str(tmp_path),
+                         "--json"])
+    e1 = {row["paper_row"]: row for row in out["E1"]}
+    # Done criterion: the fully specified priors reproduce the paper within its ±.
+    assert e1["uniform"]["within_paper_band"] and e1["3-spike"]["within_paper_band"]
+    assert all("paper_decrease_pct" in row for row in out["E1"])
+    rows = out["E8"]["rows"]
+    assert [r["epsilon"] for r in rows] == sorted(r["epsilon"] for r in rows)
+    assert (tmp_path / "e8_mse_vs_epsilon.png").exists()
+    # E8: Theorem 2.2 is exact when nothing is clipped; every eps0 within 4 SE.
+    assert out["E8"]["clipped_run_fraction"] == 0.0
+    for r in rows:
+        assert abs(r["mse"]["mean"] - r["formula"]) <= 4 * r["mse"]["se"], r["epsilon"]

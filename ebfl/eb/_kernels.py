@@ -16,13 +16,11 @@ LOO_PROOF = 1
 LOO_CORRECTED = 2
 
 
-@njit(parallel=True, cache=CACHE, fastmath=FASTMATH)
-def _loo_beta_shrinkage(x, n, z, variant, total, ssq, corr_total):
-    """Leave-one-out moment shrinkage of eq. (6), spec C.6, for every client.
+@njit(cache=CACHE, fastmath=FASTMATH)
+def _loo_client(xi, ni, m, total, ssq, corr_total, variant):
+    """Eq. (6) for one client from the global sums: (mu_i, sigma_i^2, a_i, clipped, floored).
 
-    Parameters (all validated by the caller)
-    x : (m,) local means z/n;  n, z : (m,) trials and successes
-    variant : LOO_PRINTED, LOO_PROOF or LOO_CORRECTED
+    xi, ni : the client's local mean and trials;  m : number of clients
     total : sum of x;  ssq : sum of (x - mean(x))**2
     corr_total : sum of x(1-x)/(n-1) (only read by LOO_CORRECTED)
 
@@ -30,9 +28,51 @@ def _loo_beta_shrinkage(x, n, z, variant, total, ssq, corr_total):
       sum_{l != i} (x_l - mu_i)^2       = ssq - y_i^2 m/(m-1)        (proof / intended)
       sum_{l != i} (x_l - mu_l)^2       = (m/(m-1))^2 (ssq - y_i^2)   (as printed: mu_l)
     """
+    mu_i = (total - xi) / (m - 1.0)
+    y = xi - total / m
+    if variant == LOO_PRINTED:
+        v = (m / (m - 1.0)) ** 2 * (ssq - y * y) / (m - 2.0)
+    else:
+        v = (ssq - y * y * m / (m - 1.0)) / (m - 2.0)
+    if v < 0.0:  # rounding only: a sum of squares
+        v = 0.0
+    floored = False
+    if variant == LOO_CORRECTED:
+        v -= (corr_total - xi * (1.0 - xi) / (ni - 1.0)) / (m - 1.0)
+        if v < 0.0:
+            v = 0.0
+            floored = True
+    u = mu_i * (1.0 - mu_i)
+    # a = n / (u/v - 1 + n) (printed, corrected) or n / (u/v + n) (proof),
+    # multiplied through by v so that v = 0 gives a = 0 without dividing by 0.
+    minus_one = 0.0 if variant == LOO_PROOF else 1.0
+    den = u - minus_one * v + ni * v
+    if v == 0.0:
+        ai = 0.0
+    elif den <= 0.0:
+        ai = np.inf
+    else:
+        ai = ni * v / den
+    clipped = False
+    if ai < 0.0:
+        ai = 0.0
+        clipped = True
+    elif ai > 1.0:
+        ai = 1.0
+        clipped = True
+    return mu_i, v, ai, clipped, floored
+
+
+@njit(parallel=True, cache=CACHE, fastmath=FASTMATH)
+def _loo_beta_shrinkage(x, n, z, variant, total, ssq, corr_total):
+    """Leave-one-out moment shrinkage of eq. (6), spec C.6, for every client.
+
+    Parameters (all validated by the caller)
+    x : (m,) local means z/n;  n, z : (m,) trials and successes
+    variant : LOO_PRINTED, LOO_PROOF or LOO_CORRECTED
+    total, ssq, corr_total : global sums, see :func:`_loo_client`
+    """
     m = x.size
-    xbar = total / m
-    r2 = (m / (m - 1.0)) ** 2
     mu = np.empty(m)
     var = np.empty(m)
     a = np.empty(m)
@@ -45,36 +85,8 @@ def _loo_beta_shrinkage(x, n, z, variant, total, ssq, corr_total):
     for i in prange(m):
         xi = x[i]
         ni = n[i]
-        mu_i = (total - xi) / (m - 1.0)
-        y = xi - xbar
-        if variant == LOO_PRINTED:
-            v = r2 * (ssq - y * y) / (m - 2.0)
-        else:
-            v = (ssq - y * y * m / (m - 1.0)) / (m - 2.0)
-        if v < 0.0:  # rounding only: a sum of squares
-            v = 0.0
-        if variant == LOO_CORRECTED:
-            v -= (corr_total - xi * (1.0 - xi) / (ni - 1.0)) / (m - 1.0)
-            if v < 0.0:
-                v = 0.0
-                floored[i] = True
-        u = mu_i * (1.0 - mu_i)
-        # a = n / (u/v - 1 + n) (printed, corrected) or n / (u/v + n) (proof),
-        # multiplied through by v so that v = 0 gives a = 0 without dividing by 0.
-        minus_one = 0.0 if variant == LOO_PROOF else 1.0
-        den = u - minus_one * v + ni * v
-        if v == 0.0:
-            ai = 0.0
-        elif den <= 0.0:
-            ai = np.inf
-        else:
-            ai = ni * v / den
-        if ai < 0.0:
-            ai = 0.0
-            clipped[i] = True
-        elif ai > 1.0:
-            ai = 1.0
-            clipped[i] = True
+        mu_i, v, ai, clipped[i], floored[i] = _loo_client(xi, ni, m, total, ssq, corr_total,
+                                                          variant)
         e = ai * xi + (1.0 - ai) * mu_i
         mu[i] = mu_i
         var[i] = v

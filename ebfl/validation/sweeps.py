@@ -1,0 +1,77 @@
+"""Monte Carlo versus formula across a parameter sweep, as figures (``ebfl validate --plot``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ebfl.validation.checks import CHECKS
+
+__all__ = ["SWEEPS", "plot_sweeps", "run_sweep"]
+
+#: name -> (check, parameter, values, text in the plotted row's label, x label, log x axis)
+SWEEPS = {
+    "thm1_vs_sigma_theta": ("thm1", "sigma_theta", (0.02, 0.05, 0.1, 0.2, 0.5),
+                            "personalized MSE", "sigma_theta", True),
+    "thm2_quantizer_vs_bits": ("thm2_quantizer", "k_bits", tuple((k,) for k in range(1, 9)),
+                               " MSE", "bits per coordinate k", False),
+    "thm2_ldp_vs_epsilon": ("thm2_ldp", "epsilon", (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0),
+                            " MSE", "eps0", True),
+    "thm4_weight_vs_epsilon": ("thm4", "epsilon", (0.5, 1.0, 2.0, 5.0, 10.0), "n/(n+1)",
+                               "eps0", True),
+}
+
+
+def run_sweep(name, *, reps=None, quick=False, rng=0, progress=False):
+    """Run one sweep: ``(x values, list of result rows per x)``; rows are the plotted ones."""
+    check, param, values, needle, _, _ = SWEEPS[name]
+    gens = np.random.default_rng(rng).spawn(len(values))
+    xs, rows = [], []
+    for value, gen in zip(values, gens, strict=True):
+        results = CHECKS[check].run(reps, quick=quick, rng=gen, progress=progress,
+                                    **{param: value})
+        pick = [r for r in results if needle in r.label]
+        xs.append(value[0] if isinstance(value, tuple) else value)
+        rows.append(pick[0])
+    return np.asarray(xs, dtype=float), rows
+
+
+def plot_sweeps(directory, *, names=None, reps=None, quick=False, rng=0, progress=False):
+    """Save one PNG per sweep in ``directory``; returns the paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in names or SWEEPS:
+        xs, rows = run_sweep(name, reps=reps, quick=quick, rng=rng, progress=progress)
+        _, _, _, _, xlabel, logx = SWEEPS[name]
+        est = np.array([r.estimate for r in rows])
+        se = np.array([r.se for r in rows])
+        formula = np.array([r.formula for r in rows])
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.errorbar(xs, est, yerr=1.96 * se, fmt="o", label="Monte Carlo ± 1.96 SE")
+        kind = rows[0].kind
+        label = {"exact": "formula (exact)", "upper": "formula (upper bound)",
+                 "lower": "formula (lower bound)"}[kind]
+        ax.plot(xs, formula, "-", label=label)
+        if name == "thm4_weight_vs_epsilon":
+            ax.set_ylabel("mean private weight a_priv")
+            ax.axhline(1.0, color="gray", ls=":", label="local (a = 1)")
+        else:
+            ax.set_ylabel("MSE")
+        if logx:
+            ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_title(f"{rows[0].name}: {name.split('_vs_')[1].replace('_', ' ')} sweep")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = directory / f"{name}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(str(path))
+    return paths
