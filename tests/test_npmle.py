@@ -31,7 +31,7 @@ def _simulate(m, seed):
 def _true_loglik(x, s):
     """Marginal log-likelihood under PRIOR in closed form (normal convolutions)."""
     comps = [np.log(w) + stats.norm.logpdf(x, mu, np.sqrt(tau**2 + s**2))
-             for w, mu, tau in zip(PRIOR.weights, PRIOR.means, PRIOR.sds)]
+             for w, mu, tau in zip(PRIOR.weights, PRIOR.means, PRIOR.sds, strict=True)]
     return float(special.logsumexp(np.stack(comps), axis=0).sum())
 
 

@@ -12,7 +12,6 @@ from ebfl.validation import CHECKS, judge, make_result, run_replicates, validate
 from ebfl.validation.checks import theorem3_replicates
 from ebfl.validation.sweeps import plot_sweeps
 
-
 # ------------------------------------------------------------------- engine
 
 @pytest.mark.parametrize("kind, estimate, expected", [
