@@ -24,6 +24,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_beta_bernoulli.py
 	$(PY) benchmarks/bench_npmle.py
+	$(PY) benchmarks/bench_validation.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ebfl tests benchmarks

@@ -31,3 +31,11 @@ def test_bench_npmle_smoke(capsys):
 def test_bench_npmle_text_and_json(flag, capsys):
     _load("bench_npmle").main(["--n", "500", "--budget", "0.5", "--reps", "1", *flag])
     assert "P3" in capsys.readouterr().out or flag
+
+
+def test_bench_validation_smoke(capsys):
+    result = _load("bench_validation").main(["--quick", "--reps", "1", "--json"])
+    assert result["replicates"] == 100
+    # Agreement of the two routes is tested with MC tolerances in test_validation.py.
+    assert result["mse"]["ours"] > 0 and result["mse"]["numpy_loop"] > 0
+    assert capsys.readouterr().out.lstrip().startswith("{")
