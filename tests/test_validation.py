@@ -117,6 +117,8 @@ def test_known_flaws_are_visible(quick_report):
     weight = by[("thm4", "eps0=1 mean a_priv >= n/(n+1): nearly local")]
     assert weight.estimate > 14 / 15  # the private estimator is nearly local
     assert "[!3]" in by[("thm1", "personalized MSE")].flag
+    thm7 = by[("thm7", "epsilon: correct accountant <= Theorem 7")]
+    assert thm7.verdict == "violated" and thm7.extra["ratio"] > 1
     assert "[!4]" in by[("thm2_quantizer", "k=1 MSE")].flag
     # Every row is either holding or flagged: nothing fails silently.
     assert all(r.verdict == "holds" or r.flag for r in quick_report.results)

@@ -511,3 +511,37 @@ def check_theorem6(reps, rng, progress, **p):
                         float(np.trace(np.linalg.inv(prec))), sim["posterior"], params=p),
             make_result("thm6", "local least squares (17)", statement, "exact",
                         sx**2 * float(np.trace(np.linalg.inv(gram))), sim["local"], params=p)]
+
+
+# ------------------------------------------------------- DP-AdaPeD accounting
+
+@register("thm7", "Theorem 7: DP-AdaPeD is (alpha, 6 K T alpha (C1^2/s1^2 + C2^2/s2^2)/(m^2 tau))"
+          "-RDP", {"m": 66, "k": 22, "iterations": 2400, "sync_gap": 10, "clip": 1.0,
+                   "noise": 5.0, "delta": 1e-5}, reps=2, quick_reps=2)
+def check_theorem7(reps, rng, progress, **p):
+    """Not Monte Carlo: the paper's epsilon against a numerical accountant's (exact rows).
+
+    The setting is the spec's FEMNIST illustration (D.9.5) with noise multipliers
+    sigma_q/C = 5 for both blocks. The correct accountant (dp-accounting RDP,
+    sampling without replacement, sensitivity tau C per round, spec D.9.7)
+    gives the epsilon the mechanism actually has; Theorem 7 claims an upper bound.
+    """
+    from ebfl.privacy.accounting import (
+        DEFAULT_ORDERS,
+        dp_adaped_epsilon,
+        rdp_to_epsilon,
+        theorem7_rdp,
+    )
+
+    mech = {"n_clients": p["m"], "n_sampled": p["k"], "n_iterations": p["iterations"],
+            "sync_gap": p["sync_gap"], "clip_mu": p["clip"], "noise_mu": p["noise"],
+            "clip_psi": p["clip"], "noise_psi": p["noise"]}
+    orders = np.asarray(DEFAULT_ORDERS)
+    paper = rdp_to_epsilon(orders, theorem7_rdp(orders, **mech), p["delta"])
+    correct = dp_adaped_epsilon(p["delta"], **mech).epsilon
+    return [make_result("thm7", "epsilon: correct accountant <= Theorem 7",
+                        CHECKS["thm7"].statement, "upper", paper, [correct, correct], params=p,
+                        atol=1e-9, extra={"ratio": correct / paper},
+                        flag="tau clipped steps add up to tau C per round, not sqrt(tau) C, and "
+                             "the constant 6 / q^2 scaling needs unstated conditions "
+                             "(spec D.9.7 [!13])")]
