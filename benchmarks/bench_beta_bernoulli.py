@@ -30,10 +30,10 @@ import re
 import resource
 import subprocess
 import sys
-import time
 
 import numba
 import numpy as np
+from _timing import best_of
 
 import ebfl
 from ebfl.eb.beta_binomial import bernoulli_counts
@@ -45,17 +45,6 @@ GOAL_P5_BYTES = 2e9
 N_MIN, N_MAX = 2, 198  # client sizes, uniform: mean 100
 ALPHA, BETA = 2.0, 5.0  # population prior of the success probabilities
 CHUNK = 50_000  # clients generated at a time
-
-
-def best_of(fn, reps):
-    """Minimum wall time (seconds) over ``reps`` calls of ``fn()``."""
-    times = []
-    for _ in range(reps):
-        gc.collect()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def make_ragged(m, seed):
@@ -115,7 +104,7 @@ def p5_child(m, seed, reps, method):
     gc.collect()
     baseline = rss_now_kib()
     reset = reset_peak_rss()
-    seconds = best_of(lambda: ebfl.beta_binomial_eb(z, n, method=method), reps)
+    seconds = best_of(lambda: ebfl.beta_binomial_eb(z, n, method=method), reps)[0]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"method": method, "seconds": seconds, "rss_baseline_kib": baseline,
                       "rss_peak_kib": peak, "rss_increase_kib": peak - baseline,
@@ -142,12 +131,12 @@ def run_p1(m, seed, reps):
     warm_up()
     ref = np.add.reduceat(values, starts, dtype=np.int64)
     assert np.array_equal(ref, bernoulli_counts(data)[0]), "counting kernel disagrees"
-    base = best_of(lambda: np.add.reduceat(values, starts, dtype=np.int64), reps)
-    counting = best_of(lambda: bernoulli_counts(data), reps)
+    base = best_of(lambda: np.add.reduceat(values, starts, dtype=np.int64), reps)[0]
+    counting = best_of(lambda: bernoulli_counts(data), reps)[0]
     res = {"n_clients": m, "n_observations": int(values.size), "reduceat_seconds": base,
            "counting_seconds": counting, "counting_ratio": counting / base, "methods": {}}
     for method in METHODS:
-        t = best_of(lambda method=method: ebfl.beta_bernoulli_eb(data, method=method), reps)
+        t = best_of(lambda method=method: ebfl.beta_bernoulli_eb(data, method=method), reps)[0]
         res["methods"][method] = {"seconds": t, "ratio": t / base,
                                   "pass": t / base <= GOAL_P1_RATIO}
     return res

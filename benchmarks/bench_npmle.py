@@ -29,6 +29,7 @@ import sys
 import time
 
 import numpy as np
+from _timing import best_of
 
 import ebfl
 from ebfl.eb.npmle import _gradient
@@ -37,17 +38,6 @@ GOAL_RATIO = 10.0
 DELTAS = (1.0, 0.1, 0.01)
 EQUAL_DELTA = 0.01
 N_GRID = 300
-
-
-def best_of(fn, reps):
-    """(minimum wall time over ``reps`` calls, last return value)."""
-    times = []
-    for _ in range(reps):
-        gc.collect()
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), out
 
 
 def make_data(n, seed):

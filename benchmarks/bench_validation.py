@@ -16,28 +16,17 @@ run, best of ``--reps`` (Numba compiled beforehand). ``--quick``: R = 100.
 """
 
 import argparse
-import gc
 import json
 import math
-import time
 
 import numpy as np
+from _timing import best_of
 
 from ebfl.validation import CHECKS
 
 M, N, ALPHA, BETA = 10_000, 14, 2.0, 2.0
 GOAL_LOOP_RATIO = 10.0
 GOAL_FLOOR_RATIO = 2.0
-
-
-def best_of(fn, reps):
-    times = []
-    for _ in range(reps):
-        gc.collect()
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), out
 
 
 def numpy_loop(reps, seed):

@@ -1,6 +1,7 @@
 """The benchmark scripts run end to end on tiny inputs (their figures are not asserted)."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,8 @@ BENCH = Path(__file__).parent.parent / "benchmarks"
 
 
 def _load(name):
+    if str(BENCH) not in sys.path:  # the scripts import their shared _timing helper
+        sys.path.insert(0, str(BENCH))
     spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

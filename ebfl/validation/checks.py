@@ -238,25 +238,32 @@ def check_theorem2_ldp(reps, rng, progress, **p):
           reps=50, quick_reps=20)
 def check_quantizer_moments(reps, rng, progress, **p):
     q = StochasticQuantizer(p["k_bits"], p["b"])
+    return _moment_rows("quantizer_moments", q, p, reps, rng, progress,
+                        extra={"bound": q.max_variance})
+
+
+def _moment_rows(name, mechanism, p, reps, rng, progress, extra=None):
+    """Mean and variance of ``mechanism`` at each input in p["xs"] (p["draws"] draws each)."""
     xs = np.asarray(p["xs"], dtype=np.float64)
 
     def step(g, k):
         out = {"mean": np.empty((k, xs.size)), "var": np.empty((k, xs.size))}
         for r in range(k):
-            draws = q.privatize(np.broadcast_to(xs, (p["draws"], xs.size)), g)
+            inputs = np.broadcast_to(xs, (p["draws"], xs.size)).ravel()
+            draws = mechanism.privatize(inputs, g).reshape(p["draws"], xs.size)
             out["mean"][r] = draws.mean(axis=0)
             out["var"][r] = draws.var(axis=0, ddof=1)
         return out
 
-    sim = run_replicates(step, reps, rng, progress=progress, desc="quantizer moments")
-    statement = CHECKS["quantizer_moments"].statement
+    sim = run_replicates(step, reps, rng, progress=progress, desc=name)
+    statement = CHECKS[name].statement
     rows = []
     for j, x in enumerate(xs):
-        rows.append(make_result("quantizer_moments", f"mean at x={x:g}", statement, "exact", x,
+        rows.append(make_result(name, f"mean at x={x:g}", statement, "exact", x,
                                 sim["mean"][:, j], params=p))
-        rows.append(make_result("quantizer_moments", f"variance at x={x:g}", statement,
-                                "exact", float(q.variance(x)), sim["var"][:, j], params=p,
-                                extra={"bound": q.max_variance}))
+        rows.append(make_result(name, f"variance at x={x:g}", statement, "exact",
+                                float(mechanism.variance(x)), sim["var"][:, j], params=p,
+                                extra=extra))
     return rows
 
 
@@ -337,30 +344,13 @@ def check_theorem3(reps, rng, progress, **p):
           {"epsilon": 1.0, "xs": (0.0, 0.3, 0.5, 1.0), "draws": 20_000}, reps=50, quick_reps=20)
 def check_mechanism7(reps, rng, progress, **p):
     q = BinaryMechanism(p["epsilon"])
-    xs = np.asarray(p["xs"], dtype=np.float64)
-
-    def step(g, k):
-        out = {"mean": np.empty((k, xs.size)), "var": np.empty((k, xs.size))}
-        for r in range(k):
-            draws = q.privatize(np.broadcast_to(xs, (p["draws"], xs.size)).ravel(), g)
-            draws = draws.reshape(p["draws"], xs.size)
-            out["mean"][r] = draws.mean(axis=0)
-            out["var"][r] = draws.var(axis=0, ddof=1)
-        return out
-
-    sim = run_replicates(step, reps, rng, progress=progress, desc="mechanism (7)")
-    statement = CHECKS["mechanism7"].statement
-    rows = []
-    for j, x in enumerate(xs):
-        rows.append(make_result("mechanism7", f"mean at x={x:g}", statement, "exact", x,
-                                sim["mean"][:, j], params=p))
-        rows.append(make_result("mechanism7", f"variance at x={x:g}", statement, "exact",
-                                float(q.variance(x)), sim["var"][:, j], params=p))
+    rows = _moment_rows("mechanism7", q, p, reps, rng, progress)
     # The likelihood ratio is computed exactly (two outcomes): no Monte Carlo error.
     grid = np.linspace(0, 1, 101)
     ratio = max(float(np.max(q.likelihood_ratio_bound(np.full_like(grid, x), grid)))
                 for x in grid)
-    rows.append(make_result("mechanism7", "max likelihood ratio (exact)", statement, "upper",
+    rows.append(make_result("mechanism7", "max likelihood ratio (exact)",
+                            CHECKS["mechanism7"].statement, "upper",
                             math.exp(p["epsilon"]), [ratio, ratio], params=p, atol=1e-12))
     return rows
 

@@ -1,0 +1,16 @@
+"""Timing helper shared by the benchmark scripts."""
+
+import gc
+import time
+
+
+def best_of(fn, reps):
+    """(minimum wall time in seconds over ``reps`` calls of ``fn()``, its last return value)."""
+    times = []
+    out = None
+    for _ in range(reps):
+        gc.collect()
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), out
