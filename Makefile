@@ -25,6 +25,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_beta_bernoulli.py
 	$(PY) benchmarks/bench_npmle.py
 	$(PY) benchmarks/bench_validation.py
+	$(PY) benchmarks/bench_federated.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ebfl tests benchmarks

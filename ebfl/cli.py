@@ -387,6 +387,37 @@ def _cmd_reproduce_estimation(args):
     _emit(args, payload, render)
 
 
+def _cmd_reproduce_regression(args):
+    from ebfl.experiments.regression import e3_regression, plot_e3
+
+    kwargs = (dict(m=1000, runs=1, em_rounds=100, gd_rounds=200) if args.quick
+              else dict(m=10_000, runs=3, em_rounds=300, gd_rounds=1000))
+    payload = e3_regression(rng=args.seed, progress=not args.json, **kwargs)
+    payload["quick"] = args.quick
+    if args.plot:
+        from pathlib import Path
+
+        Path(args.plot).mkdir(parents=True, exist_ok=True)
+        payload["figures"] = [str(plot_e3(payload, Path(args.plot) / "e3_regression.png"))]
+    payload.pop("curves")
+
+    def render(p):
+        for row in p["rows"]:
+            rows = [{"estimator": k, "mse": v["mean"], "sd": v["sd"]}
+                    for k, v in row["mse"].items()]
+            _print_table(f"\nE3, d = {row['d']} (m = {p['settings']['m']}, n = 10)", rows,
+                         ["estimator", "mse", "sd"])
+            g, paper = row["gains_pct"], row["paper"]
+            print(f"gain vs local {g['vs_local']['mean']:.1f} % (paper {paper['vs_local'][0]} "
+                  f"± {paper['vs_local'][1]}); vs FedAvg {g['vs_fedavg']['mean']:.1f} % "
+                  f"(paper {paper['vs_fedavg'][0]} ± {paper['vs_fedavg'][1]}); unknown vs known "
+                  f"+{row['unknown_vs_known_pct']:.1f} % (paper {paper['unknown_vs_known_pct']})")
+            print("fitted variances:", row["fitted_variances"])
+        for path in p.get("figures", []):
+            print("saved", path)
+    _emit(args, payload, render)
+
+
 # ----------------------------------------------------------------- election
 
 def _cmd_election(args):
@@ -545,6 +576,13 @@ def build_parser():
     el.add_argument("--plot", metavar="DIR", help="save the shrinkage and per-fold figures")
     add_json(el)
     el.set_defaults(func=_cmd_election)
+
+    reg = rep.add_parser("regression", help="E3: personalized linear regression")
+    reg.add_argument("--quick", action="store_true", help="m = 1000, one run, fewer rounds")
+    reg.add_argument("--seed", type=int, default=0)
+    reg.add_argument("--plot", metavar="DIR", help="save the E3 figure there")
+    add_json(reg)
+    reg.set_defaults(func=_cmd_reproduce_regression)
 
     demo = sub.add_parser("demo", help="simulate the paper's settings, compare with theory")
     demo.add_argument("--clients", type=int, default=10_000)

@@ -139,3 +139,15 @@ def naive_npmle_em(lik, counts, shift, *, n_iter=None, target=None, max_iter=10*
             return w, ll, it
         w = w * (lik.T @ (counts / f)) / total
     return w, ll, max_iter
+
+
+def naive_linear_gd_clients(X, Y, mask, theta, active, mu, st, sx, lr, local_steps):
+    """Algorithm 2's client steps with numpy einsum over the stacked clients."""
+    X, Y, mask = X[active], Y[active], mask[active]
+    th0 = theta[active]
+    r0 = (Y - np.einsum("mnd,md->mn", X, th0)) * mask
+    th = th0
+    for step in range(local_steps):
+        r = r0 if step == 0 else (Y - np.einsum("mnd,md->mn", X, th)) * mask
+        th = th + lr * (np.einsum("mnd,mn->md", X, r) / sx + (mu - th) / st)
+    return th, np.sum(r0**2, axis=1), np.sum((mu - th0) ** 2, axis=1), mask.sum(axis=1)

@@ -42,3 +42,8 @@ def test_bench_validation_smoke(capsys):
     # Agreement of the two routes is tested with MC tolerances in test_validation.py.
     assert result["mse"]["ours"] > 0 and result["mse"]["numpy_loop"] > 0
     assert capsys.readouterr().out.lstrip().startswith("{")
+
+
+def test_bench_federated_smoke():
+    result = _load("bench_federated").main(["--quick", "--reps", "1", "--json"])
+    assert result["m"] == 2000 and result["seconds"]["vectorized"] > 0

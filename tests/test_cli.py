@@ -179,3 +179,15 @@ def test_reproduce_estimation_quick(tmp_path, capsys):
     assert out["E8"]["clipped_run_fraction"] == 0.0
     for r in rows:
         assert abs(r["mse"]["mean"] - r["formula"]) <= 4 * r["mse"]["se"], r["epsilon"]
+
+
+def test_reproduce_regression_quick(tmp_path, capsys):
+    out = _json(capsys, ["reproduce", "regression", "--quick", "--plot", str(tmp_path),
+                         "--json"])
+    assert [row["d"] for row in out["rows"]] == [50, 100]
+    for row in out["rows"]:
+        mse = {k: v["mean"] for k, v in row["mse"].items()}
+        # The known prior is Bayes-optimal: no estimator beats it on average.
+        assert min(mse.values()) == mse["personalized (known prior)"]
+        assert row["paper"]["vs_local"][0] in (8.0, 9.2)
+    assert (tmp_path / "e3_regression.png").exists()

@@ -15,8 +15,9 @@ from ebfl.learning.regression import (
     linear_objective,
     logistic_objective,
 )
-from ebfl.learning.theorem6 import local_least_squares, posterior_regression
+from ebfl.learning.theorem6 import local_least_squares, marginal_loglik, posterior_regression
 
 __all__ = ["FedAvgLinear", "FederatedResult", "LinearEM", "LinearGD", "LogisticGD",
            "RegressionData", "finetune_linear", "linear_objective", "local_least_squares",
-           "logistic_objective", "posterior_regression", "run_federated", "sample_clients"]
+           "logistic_objective", "marginal_loglik", "posterior_regression", "run_federated",
+           "sample_clients"]

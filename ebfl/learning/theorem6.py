@@ -21,7 +21,7 @@ import numpy as np
 from ebfl._validation import check_finite_array, check_positive_scalar
 from ebfl.learning.data import RegressionData
 
-__all__ = ["local_least_squares", "posterior_regression"]
+__all__ = ["local_least_squares", "marginal_loglik", "posterior_regression"]
 
 CHUNK = 1024  # clients per batched linear solve (bounds memory to CHUNK * d^2 doubles)
 
@@ -119,3 +119,28 @@ def local_least_squares(data, sigma_x2=None, *, rcond=1e-12):
         return theta
     sx = check_positive_scalar(sigma_x2, "sigma_x2")
     return theta, sx * risk
+
+
+def marginal_loglik(data, mu, sigma_theta2, sigma_x2):
+    """Marginal log-likelihood sum_i log N(Y_i; X_i mu, sigma_theta^2 X_i X_i^T + sigma_x^2 I).
+
+    The objective that empirical Bayes maximizes over (mu, sigma_theta^2,
+    sigma_x^2) with the theta_i integrated out (padding rows excluded).
+    """
+    if not isinstance(data, RegressionData):
+        raise TypeError("data must be a RegressionData")
+    m, n, d = data.X.shape
+    mu = _mu_iv(mu, d)
+    st = check_positive_scalar(sigma_theta2, "sigma_theta2")
+    sx = check_positive_scalar(sigma_x2, "sigma_x2")
+    total = 0.0
+    for lo in range(0, m, CHUNK):
+        X, Y = data.X[lo:lo + CHUNK], data.Y[lo:lo + CHUNK]
+        K = st * np.einsum("kid,kjd->kij", X, X) + sx * np.eye(n)
+        resid = Y - np.einsum("kid,d->ki", X, mu)
+        _, logdet = np.linalg.slogdet(K)
+        quad = np.einsum("ki,ki->k", resid, np.linalg.solve(K, resid[..., None])[..., 0])
+        total += float(np.sum(-0.5 * (n * np.log(2 * np.pi) + logdet + quad)))
+    # A padded row is an independent N(0, sigma_x^2) "observation" of 0: remove it.
+    n_pad = data.mask.size - data.mask.sum()
+    return total + 0.5 * n_pad * (np.log(2 * np.pi) + np.log(sx))

@@ -472,35 +472,34 @@ def check_lemma1(reps, rng, progress, **p):
 # ------------------------------------------------------ linear regression
 
 @register("thm6", "Theorem 6: given X_i, MSE of (15) = Tr(M^-1), of (17) = sx^2 Tr((X'X)^-1)",
-          {"n": 20, "d": 5, "sigma_theta": 0.5, "sigma_x": 1.0, "draws": 2_000, "seed_x": 0})
+          {"n": 20, "d": 5, "sigma_theta2": 0.25, "sigma_x2": 1.0, "draws": 2_000, "seed_x": 0})
 def check_theorem6(reps, rng, progress, **p):
-    n, d, st, sx = p["n"], p["d"], p["sigma_theta"], p["sigma_x"]
+    n, d, st, sx = p["n"], p["d"], p["sigma_theta2"], p["sigma_x2"]
+    from ebfl.learning import RegressionData, local_least_squares, posterior_regression
+
     design = np.random.default_rng(p["seed_x"]).standard_normal((n, d))  # fixed X_i
     mu = np.linspace(-1, 1, d)
-    gram = design.T @ design
-    prec = np.eye(d) / st**2 + gram / sx**2
-    # Estimator (15) and the local least squares (17), written out: the model is
-    # Y = X theta + w with known mu, sigma_theta, sigma_x (the learning module
-    # fits the unknown-parameter versions).
-    post_map = np.linalg.solve(prec, design.T / sx**2)  # theta_hat = post_map Y + post_shift
-    post_shift = np.linalg.solve(prec, mu / st**2)
-    ls_map = np.linalg.solve(gram, design.T)
+    shared_x = np.broadcast_to(design, (p["draws"], n, d))
 
     def step(g, k):
         out = {"posterior": np.empty(k), "local": np.empty(k)}
         for r in range(k):
-            theta = mu + st * g.standard_normal((p["draws"], d))
-            y = theta @ design.T + sx * g.standard_normal((p["draws"], n))
-            out["posterior"][r] = np.mean(np.sum((y @ post_map.T + post_shift - theta) ** 2, 1))
-            out["local"][r] = np.mean(np.sum((y @ ls_map.T - theta) ** 2, axis=1))
+            theta = mu + math.sqrt(st) * g.standard_normal((p["draws"], d))
+            y = theta @ design.T + math.sqrt(sx) * g.standard_normal((p["draws"], n))
+            data = RegressionData.from_arrays(shared_x, y)
+            post, _ = posterior_regression(data, mu, st, sx)
+            out["posterior"][r] = np.mean(np.sum((post - theta) ** 2, axis=1))
+            out["local"][r] = np.mean(np.sum((local_least_squares(data) - theta) ** 2, axis=1))
         return out
 
+    gram = design.T @ design
+    prec = np.eye(d) / st + gram / sx
     sim = run_replicates(step, reps, rng, progress=progress, desc="thm6")
     statement = CHECKS["thm6"].statement
     return [make_result("thm6", "posterior mean (15)", statement, "exact",
                         float(np.trace(np.linalg.inv(prec))), sim["posterior"], params=p),
             make_result("thm6", "local least squares (17)", statement, "exact",
-                        sx**2 * float(np.trace(np.linalg.inv(gram))), sim["local"], params=p)]
+                        sx * float(np.trace(np.linalg.inv(gram))), sim["local"], params=p)]
 
 
 # ------------------------------------------------------- DP-AdaPeD accounting
