@@ -1,4 +1,5 @@
-"""Command-line interface: ``ebfl bounds``, ``fit``, ``validate``, ``reproduce``, ``election``, ...
+"""Command-line interface: ``ebfl bounds``, ``fit``, ``validate``, ``reproduce``, ``election``,
+``hapt``, ...
 
 Every subcommand accepts ``--json`` and then prints exactly one JSON object on
 stdout; otherwise it prints a readable table.
@@ -456,6 +457,36 @@ def _cmd_election(args):
     _emit(args, payload, render)
 
 
+# --------------------------------------------------------------------- hapt
+
+def _cmd_hapt(args):
+    from ebfl.datasets import hapt_windows, load_hapt_raw
+    from ebfl.experiments.hapt import hapt_logistic, plot_hapt
+
+    windows = hapt_windows(load_hapt_raw(args.data) if args.data else None)
+    payload = hapt_logistic(positive=args.positive, quick=args.quick, windows=windows,
+                            progress=not args.json)
+    if args.plot:
+        from pathlib import Path
+
+        Path(args.plot).mkdir(parents=True, exist_ok=True)
+        payload["figures"] = [str(plot_hapt(payload, Path(args.plot) / "hapt_logistic.png"))]
+    payload.pop("curves")
+
+    def render(p):
+        s = p["settings"]
+        rows = [{"estimator": k, "test accuracy": v["accuracy"], "se": v["se"],
+                 "balanced accuracy": v["balanced_accuracy"],
+                 "sigma_theta2": v.get("sigma_theta2")} for k, v in p["results"].items()]
+        _print_table(f"\n{s['task']}: {s['clients']} subjects as clients, d = {s['d']}, "
+                     f"{s['train_windows'][0]}-{s['train_windows'][1]} training windows each",
+                     rows, ["estimator", "test accuracy", "se", "balanced accuracy",
+                            "sigma_theta2"])
+        for path in p.get("figures", []):
+            print("saved", path)
+    _emit(args, payload, render)
+
+
 # ------------------------------------------------------------------- parser
 
 def build_parser():
@@ -583,6 +614,15 @@ def build_parser():
     reg.add_argument("--plot", metavar="DIR", help="save the E3 figure there")
     add_json(reg)
     reg.set_defaults(func=_cmd_reproduce_regression)
+
+    hapt = sub.add_parser("hapt", help="personalized logistic regression, 30 smartphone users")
+    hapt.add_argument("--positive", default="SITTING",
+                      help="activity against the rest (default SITTING)")
+    hapt.add_argument("--data", metavar="PATH", help="local hapt_raw.npz (default: the data home)")
+    hapt.add_argument("--quick", action="store_true", help="fewer rounds")
+    hapt.add_argument("--plot", metavar="DIR", help="save the accuracy figure there")
+    add_json(hapt)
+    hapt.set_defaults(func=_cmd_hapt)
 
     demo = sub.add_parser("demo", help="simulate the paper's settings, compare with theory")
     demo.add_argument("--clients", type=int, default=10_000)

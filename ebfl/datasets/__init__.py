@@ -13,6 +13,14 @@ from ebfl.datasets.elections import (
     load_county_returns,
     tidy_county_returns,
 )
+from ebfl.datasets.hapt import (
+    ACTIVITIES,
+    feature_names,
+    hapt_windows,
+    load_hapt_raw,
+    split_first_run,
+)
 
-__all__ = ["ELECTION_YEARS", "ElectionMatrix", "data_home", "dataset_path", "election_matrix",
+__all__ = ["ACTIVITIES", "ELECTION_YEARS", "feature_names", "hapt_windows", "load_hapt_raw",
+           "split_first_run", "ElectionMatrix", "data_home", "dataset_path", "election_matrix",
            "fetch", "load_county_returns", "manifest", "sha256", "tidy_county_returns"]

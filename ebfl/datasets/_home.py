@@ -99,9 +99,13 @@ def dataset_path(name, *, download=True, progress=False):
                 raise ValueError(f"{path} has sha256 {actual}, expected {expected}: the file "
                                  "is corrupted or another version; remove it to re-download")
             return path
+    dl = info.get("download")
+    if dl is None:
+        raise FileNotFoundError(f"{name} not found in {directory}: it has no automatic download; "
+                                f"get it from {info['official_source']} and place one of "
+                                f"{sorted(info['files'])} there (or set EBFL_DATA)")
     if not download:
         raise FileNotFoundError(f"{name} not found in {directory} (data home: set EBFL_DATA "
                                 "or allow the download)")
-    dl = info["download"]
     return fetch(dl["url"], info["files"][dl["file"]], directory, dl["file"],
                  progress=progress)

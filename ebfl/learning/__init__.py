@@ -6,6 +6,7 @@ The numpy part never imports torch; the torch algorithms live in
 
 from ebfl.learning.data import RegressionData
 from ebfl.learning.federated import FederatedResult, run_federated, sample_clients
+from ebfl.learning.logistic_eb import LogisticEM, logistic_map
 from ebfl.learning.population_models import (
     DiscreteMixtureLinear,
     GaussianMixtureLinear,
@@ -14,17 +15,20 @@ from ebfl.learning.population_models import (
 )
 from ebfl.learning.regression import (
     FedAvgLinear,
+    FedAvgLogistic,
     LinearEM,
     LinearGD,
     LogisticGD,
     finetune_linear,
+    finetune_logistic,
     linear_objective,
     logistic_objective,
 )
 from ebfl.learning.theorem6 import local_least_squares, marginal_loglik, posterior_regression
 
-__all__ = ["DiscreteMixtureLinear", "FedAvgLinear", "GaussianMixtureLinear", "LaplaceLinear",
-           "laplace_objective", "FederatedResult", "LinearEM", "LinearGD", "LogisticGD",
-           "RegressionData", "finetune_linear", "linear_objective", "local_least_squares",
+__all__ = ["DiscreteMixtureLinear", "FedAvgLinear", "FedAvgLogistic", "FederatedResult",
+           "GaussianMixtureLinear", "LaplaceLinear", "LinearEM", "LinearGD", "LogisticEM",
+           "LogisticGD", "RegressionData", "finetune_linear", "finetune_logistic",
+           "laplace_objective", "linear_objective", "local_least_squares", "logistic_map",
            "logistic_objective", "marginal_loglik", "posterior_regression", "run_federated",
            "sample_clients"]

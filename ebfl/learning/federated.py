@@ -67,7 +67,8 @@ class FederatedResult:
 
 
 def run_federated(algorithm, data, rounds, *, sampling="full", clients_per_round=None,
-                  rate=None, rng=None, truth=None, record_every=1, progress=False):
+                  rate=None, rng=None, truth=None, evaluate=None, record_every=1,
+                  progress=False):
     """Run ``rounds`` synchronization rounds of ``algorithm`` on ``data``.
 
     Parameters
@@ -84,6 +85,10 @@ def run_federated(algorithm, data, rounds, *, sampling="full", clients_per_round
     truth : ndarray of shape (m, d), optional
         True client parameters; the history then holds ``mse``, the mean
         squared error sum_d (theta_hat - theta)^2 over clients.
+    evaluate : callable, optional
+        ``evaluate(theta) -> dict`` on the personal models (m, d) (or the global
+        model, for algorithms without personal ones); its entries join the
+        history (e.g. test accuracy).
     record_every : int
         Log every this many rounds (and the last).
     progress : bool
@@ -105,6 +110,8 @@ def run_federated(algorithm, data, rounds, *, sampling="full", clients_per_round
         if truth is not None:
             row["mse"] = float(np.mean(np.sum((algorithm.personal(state) - truth) ** 2,
                                               axis=1)))
+        if evaluate is not None:
+            row.update(evaluate(algorithm.personal(state)))
         history.append(row)
 
     record(0)

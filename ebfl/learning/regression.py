@@ -13,8 +13,9 @@ the sampled clients in one vectorized step.
 * :class:`LogisticGD`: Algorithm 3 on objective (20), with the prior term's sign
   fixed (``rule="fixed"``) or as printed (``rule="printed"``, which pushes
   theta away from mu; spec [!9]).
-* :class:`FedAvgLinear`: one global least-squares model by FedAvg, plus
-  :func:`finetune_linear` for local fine-tuning afterwards.
+* :class:`FedAvgLinear`, :class:`FedAvgLogistic`: one global model by FedAvg,
+  plus :func:`finetune_linear` / :func:`finetune_logistic` for local fine-tuning
+  afterwards.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from ebfl._validation import check_choice, check_int_scalar, check_positive_scal
 from ebfl.learning import _kernels
 from ebfl.learning.data import RegressionData
 
-__all__ = ["FedAvgLinear", "LinearEM", "LinearGD", "LogisticGD", "finetune_linear",
-           "linear_objective", "logistic_objective"]
+__all__ = ["FedAvgLinear", "FedAvgLogistic", "LinearEM", "LinearGD", "LogisticGD",
+           "finetune_linear", "finetune_logistic", "linear_objective", "logistic_objective"]
 
 _LOG_2PI = math.log(2 * math.pi)
 
@@ -289,6 +290,46 @@ class FedAvgLinear:
         return {"objective": float(np.sum(r**2) / (2 * data.mask.sum()))}
 
 
+class FedAvgLogistic:
+    """FedAvg for one global logistic model: local steps on each client's mean cross-entropy.
+
+    Parameters
+    ----------
+    lr : float
+    local_steps : int
+    l2 : float
+        Ridge penalty (l2/2)|w|^2 added to every client's mean loss (0 for none).
+    """
+
+    def __init__(self, lr, *, local_steps=1, l2=0.0):
+        self.lr = check_positive_scalar(lr, "lr")
+        self.local_steps = check_int_scalar(local_steps, "local_steps", minimum=1)
+        self.l2 = float(l2)
+        if not (self.l2 >= 0 and math.isfinite(self.l2)):
+            raise ValueError(f"l2 must be a finite number >= 0, got {l2!r}")
+
+    def init(self, data, rng):
+        return {"w": np.zeros(data.dim)}
+
+    def round(self, state, data, active, rng):
+        X, Y, mask = _rows(data, active)
+        n_i = mask.sum(axis=1)
+        w = np.tile(state["w"], (active.size, 1))
+        for _ in range(self.local_steps):
+            p = special.expit(np.einsum("mnd,md->mn", X, w))
+            grad = np.einsum("mnd,mn->md", X, (p - Y) * mask) / n_i[:, None] + self.l2 * w
+            w = w - self.lr * grad
+        return {"w": (n_i[:, None] * w).sum(axis=0) / n_i.sum()}
+
+    def personal(self, state):
+        return state["w"]
+
+    def summary(self, state, data):
+        z = np.einsum("mnd,d->mn", data.X, state["w"])
+        ce = (np.logaddexp(0.0, z) - data.Y * z) * data.mask
+        return {"objective": float(np.sum(ce) / data.mask.sum())}
+
+
 def finetune_linear(data, theta0, steps, lr):
     """Local fine-tuning: ``steps`` gradient steps on each client's own mean squared error.
 
@@ -312,4 +353,32 @@ def finetune_linear(data, theta0, steps, lr):
     n_i = data.n_samples[:, None]
     for _ in range(steps):
         theta += lr * np.einsum("mnd,mn->md", data.X, _residual(_rows(data), theta)) / n_i
+    return theta
+
+
+def finetune_logistic(data, theta0, steps, lr):
+    """Local fine-tuning: ``steps`` gradient steps on each client's own mean cross-entropy.
+
+    Parameters
+    ----------
+    data : RegressionData
+        Responses in {0, 1}.
+    theta0 : array_like, shape (d,) or (m, d)
+        Starting models (e.g. the FedAvg model).
+    steps : int
+    lr : float
+
+    Returns
+    -------
+    ndarray of shape (m, d)
+    """
+    if not isinstance(data, RegressionData):
+        raise TypeError("data must be a RegressionData")
+    steps = check_int_scalar(steps, "steps", minimum=0)
+    lr = check_positive_scalar(lr, "lr")
+    theta = np.broadcast_to(np.asarray(theta0, float), (data.n_clients, data.dim)).copy()
+    n_i = data.n_samples[:, None]
+    for _ in range(steps):
+        p = special.expit(np.einsum("mnd,md->mn", data.X, theta))
+        theta -= lr * np.einsum("mnd,mn->md", data.X, (p - data.Y) * data.mask) / n_i
     return theta
