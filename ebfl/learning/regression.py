@@ -330,6 +330,24 @@ class FedAvgLogistic:
         return {"objective": float(np.sum(ce) / data.mask.sum())}
 
 
+def _finetune(data, theta0, steps, lr, link):
+    """``steps`` gradient steps on every client's mean loss of a GLM with ``link``.
+
+    For squared error (identity link) and cross-entropy (logistic link) the
+    gradient is X_i^T (link(X_i theta) - Y_i) / n_i.
+    """
+    if not isinstance(data, RegressionData):
+        raise TypeError("data must be a RegressionData")
+    steps = check_int_scalar(steps, "steps", minimum=0)
+    lr = check_positive_scalar(lr, "lr")
+    theta = np.broadcast_to(np.asarray(theta0, float), (data.n_clients, data.dim)).copy()
+    n_i = data.n_samples[:, None]
+    for _ in range(steps):
+        err = (link(np.einsum("mnd,md->mn", data.X, theta)) - data.Y) * data.mask
+        theta -= lr * np.einsum("mnd,mn->md", data.X, err) / n_i
+    return theta
+
+
 def finetune_linear(data, theta0, steps, lr):
     """Local fine-tuning: ``steps`` gradient steps on each client's own mean squared error.
 
@@ -345,15 +363,7 @@ def finetune_linear(data, theta0, steps, lr):
     -------
     ndarray of shape (m, d)
     """
-    if not isinstance(data, RegressionData):
-        raise TypeError("data must be a RegressionData")
-    steps = check_int_scalar(steps, "steps", minimum=0)
-    lr = check_positive_scalar(lr, "lr")
-    theta = np.broadcast_to(np.asarray(theta0, float), (data.n_clients, data.dim)).copy()
-    n_i = data.n_samples[:, None]
-    for _ in range(steps):
-        theta += lr * np.einsum("mnd,mn->md", data.X, _residual(_rows(data), theta)) / n_i
-    return theta
+    return _finetune(data, theta0, steps, lr, lambda z: z)
 
 
 def finetune_logistic(data, theta0, steps, lr):
@@ -372,13 +382,4 @@ def finetune_logistic(data, theta0, steps, lr):
     -------
     ndarray of shape (m, d)
     """
-    if not isinstance(data, RegressionData):
-        raise TypeError("data must be a RegressionData")
-    steps = check_int_scalar(steps, "steps", minimum=0)
-    lr = check_positive_scalar(lr, "lr")
-    theta = np.broadcast_to(np.asarray(theta0, float), (data.n_clients, data.dim)).copy()
-    n_i = data.n_samples[:, None]
-    for _ in range(steps):
-        p = special.expit(np.einsum("mnd,md->mn", data.X, theta))
-        theta -= lr * np.einsum("mnd,mn->md", data.X, (p - data.Y) * data.mask) / n_i
-    return theta
+    return _finetune(data, theta0, steps, lr, special.expit)
