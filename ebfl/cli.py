@@ -463,7 +463,8 @@ def _cmd_hapt(args):
     from ebfl.datasets import hapt_windows, load_hapt_raw
     from ebfl.experiments.hapt import hapt_logistic, plot_hapt
 
-    windows = hapt_windows(load_hapt_raw(args.data) if args.data else None)
+    windows = hapt_windows(load_hapt_raw(args.data, download=args.download,
+                                         progress=not args.json))
     payload = hapt_logistic(positive=args.positive, quick=args.quick, windows=windows,
                             progress=not args.json)
     if args.plot:
@@ -618,7 +619,11 @@ def build_parser():
     hapt = sub.add_parser("hapt", help="personalized logistic regression, 30 smartphone users")
     hapt.add_argument("--positive", default="SITTING",
                       help="activity against the rest (default SITTING)")
-    hapt.add_argument("--data", metavar="PATH", help="local hapt_raw.npz (default: the data home)")
+    hapt.add_argument("--data", metavar="PATH",
+                      help="local hapt_raw.npz or the official UCI zip (default: the data home)")
+    hapt.add_argument("--download", action="store_true",
+                      help="download the official UCI zip if the data home has neither file "
+                           "(UCI publishes no checksum)")
     hapt.add_argument("--quick", action="store_true", help="fewer rounds")
     hapt.add_argument("--plot", metavar="DIR", help="save the accuracy figure there")
     add_json(hapt)

@@ -189,3 +189,97 @@ def test_hapt_experiment_on_the_real_data(real_windows, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["results"]["FedAvg"]["accuracy"] == pytest.approx(r["FedAvg"]["accuracy"])
     assert (tmp_path / "hapt_logistic.png").exists()
+
+
+# ------------------------------------------------------- the official UCI zip
+
+def _write_uci_zip(path, raw, prefix="HAPT Data Set/", labels_text=None):
+    """The layout of UCI's zip: RawData/acc_expXX_userYY.txt, gyro_..., labels.txt."""
+    import zipfile
+
+    rows = []
+    with zipfile.ZipFile(path, "w") as zf:
+        for exp in np.unique(raw["experiment_seq"]):
+            sel = raw["experiment_seq"] == exp
+            user = int(raw["user"][sel][0])
+            for kind in ("acc", "gyro"):
+                text = "\n".join(" ".join(f"{v:.17g}" for v in row) for row in raw[kind][sel])
+                zf.writestr(f"{prefix}RawData/{kind}_exp{exp:02d}_user{user:02d}.txt", text)
+            lab = raw["label"][sel]
+            edges = np.flatnonzero(np.diff(lab)) + 1
+            for lo, hi in zip(np.r_[0, edges], np.r_[edges, lab.size], strict=True):
+                if lab[lo] > 0:
+                    rows.append(f"{exp} {user} {lab[lo]} {lo} {hi - 1}")
+        zf.writestr(f"{prefix}RawData/labels.txt",
+                    "\n".join(rows) if labels_text is None else labels_text)
+    return path
+
+
+def test_uci_zip_reads_into_the_same_arrays(tmp_path):
+    from ebfl.datasets import read_uci_hapt_zip
+
+    raw = _fixture()
+    got = read_uci_hapt_zip(_write_uci_zip(tmp_path / "hapt.zip", raw))
+    assert got.keys() == raw.keys()
+    for key in raw:
+        np.testing.assert_array_equal(got[key], raw[key], err_msg=key)
+        assert got[key].dtype == raw[key].dtype, key
+    # load_hapt_raw takes the zip too
+    np.testing.assert_array_equal(load_hapt_raw(tmp_path / "hapt.zip")["acc"], raw["acc"])
+
+
+def test_uci_zip_errors(tmp_path):
+    import zipfile
+
+    from ebfl.datasets import read_uci_hapt_zip
+
+    with zipfile.ZipFile(tmp_path / "other.zip", "w") as zf:
+        zf.writestr("README.txt", "hello")
+    with pytest.raises(ValueError, match="not the UCI HAPT zip"):
+        read_uci_hapt_zip(tmp_path / "other.zip")
+    # a label past the end of experiment 1 (1000 samples)
+    path = _write_uci_zip(tmp_path / "h.zip", _fixture(), labels_text="1 1 5 900 1200")
+    with pytest.raises(ValueError, match="outside"):
+        read_uci_hapt_zip(path)
+    path = _write_uci_zip(tmp_path / "h4.zip", _fixture(), labels_text="1 1 5 900")
+    with pytest.raises(ValueError, match="5 columns"):
+        read_uci_hapt_zip(path)
+
+
+def test_data_home_zip_and_its_download(tmp_path, monkeypatch):
+    import http.server
+    import threading
+
+    from ebfl.datasets import hapt_uci
+
+    payload = _write_uci_zip(tmp_path / "served.zip", _fixture()).read_bytes()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server API)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        home = tmp_path / "home"
+        monkeypatch.setenv("EBFL_DATA", str(home))
+        info = dict(hapt_uci.manifest("uci_hapt_raw"),
+                    official_download=f"http://127.0.0.1:{httpd.server_address[1]}/hapt.zip")
+        monkeypatch.setattr(hapt_uci, "manifest", lambda name: info)
+        with pytest.raises(FileNotFoundError, match="download=True"):
+            load_hapt_raw()
+        raw = load_hapt_raw(download=True)
+        assert (home / "uci-hapt-raw" / "hapt_uci.zip").read_bytes() == payload
+        np.testing.assert_array_equal(raw["gyro"], _fixture()["gyro"])
+        path, digest = hapt_uci.fetch_uci_hapt()  # already there: kept, not fetched again
+        import hashlib
+
+        assert digest == hashlib.sha256(payload).hexdigest()
+    finally:
+        httpd.shutdown()

@@ -20,7 +20,9 @@ from ebfl.datasets.hapt import (
     load_hapt_raw,
     split_first_run,
 )
+from ebfl.datasets.hapt_uci import fetch_uci_hapt, read_uci_hapt_zip
 
-__all__ = ["ACTIVITIES", "ELECTION_YEARS", "feature_names", "hapt_windows", "load_hapt_raw",
-           "split_first_run", "ElectionMatrix", "data_home", "dataset_path", "election_matrix",
-           "fetch", "load_county_returns", "manifest", "sha256", "tidy_county_returns"]
+__all__ = ["ACTIVITIES", "ELECTION_YEARS", "ElectionMatrix", "data_home", "dataset_path",
+           "election_matrix", "feature_names", "fetch", "fetch_uci_hapt", "hapt_windows",
+           "load_county_returns", "load_hapt_raw", "manifest", "read_uci_hapt_zip", "sha256",
+           "split_first_run", "tidy_county_returns"]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ebfl.datasets._home import dataset_path, manifest, sha256
+from ebfl.datasets._home import data_home, dataset_path, manifest, sha256
 
 __all__ = ["ACTIVITIES", "feature_names", "hapt_windows", "load_hapt_raw", "split_first_run"]
 
@@ -40,15 +40,22 @@ _SIGNALS = ("tBodyAcc", "tGravityAcc", "tBodyGyro")
 _STATS = ("mean", "std", "mad", "max", "min", "energy", "iqr")
 
 
-def load_hapt_raw(path=None, *, verify=True):
+def load_hapt_raw(path=None, *, verify=True, download=False, progress=False):
     """The raw 50 Hz streams as a dict of arrays (see the dataset's README).
 
     Parameters
     ----------
     path : path-like, optional
-        A local ``hapt_raw.npz``; default: the data home's verified copy.
+        A local ``hapt_raw.npz``, or the official UCI zip (``*.zip``). Default:
+        the data home's verified ``hapt_raw.npz``, else the UCI zip there.
     verify : bool
-        Check ``path``'s sha256 against the manifest.
+        Check an ``.npz`` path's sha256 against the manifest (UCI publishes no
+        checksum for its zip).
+    download : bool
+        With neither file in the data home, download the official zip
+        (unverified: :func:`ebfl.datasets.fetch_uci_hapt`).
+    progress : bool
+        Download progress bar.
 
     Returns
     -------
@@ -56,8 +63,24 @@ def load_hapt_raw(path=None, *, verify=True):
         ``user``, ``experiment_seq``, ``experiment_in_user``, ``sample_index``,
         ``acc`` (N, 3) in g, ``gyro`` (N, 3) in rad/s, ``label`` (-1 = unlabelled).
     """
+    from ebfl.datasets.hapt_uci import UCI_ZIP, fetch_uci_hapt, read_uci_hapt_zip
+
     if path is None:
-        path = dataset_path("uci_hapt_raw", download=False)
+        try:
+            path = dataset_path("uci_hapt_raw", download=False)
+        except FileNotFoundError as exc:
+            info = manifest("uci_hapt_raw")
+            zip_path = data_home() / info["directory"] / UCI_ZIP
+            if not zip_path.is_file():
+                if not download:
+                    raise FileNotFoundError(
+                        f"{exc}; or allow the (unverified) download of the official zip to "
+                        f"{zip_path}: load_hapt_raw(download=True) / `ebfl hapt --download`"
+                    ) from None
+                zip_path, _ = fetch_uci_hapt(progress=progress)
+            return read_uci_hapt_zip(zip_path)
+    elif str(path).endswith(".zip"):
+        return read_uci_hapt_zip(path)
     elif verify:
         expected = manifest("uci_hapt_raw")["files"]["hapt_raw.npz"]
         digest = sha256(path)

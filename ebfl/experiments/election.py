@@ -133,12 +133,9 @@ def plot_election(matrix, result, directory, *, held_out=-1):
     list of str
         The two paths.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
     from pathlib import Path
 
-    import matplotlib.pyplot as plt
+    from ebfl._plotting import subplots
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -149,7 +146,7 @@ def plot_election(matrix, result, directory, *, held_out=-1):
     n = np.full(z.size, folds - 1)
     fits = {meth: beta_binomial_eb(z, n, method=meth) for meth in METHODS}
     jitter = np.random.default_rng(0).uniform(-0.03, 0.03, z.size)
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    fig, ax = subplots(figsize=(6, 4.5))
     for meth, marker in zip(METHODS, ("o", "s", "^"), strict=True):
         ax.scatter(z / n + jitter, fits[meth].posterior.mean, s=6, alpha=0.4, marker=marker,
                    label=meth)
@@ -163,9 +160,8 @@ def plot_election(matrix, result, directory, *, held_out=-1):
     fig.tight_layout()
     shrink = directory / "election_shrinkage.png"
     fig.savefig(shrink, dpi=120)
-    plt.close(fig)
 
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), sharey=True)
+    fig, axes = subplots(1, 2, figsize=(9, 3.8), sharey=True)
     years = [str(y) for y in result["years"]]
     width = 0.8 / len(METHODS)
     for ax, target in zip(axes, TARGETS, strict=True):
@@ -184,5 +180,4 @@ def plot_election(matrix, result, directory, *, held_out=-1):
     fig.tight_layout()
     gains = directory / "election_gains.png"
     fig.savefig(gains, dpi=120)
-    plt.close(fig)
     return [str(shrink), str(gains)]

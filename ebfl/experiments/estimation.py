@@ -177,15 +177,12 @@ def e8_private_gaussian(*, epsilons=(0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0), runs=
 
 def plot_e8(e8, path):
     """Figure 4: MSE versus eps0 (Monte Carlo ± 1.96 SE, formula, flat lines); saves ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ebfl._plotting import subplots
 
     eps = np.array([row["epsilon"] for row in e8["rows"]])
     mse = np.array([row["mse"]["mean"] for row in e8["rows"]])
     se = np.array([row["mse"]["se"] for row in e8["rows"]])
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = subplots(figsize=(6, 4))
     ax.errorbar(eps, mse, yerr=1.96 * se, fmt="o", label="private personalized (Monte Carlo)")
     grid = np.geomspace(eps.min(), eps.max(), 100)
     s = e8["settings"]
@@ -202,7 +199,6 @@ def plot_e8(e8, path):
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
 
 

@@ -130,12 +130,9 @@ def e3_regression(*, dims=(50, 100), m=10_000, runs=3, em_rounds=300, gd_rounds=
 
 def plot_e3(result, path):
     """MSE per estimator and d (bars), and EM's MSE per round; saves ``path``."""
-    import matplotlib
+    from ebfl._plotting import subplots
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax, ax2) = subplots(1, 2, figsize=(11, 4))
     names = list(result["rows"][0]["mse"])
     width = 0.8 / len(result["rows"])
     for k, row in enumerate(result["rows"]):
@@ -156,5 +153,4 @@ def plot_e3(result, path):
     ax2.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path

@@ -51,13 +51,10 @@ def private_bernoulli_sweep(epsilons=DEFAULT_EPSILONS, *, alpha=2.0, beta=2.0, n
 
 def plot_private_bernoulli(sweep, path):
     """Save the two-panel figure (weight and MSE versus epsilon) to ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ebfl._plotting import subplots
 
     eps = [r["epsilon"] for r in sweep["rows"]]
-    fig, (ax_w, ax_m) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
+    fig, (ax_w, ax_m) = subplots(1, 2, figsize=(10, 4), constrained_layout=True)
     for ax, key, label in ((ax_w, "weight", "mean weight $\\hat a_i$ on local mean"),
                            (ax_m, "mse", "MSE")):
         ax.plot(eps, [r[f"paper_{key}"] for r in sweep["rows"]], "o-",
@@ -76,5 +73,4 @@ def plot_private_bernoulli(sweep, path):
     fig.suptitle(f"Private Beta-Bernoulli EB: Beta({s['alpha']:g}, {s['beta']:g}), "
                  f"m={s['m']}, n={s['n']}")
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path

@@ -39,10 +39,7 @@ def run_sweep(name, *, reps=None, quick=False, rng=0, progress=False):
 
 def plot_sweeps(directory, *, names=None, reps=None, quick=False, rng=0, progress=False):
     """Save one PNG per sweep in ``directory``; returns the paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ebfl._plotting import subplots
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -53,7 +50,7 @@ def plot_sweeps(directory, *, names=None, reps=None, quick=False, rng=0, progres
         est = np.array([r.estimate for r in rows])
         se = np.array([r.se for r in rows])
         formula = np.array([r.formula for r in rows])
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, ax = subplots(figsize=(6, 4))
         ax.errorbar(xs, est, yerr=1.96 * se, fmt="o", label="Monte Carlo ± 1.96 SE")
         kind = rows[0].kind
         label = {"exact": "formula (exact)", "upper": "formula (upper bound)",
@@ -72,6 +69,5 @@ def plot_sweeps(directory, *, names=None, reps=None, quick=False, rng=0, progres
         fig.tight_layout()
         path = directory / f"{name}.png"
         fig.savefig(path, dpi=120)
-        plt.close(fig)
         paths.append(str(path))
     return paths
