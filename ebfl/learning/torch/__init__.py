@@ -1,0 +1,21 @@
+"""Neural personalized federated learning in torch (optional ``learning`` extra).
+
+Many small client models train at once: their parameters are stacked along a
+leading client axis and every local step is one ``torch.func.vmap`` over the
+sampled clients (:mod:`ebfl.learning.torch.engine`). Algorithms plug in as
+strategies (:mod:`ebfl.learning.torch.strategies`).
+"""
+
+try:
+    import torch  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("ebfl.learning.torch needs torch: pip install 'ebfl[learning]' "
+                      "(on the project machines: pip install torch==2.13.0 first)") from exc
+
+from ebfl.learning.torch.data import FederatedDataset
+from ebfl.learning.torch.engine import TrainResult, train
+from ebfl.learning.torch.models import CNN5, MLP, LogisticModel
+from ebfl.learning.torch.strategies import AdaPeD, FedAvg, Local
+
+__all__ = ["CNN5", "MLP", "AdaPeD", "FedAvg", "FederatedDataset", "Local", "LogisticModel",
+           "TrainResult", "train"]

@@ -1,0 +1,204 @@
+"""The one round loop every neural algorithm runs in.
+
+Per round: the server samples clients (a fixed number K without replacement,
+or everyone), broadcasts, the sampled clients take ``local_steps`` (tau)
+vectorized local iterations on fresh minibatches (unsampled clients take the
+strategy's idle step), and the server aggregates. Learning rates decay by
+``lr_decay`` per epoch of ``iters_per_epoch`` iterations. Per-client test
+accuracy is recorded every ``eval_every`` rounds.
+
+All randomness (model initialization, client sampling, minibatches, the
+strategies' own noise) comes from one seeded ``torch.Generator``, which is
+checkpointed with the state: a run resumed from a checkpoint continues exactly
+as the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ebfl._validation import check_int_scalar, check_positive_scalar
+from ebfl.learning.torch.data import FederatedDataset
+from ebfl.learning.torch.functional import client_forward
+
+__all__ = ["TrainResult", "evaluate", "train"]
+
+
+@dataclass
+class TrainResult:
+    """Final state, per-client test accuracy and the per-round history of a run."""
+
+    state: dict
+    accuracy: torch.Tensor
+    history: list = field(default_factory=list)
+    seconds: float = 0.0
+
+    def history_frame(self):
+        """The history as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame(self.history)
+
+
+@torch.no_grad()
+def evaluate(model, stack, data, *, chunk=16):
+    """Per-client test accuracy of the stacked models ``stack`` (m clients)."""
+    m = data.n_clients
+    correct = torch.empty(m)
+    for lo in range(0, m, chunk):
+        idx = torch.arange(lo, min(lo + chunk, m))
+        logits = client_forward(model, {k: v[idx] for k, v in stack.items()}, data.x_test[idx])
+        hit = (logits.argmax(-1) == data.y_test[idx]).float()
+        valid = torch.arange(data.x_test.shape[1])[None, :] < data.n_test[idx, None]
+        correct[idx] = (hit * valid).sum(1)
+    return correct / data.n_test.float()
+
+
+def _init_params(model, seed):
+    """Fresh initial parameters of ``model``'s architecture, drawn from ``seed``.
+
+    A copy of the model has every submodule's ``reset_parameters`` called under
+    a seeded, forked RNG: the caller's model and the global RNG stay untouched.
+    """
+    import copy
+
+    fresh = copy.deepcopy(model)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for module in fresh.modules():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+    return {k: v.detach().clone() for k, v in fresh.named_parameters()}
+
+
+def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, batch_size=None,
+          iters_per_epoch=60, lr_decay=0.99, eval_every=1, seed=0, checkpoint=None,
+          checkpoint_every=None, init_params=None, progress=False):
+    """Run ``rounds`` synchronization rounds of ``strategy`` on ``data``.
+
+    Parameters
+    ----------
+    strategy : FedAvg, Local, AdaPeD, ...
+        See :mod:`ebfl.learning.torch.strategies`.
+    data : FederatedDataset
+    rounds : int
+    local_steps : int
+        tau, local iterations per round (paper: 10).
+    clients_per_round : int, optional
+        K sampled without replacement each round (default: all m).
+    batch_size : int, optional
+        Per-client minibatch (default: the mean training size / ``iters_per_epoch``,
+        so that an epoch is ``iters_per_epoch`` iterations, as in the paper).
+    iters_per_epoch : int
+    lr_decay : float
+        Learning-rate factor per epoch (paper: 0.99).
+    eval_every : int
+        Record test accuracy every this many rounds (and after the last).
+    seed : int
+        Seeds the one generator behind initialization, sampling and batches.
+    checkpoint : path-like, optional
+        File to save the run to every ``checkpoint_every`` rounds (and at the
+        end); if it exists, the run resumes from it.
+    checkpoint_every : int, optional
+        Default: ``eval_every``.
+    init_params : dict, optional
+        Initial parameters of one model, shared by all clients (default: a fresh
+        initialization of the strategy's model drawn from ``seed``).
+    progress : bool
+        Progress bar with the latest mean accuracy.
+
+    Returns
+    -------
+    TrainResult
+    """
+    if not isinstance(data, FederatedDataset):
+        raise TypeError("data must be a FederatedDataset")
+    rounds = check_int_scalar(rounds, "rounds", minimum=0)
+    local_steps = check_int_scalar(local_steps, "local_steps", minimum=1)
+    iters_per_epoch = check_int_scalar(iters_per_epoch, "iters_per_epoch", minimum=1)
+    eval_every = check_int_scalar(eval_every, "eval_every", minimum=1)
+    checkpoint_every = (eval_every if checkpoint_every is None else
+                        check_int_scalar(checkpoint_every, "checkpoint_every", minimum=1))
+    lr_decay = check_positive_scalar(lr_decay, "lr_decay")
+    m = data.n_clients
+    k = m if clients_per_round is None else check_int_scalar(clients_per_round,
+                                                             "clients_per_round", minimum=1)
+    if k > m:
+        raise ValueError(f"clients_per_round must be <= the number of clients {m}, got {k}")
+    if batch_size is None:
+        batch_size = max(1, round(float(data.n_train.float().mean()) / iters_per_epoch))
+    batch_size = check_int_scalar(batch_size, "batch_size", minimum=1)
+    config = {"strategy": strategy.config(), "local_steps": local_steps, "clients_per_round": k,
+              "batch_size": batch_size, "iters_per_epoch": iters_per_epoch,
+              "lr_decay": lr_decay, "seed": seed, "m": m}
+
+    gen = torch.Generator().manual_seed(seed)
+    start, history = 0, []
+    checkpoint = None if checkpoint is None else Path(checkpoint)
+    if checkpoint is not None and checkpoint.is_file():
+        saved = torch.load(checkpoint, weights_only=False)
+        if saved["config"] != config:
+            raise ValueError(f"checkpoint {checkpoint} was written by another configuration: "
+                             f"{saved['config']} != {config}")
+        state, start, history = saved["state"], saved["round"], saved["history"]
+        gen.set_state(saved["generator"])
+    else:
+        if init_params is None:
+            init_params = _init_params(strategy.model, seed)
+        state = strategy.init_state(init_params, m)
+
+    everyone = torch.arange(m)
+    t0 = time.perf_counter()
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=rounds, initial=start, desc=strategy.name, disable=None, leave=False)
+    acc = None
+    for r in range(start, rounds):
+        if strategy.all_clients_train or k == m:
+            active = everyone
+        else:
+            active = torch.randperm(m, generator=gen)[:k].sort().values
+        idle = everyone[~torch.isin(everyone, active)]
+        strategy.broadcast(state, active)
+        for s in range(local_steps):
+            scale = lr_decay ** ((r * local_steps + s) // iters_per_epoch)
+            x, y = data.sample_batch(active, batch_size, gen)
+            strategy.local_step(state, active, x, y, scale)
+            if idle.numel():
+                x, y = data.sample_batch(idle, batch_size, gen)
+                strategy.idle_step(state, idle, x, y, scale)
+        strategy.aggregate(state, active, data.n_train[active])
+        done = r + 1
+        if done % eval_every == 0 or done == rounds:
+            acc = evaluate(strategy.model, strategy.personal(state), data)
+            history.append({"round": done, "iteration": done * local_steps,
+                            "accuracy": float(acc.mean()),
+                            "accuracy_sd": float(acc.std()) if m > 1 else 0.0,
+                            **strategy.summary(state)})
+            if bar is not None:
+                bar.set_postfix(acc=f"{history[-1]['accuracy']:.4f}")
+        if checkpoint is not None and (done % checkpoint_every == 0 or done == rounds):
+            _save(checkpoint, {"config": config, "state": state, "round": done,
+                               "history": history, "generator": gen.get_state()})
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    if acc is None:
+        acc = evaluate(strategy.model, strategy.personal(state), data)
+    return TrainResult(state, acc, history, time.perf_counter() - t0)
+
+
+def _save(path, payload):
+    """Write atomically: a crash mid-write never leaves a truncated checkpoint."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(payload, tmp)
+    tmp.replace(path)
+
