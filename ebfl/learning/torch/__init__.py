@@ -15,7 +15,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from ebfl.learning.torch.data import FederatedDataset
 from ebfl.learning.torch.engine import TrainResult, train
 from ebfl.learning.torch.models import CNN5, MLP, LogisticModel
-from ebfl.learning.torch.strategies import AdaPeD, FedAvg, Local
+from ebfl.learning.torch.strategies import AdaPeD, DPAdaPeD, FedAvg, Local
 
-__all__ = ["CNN5", "MLP", "AdaPeD", "FedAvg", "FederatedDataset", "Local", "LogisticModel",
-           "TrainResult", "train"]
+__all__ = ["CNN5", "MLP", "AdaPeD", "DPAdaPeD", "FedAvg", "FederatedDataset", "Local",
+           "LogisticModel", "TrainResult", "train"]

@@ -151,6 +151,8 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, bat
             init_params = _init_params(strategy.model, seed)
         state = strategy.init_state(init_params, m)
 
+    if hasattr(strategy, "bind_generator"):  # strategies with noise of their own (DP)
+        strategy.bind_generator(gen)
     everyone = torch.arange(m)
     t0 = time.perf_counter()
     bar = None

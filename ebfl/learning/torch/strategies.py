@@ -34,7 +34,7 @@ from ebfl.learning.torch.functional import (
     weighted_mean,
 )
 
-__all__ = ["AdaPeD", "FedAvg", "Local"]
+__all__ = ["AdaPeD", "DPAdaPeD", "FedAvg", "Local"]
 
 
 def _ce_loss(forward, params, x, y):
@@ -216,14 +216,31 @@ class AdaPeD:
             return distillation_kl(forward(params, xb), s) / (2 * p)
 
         h = client_grad(self.model, kd_mu, mu, x, student, psi)
-        mu = sgd_step(mu, h, self.lr_mu * scale, self.weight_decay)
-        with torch.no_grad():
-            teacher = client_forward(self.model, mu, x)
-            kd = torch.vmap(distillation_kl)(teacher, student)
-            k = 1 / (2 * psi) - kd / (2 * psi**2)
-            psi = torch.clamp(psi - self.lr_psi * k, min=self.psi_floor)
+        if self.joint_release:  # [h; k] released together: k at the round's mu (see DPAdaPeD)
+            h, k = self.release_joint(h, self._psi_grad(mu, student, psi, x))
+            mu = sgd_step(mu, h, self.lr_mu * scale, self.weight_decay)
+        else:
+            mu = sgd_step(mu, self.release_mu(h), self.lr_mu * scale, self.weight_decay)
+            k = self.release_psi(self._psi_grad(mu, student, psi, x))
+        psi = torch.clamp(psi - self.lr_psi * k, min=self.psi_floor)
         put(state["theta"], active, theta)
         state["work_mu"], state["work_psi"] = mu, psi
+
+    joint_release = False
+
+    def _psi_grad(self, mu, student, psi, x):
+        """k = 1/(2 psi) - KD(theta, mu) / (2 psi^2), per client (the printed gradient)."""
+        with torch.no_grad():
+            kd = torch.vmap(distillation_kl)(client_forward(self.model, mu, x), student)
+        return 1 / (2 * psi) - kd / (2 * psi**2)
+
+    def release_mu(self, h):
+        """What leaves the client for mu: the gradient itself (DP-AdaPeD privatizes it)."""
+        return h
+
+    def release_psi(self, k):
+        """What leaves the client for psi."""
+        return k
 
     def idle_step(self, state, idle, x, y, scale):
         if not self.fine_tune or idle.numel() == 0:
@@ -242,3 +259,114 @@ class AdaPeD:
 
     def summary(self, state):
         return {"psi": float(state["psi"])}
+
+
+class DPAdaPeD(AdaPeD):
+    """DP-AdaPeD (spec D.9): AdaPeD with clipped, Gaussian-noised mu and psi gradients.
+
+    At every local step each sampled client replaces h and k by
+    ``h / max(|h|_2 / C1, 1) + N(0, noise_mu^2 I)`` and
+    ``k / max(|k| / C2, 1) + N(0, noise_psi^2)`` (user-level clipping of the
+    whole mu gradient, noise before the learning rate, D.9.1). With
+    ``concatenate=True`` (E6/E7, D.9.6) the vector [h; k] is clipped to
+    ``clip_mu`` and noised with ``noise_mu`` as one; k is then taken at the
+    round's mu rather than the updated one, since both must exist before the
+    joint clip (the paper does not say how). theta never leaves the client and
+    is not noised. Weight decay on mu is data-independent and kept.
+
+    :meth:`privacy` gives the run's epsilon by the paper's Theorem 7 and by
+    the correct accountant (:mod:`ebfl.privacy.accounting`).
+
+    Parameters
+    ----------
+    clip_mu, noise_mu : float
+        C1 > 0 and sigma_q1 >= 0.
+    clip_psi, noise_psi : float, optional
+        C2 > 0 and sigma_q2 >= 0 (required unless ``concatenate``).
+    concatenate : bool
+    **kwargs
+        As :class:`AdaPeD` (``fine_tune=True`` for E6's local fine-tuning).
+    """
+
+    name = "DP-AdaPeD"
+
+    def __init__(self, model, *args, clip_mu, noise_mu, clip_psi=None, noise_psi=None,
+                 concatenate=False, **kwargs):
+        super().__init__(model, *args, **kwargs)
+        self.name = "DP-AdaPeD" + ("-FT" if self.fine_tune else "")
+        self.clip_mu = check_positive_scalar(clip_mu, "clip_mu")
+        self.noise_mu = check_nonnegative_scalar(noise_mu, "noise_mu")
+        self.concatenate = self.joint_release = bool(concatenate)
+        if self.concatenate:
+            if clip_psi is not None or noise_psi is not None:
+                raise ValueError("concatenate=True uses clip_mu and noise_mu for [h; k]; "
+                                 "leave clip_psi and noise_psi unset")
+            self.clip_psi = self.noise_psi = None
+        else:
+            if clip_psi is None or noise_psi is None:
+                raise ValueError("clip_psi and noise_psi are required unless concatenate=True")
+            self.clip_psi = check_positive_scalar(clip_psi, "clip_psi")
+            self.noise_psi = check_nonnegative_scalar(noise_psi, "noise_psi")
+        self.generator = None
+
+    def config(self):
+        return {**super().config(), "clip_mu": self.clip_mu, "noise_mu": self.noise_mu,
+                "clip_psi": self.clip_psi, "noise_psi": self.noise_psi,
+                "concatenate": self.concatenate}
+
+    def bind_generator(self, generator):
+        """The engine's generator, the source of the privacy noise."""
+        self.generator = generator
+
+    def _noise(self, shape, std, dtype):
+        if self.generator is None:
+            raise RuntimeError("DPAdaPeD draws its noise from the engine's generator: run it "
+                               "through ebfl.learning.torch.train (or call bind_generator)")
+        return std * torch.randn(shape, generator=self.generator, dtype=dtype)
+
+    def release_mu(self, h):
+        norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in h.values()))
+        factor = 1 / torch.clamp(norms / self.clip_mu, min=1.0)
+        return {n: g * factor.reshape(-1, *([1] * (g.dim() - 1)))
+                + self._noise(g.shape, self.noise_mu, g.dtype) for n, g in h.items()}
+
+    def release_psi(self, k):
+        factor = 1 / torch.clamp(k.abs() / self.clip_psi, min=1.0)
+        return k * factor + self._noise(k.shape, self.noise_psi, k.dtype)
+
+    def release_joint(self, h, k):
+        norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in h.values()) + k**2)
+        factor = 1 / torch.clamp(norms / self.clip_mu, min=1.0)
+        h = {n: g * factor.reshape(-1, *([1] * (g.dim() - 1)))
+             + self._noise(g.shape, self.noise_mu, g.dtype) for n, g in h.items()}
+        return h, k * factor + self._noise(k.shape, self.noise_mu, k.dtype)
+
+    def privacy(self, delta, *, n_clients, n_sampled, n_iterations, sync_gap,
+                sampling="without_replacement", trust="aggregator", accountant="rdp"):
+        """Epsilon of a run: Theorem 7 as printed beside the correct accountant.
+
+        Returns
+        -------
+        dict
+            ``theorem7`` (Lemma 2 conversion of the printed RDP curve) and
+            ``accountant`` (:func:`ebfl.privacy.accounting.dp_adaped_epsilon`).
+        """
+        import numpy as np
+
+        from ebfl.privacy.accounting import (
+            DEFAULT_ORDERS,
+            dp_adaped_epsilon,
+            rdp_to_epsilon,
+            theorem7_rdp,
+        )
+
+        if self.noise_mu == 0 or (self.noise_psi == 0 and not self.concatenate):
+            return {"theorem7": float("inf"), "accountant": float("inf")}
+        kw = dict(n_clients=n_clients, n_sampled=n_sampled, n_iterations=n_iterations,
+                  sync_gap=sync_gap, clip_mu=self.clip_mu, noise_mu=self.noise_mu,
+                  clip_psi=self.clip_psi, noise_psi=self.noise_psi)
+        orders = np.asarray(DEFAULT_ORDERS)
+        paper = rdp_to_epsilon(orders, theorem7_rdp(orders, **kw), delta)
+        correct = dp_adaped_epsilon(delta, sampling=sampling, trust=trust,
+                                    accountant=accountant, **kw)
+        return {"theorem7": float(paper), "accountant": float(correct.epsilon)}
