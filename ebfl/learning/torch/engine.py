@@ -25,7 +25,7 @@ from ebfl._validation import check_int_scalar, check_positive_scalar
 from ebfl.learning.torch.data import FederatedDataset
 from ebfl.learning.torch.functional import client_forward
 
-__all__ = ["TrainResult", "evaluate", "train"]
+__all__ = ["TrainResult", "evaluate", "evaluate_strategy", "train"]
 
 
 @dataclass
@@ -48,14 +48,28 @@ class TrainResult:
 def evaluate(model, stack, data, *, chunk=16):
     """Per-client test accuracy of the stacked models ``stack`` (m clients)."""
     m = data.n_clients
-    correct = torch.empty(m)
-    for lo in range(0, m, chunk):
-        idx = torch.arange(lo, min(lo + chunk, m))
-        logits = client_forward(model, {k: v[idx] for k, v in stack.items()}, data.x_test[idx])
-        hit = (logits.argmax(-1) == data.y_test[idx]).float()
-        valid = torch.arange(data.x_test.shape[1])[None, :] < data.n_test[idx, None]
-        correct[idx] = (hit * valid).sum(1)
-    return correct / data.n_test.float()
+    logits = torch.cat([client_forward(model, {k: v[lo:lo + chunk] for k, v in stack.items()},
+                                       data.x_test[lo:lo + chunk])
+                        for lo in range(0, m, chunk)])
+    return _accuracy(logits, data)
+
+
+def _accuracy(logits, data):
+    hit = (logits.argmax(-1) == data.y_test).float()
+    valid = torch.arange(data.x_test.shape[1])[None, :] < data.n_test[:, None]
+    return (hit * valid).sum(1) / data.n_test.float()
+
+
+@torch.no_grad()
+def evaluate_strategy(strategy, state, data):
+    """Per-client test accuracy of a strategy's personal predictors.
+
+    Strategies whose predictor is not one model per client (FedEM's mixture)
+    provide ``personal_logits(state, x_test) -> (m, n, classes)``.
+    """
+    if hasattr(strategy, "personal_logits"):
+        return _accuracy(strategy.personal_logits(state, data.x_test), data)
+    return evaluate(strategy.model, strategy.personal(state), data)
 
 
 def _init_params(model, seed):
@@ -178,7 +192,7 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, bat
         strategy.aggregate(state, active, data.n_train[active])
         done = r + 1
         if done % eval_every == 0 or done == rounds:
-            acc = evaluate(strategy.model, strategy.personal(state), data)
+            acc = evaluate_strategy(strategy, state, data)
             history.append({"round": done, "iteration": done * local_steps,
                             "accuracy": float(acc.mean()),
                             "accuracy_sd": float(acc.std()) if m > 1 else 0.0,
@@ -193,7 +207,7 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, bat
     if bar is not None:
         bar.close()
     if acc is None:
-        acc = evaluate(strategy.model, strategy.personal(state), data)
+        acc = evaluate_strategy(strategy, state, data)
     return TrainResult(state, acc, history, time.perf_counter() - t0)
 
 
