@@ -47,3 +47,10 @@ def test_bench_validation_smoke(capsys):
 def test_bench_federated_smoke():
     result = _load("bench_federated").main(["--quick", "--reps", "1", "--json"])
     assert result["m"] == 2000 and result["seconds"]["vectorized"] > 0
+
+
+def test_bench_adaped_smoke():
+    pytest.importorskip("torch")
+    # Runs the vectorized and the loop AdaPeD round and checks they agree before timing.
+    result = _load("bench_adaped").main(["--quick", "--reps", "1", "--json"])
+    assert result["m"] == 10 and result["seconds_per_round"]["loop"] > 0
