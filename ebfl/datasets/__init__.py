@@ -5,7 +5,15 @@
 True
 """
 
-from ebfl.datasets._home import data_home, dataset_path, fetch, manifest, sha256
+from ebfl.datasets._home import (
+    content_sha256,
+    data_home,
+    dataset_file,
+    dataset_path,
+    fetch,
+    manifest,
+    sha256,
+)
 from ebfl.datasets.elections import (
     ELECTION_YEARS,
     ElectionMatrix,
@@ -21,8 +29,27 @@ from ebfl.datasets.hapt import (
     split_first_run,
 )
 from ebfl.datasets.hapt_uci import fetch_uci_hapt, read_uci_hapt_zip
+from ebfl.datasets.idx import (
+    FASHION_MNIST_CLASSES,
+    MNIST_CLASSES,
+    LabelledImages,
+    load_fashion_mnist,
+    load_mnist,
+    read_idx,
+)
+from ebfl.datasets.leaf import (
+    FEMNIST_CLASSES,
+    FemnistClients,
+    LeafFemnist,
+    femnist_clients,
+    fetch_leaf_femnist,
+    load_leaf_femnist,
+)
 
-__all__ = ["ACTIVITIES", "ELECTION_YEARS", "ElectionMatrix", "data_home", "dataset_path",
-           "election_matrix", "feature_names", "fetch", "fetch_uci_hapt", "hapt_windows",
-           "load_county_returns", "load_hapt_raw", "manifest", "read_uci_hapt_zip", "sha256",
-           "split_first_run", "tidy_county_returns"]
+__all__ = ["ACTIVITIES", "ELECTION_YEARS", "ElectionMatrix", "FASHION_MNIST_CLASSES",
+           "FEMNIST_CLASSES", "FemnistClients", "LabelledImages", "LeafFemnist", "MNIST_CLASSES",
+           "content_sha256", "data_home", "dataset_file", "dataset_path", "election_matrix",
+           "feature_names", "femnist_clients", "fetch", "fetch_leaf_femnist", "fetch_uci_hapt",
+           "hapt_windows", "load_county_returns", "load_fashion_mnist", "load_hapt_raw",
+           "load_leaf_femnist", "load_mnist", "manifest", "read_idx", "read_uci_hapt_zip",
+           "sha256", "split_first_run", "tidy_county_returns"]

@@ -9,17 +9,28 @@ A dataset is looked up in ``<data home>/<directory>/``; the data home is the
 Downloads go through :func:`pooch.retrieve`, which streams to a temporary file in
 the target directory, checks the sha256 and only then moves the file into place,
 so an interrupted or corrupted transfer never leaves a file behind.
+
+A dataset made of several files (MNIST's four IDX files) lists them under
+``members`` in its manifest, each with its own accepted files and pinned
+download; :func:`dataset_file` finds one of them. A member may also give the
+sha256 of its uncompressed content (``content_sha256``), so that a copy
+re-compressed by someone else (other gzip header, same data) is accepted.
 """
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
+import lzma
 import os
+import zlib
 from pathlib import Path
 
 from ebfl._paths import REPO_DATA
 
-__all__ = ["data_home", "dataset_path", "fetch", "manifest", "sha256"]
+__all__ = ["content_sha256", "data_home", "dataset_file", "dataset_path", "fetch", "manifest",
+           "sha256"]
 
 
 def data_home() -> Path:
@@ -90,6 +101,9 @@ def dataset_path(name, *, download=True, progress=False):
         Nothing present and ``download`` is False.
     """
     info = manifest(name)
+    if "members" in info:
+        raise ValueError(f"dataset {name!r} has several files ({sorted(info['members'])}): "
+                         "use dataset_file(name, member)")
     directory = data_home() / info["directory"]
     for fname, expected in info["files"].items():
         path = directory / fname
@@ -108,4 +122,113 @@ def dataset_path(name, *, download=True, progress=False):
         raise FileNotFoundError(f"{name} not found in {directory} (data home: set EBFL_DATA "
                                 "or allow the download)")
     return fetch(dl["url"], info["files"][dl["file"]], directory, dl["file"],
+                 progress=progress)
+
+
+_OPENERS = {".gz": gzip.open, ".xz": lzma.open}
+
+
+def content_sha256(path) -> str:
+    """Hex sha256 of a file's content after decompression (by suffix: ``.gz`` or ``.xz``).
+
+    Other files are hashed as they are.
+
+    Raises
+    ------
+    ValueError
+        The compressed stream is truncated or corrupted.
+    """
+    path = Path(path)
+    opener = _OPENERS.get(path.suffix, open)
+    digest = hashlib.sha256()
+    try:
+        with opener(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+    except (EOFError, gzip.BadGzipFile, zlib.error, lzma.LZMAError) as exc:
+        raise ValueError(f"{path} cannot be decompressed ({exc}): the file is truncated or "
+                         "corrupted") from None
+    return digest.hexdigest()
+
+
+def _check_member_file(path, expected, content_expected):
+    actual = sha256(path)
+    if actual == expected:
+        return
+    if content_expected is not None:
+        try:
+            if content_sha256(path) == content_expected:
+                return
+        except ValueError:
+            pass
+    raise ValueError(f"{path} has sha256 {actual}, expected {expected}"
+                     + (" (or uncompressed content with sha256 "
+                        f"{content_expected})" if content_expected else "")
+                     + ": the file is corrupted or another version; remove it to re-download")
+
+
+def dataset_file(name, member, *, directory=None, download=True, progress=False, verify=True):
+    """Path of a verified copy of one file (``member``) of a multi-file dataset.
+
+    The manifest lists the dataset's files under ``members``: for each, the
+    accepted file names with their sha256 (e.g. ``.gz`` and uncompressed), an
+    optional ``content_sha256`` of the uncompressed bytes, and a pinned
+    ``download``. The first accepted file present is checked and returned; it
+    passes when its sha256 matches, or when its decompressed content's sha256
+    equals ``content_sha256``. With none present, the pinned download is
+    fetched (verified by its sha256; nothing is left behind on failure).
+
+    Parameters
+    ----------
+    name : str
+        Dataset (manifest) name, e.g. ``"mnist"``.
+    member : str
+        One of the manifest's ``members``, e.g. ``"train-images"``.
+    directory : path-like, optional
+        Where to look (and download to). Default: ``<data home>/<directory>``
+        of the manifest.
+    download : bool, default=True
+        Allow downloading a missing file.
+    progress : bool, default=False
+        Progress bar while downloading.
+    verify : bool, default=True
+        Check the sha256 of a file found in ``directory`` (downloads are always
+        verified).
+
+    Returns
+    -------
+    pathlib.Path
+
+    Raises
+    ------
+    ValueError
+        ``member`` is not in the manifest, or a file is present but neither its
+        sha256 nor its content's matches (it is left alone).
+    FileNotFoundError
+        Nothing present and ``download`` is False (or no pinned download).
+    """
+    info = manifest(name)
+    members = info.get("members") or {}
+    if member not in members:
+        raise ValueError(f"member must be one of {sorted(members)} for dataset {name!r}, "
+                         f"got {member!r}")
+    entry = members[member]
+    directory = (data_home() / info["directory"] if directory is None
+                 else Path(directory).expanduser())
+    for fname, expected in entry["files"].items():
+        path = directory / fname
+        if path.is_file():
+            if verify:
+                _check_member_file(path, expected, entry.get("content_sha256"))
+            return path
+    dl = entry.get("download")
+    if dl is None:
+        raise FileNotFoundError(f"{name} {member} not found in {directory}: it has no automatic "
+                                f"download; get it from {info['official_source']} and place one "
+                                f"of {sorted(entry['files'])} there (or set EBFL_DATA)")
+    if not download:
+        raise FileNotFoundError(f"{name} {member} not found in {directory} (one of "
+                                f"{sorted(entry['files'])}; data home: set EBFL_DATA or allow "
+                                "the download)")
+    return fetch(dl["url"], entry["files"][dl["file"]], directory, dl["file"],
                  progress=progress)

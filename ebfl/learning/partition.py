@@ -1,0 +1,344 @@
+"""Seeded partitions of a labelled dataset into federated clients.
+
+Every partitioner returns, per client, a sorted int64 array of indices into the
+dataset; no index appears in two clients. Random ones take ``rng`` (None, an
+int, a SeedSequence or a Generator) and give the same partition for the same
+seed. numpy only: no torch here.
+
+* :func:`pathological`: each client sees only a few classes (the paper's
+  MNIST split: 50 clients, 3 classes each);
+* :func:`dirichlet`: label skew with Dirichlet class shares (Hsu et al. 2019;
+  the NIID-Bench scheme of Li et al. 2022);
+* :func:`natural`: one client per writer, subject, ...;
+* :func:`train_test_split_per_client`: a stratified train/test split inside
+  each client.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ebfl._validation import as_generator, check_int_scalar, check_positive_scalar
+
+__all__ = ["dirichlet", "natural", "pathological", "train_test_split_per_client"]
+
+
+def _labels_iv(labels):
+    arr = np.asarray(labels)
+    if arr.ndim != 1:
+        raise ValueError(f"labels must be 1-D, got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError("labels must not be empty")
+    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"labels must be integer class labels, got dtype {arr.dtype}")
+    return arr
+
+
+def _grouped(inverse, counts):
+    """Indices sorted by class (stable), and each class's start in that order."""
+    order = np.argsort(inverse, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return order, starts
+
+
+def pathological(labels, n_clients, classes_per_client=3, *, rng=None):
+    """Each client gets samples of ``classes_per_client`` classes only.
+
+    Parameters
+    ----------
+    labels : array_like of int, shape (n,)
+    n_clients : int
+        At least 1.
+    classes_per_client : int, default=3
+        Between 1 and the number of distinct labels.
+    rng : None, int, SeedSequence or Generator
+
+    Returns
+    -------
+    list of ndarray of int64
+        ``n_clients`` sorted, disjoint index arrays; client ``i`` holds
+        samples of exactly ``classes_per_client`` classes.
+
+    Raises
+    ------
+    ValueError
+        ``classes_per_client`` exceeds the number of classes, ``n_clients < 1``,
+        or a class has fewer samples than clients sharing it.
+
+    Notes
+    -----
+    With ``m`` clients, ``k`` classes per client and ``C`` classes, the
+    ``m k`` (client, class) slots are spread as evenly as possible: each class
+    is held by ``floor(m k / C)`` or ``ceil(m k / C)`` clients (the larger
+    number for randomly chosen classes). Clients then pick their classes in
+    turn, each taking the ``k`` classes with the most slots left, ties broken
+    at random; this greedy order always succeeds and gives every client ``k``
+    distinct classes. The samples of a class are shuffled and cut into as many
+    equal shards (sizes differ by at most one) as clients hold it, one shard
+    per client, in random order.
+
+    So client ``i`` receives about ``sum_c n_c / h_c`` samples over its classes
+    ``c`` (``n_c`` samples of class ``c``, ``h_c`` holders). When ``m k >= C``
+    every sample is used; otherwise the classes nobody holds are left out. For
+    MNIST's 60,000 training images with ``m = 50``, ``k = 3``: each digit is
+    held by 15 clients, and each client gets about 3 x 6000 / 15 = 1200
+    images.
+
+    Examples
+    --------
+    >>> labels = np.repeat(np.arange(4), 6)
+    >>> parts = pathological(labels, n_clients=4, classes_per_client=2, rng=0)
+    >>> [np.unique(labels[p]).size for p in parts]
+    [2, 2, 2, 2]
+    >>> sorted(np.concatenate(parts).tolist()) == list(range(24))
+    True
+    """
+    labels = _labels_iv(labels)
+    n_clients = check_int_scalar(n_clients, "n_clients", minimum=1)
+    k = check_int_scalar(classes_per_client, "classes_per_client", minimum=1)
+    classes, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    n_classes = classes.size
+    if k > n_classes:
+        raise ValueError(f"classes_per_client must be <= the {n_classes} classes in labels, "
+                         f"got {k}")
+    rng = as_generator(rng)
+    base, extra = divmod(n_clients * k, n_classes)
+    holders = np.full(n_classes, base)
+    holders[rng.choice(n_classes, size=extra, replace=False)] += 1
+    short = np.flatnonzero(counts < holders)
+    if short.size:
+        c = short[0]
+        raise ValueError(f"class {classes[c]} has {counts[c]} samples but would be shared by "
+                         f"{holders[c]} clients; use fewer clients or a smaller "
+                         "classes_per_client")
+    remaining = holders.copy()
+    owners = [[] for _ in range(n_classes)]
+    for i in range(n_clients):
+        chosen = np.lexsort((rng.random(n_classes), -remaining))[:k]
+        remaining[chosen] -= 1
+        for c in chosen:
+            owners[c].append(i)
+    order, starts = _grouped(inverse, counts)
+    parts = [[] for _ in range(n_clients)]
+    for c in range(n_classes):
+        if not owners[c]:
+            continue
+        idx = rng.permutation(order[starts[c]:starts[c] + counts[c]])
+        for owner, shard in zip(rng.permutation(owners[c]),
+                                np.array_split(idx, len(owners[c])), strict=True):
+            parts[owner].append(shard)
+    return [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
+
+
+def dirichlet(labels, n_clients, alpha, *, min_size=10, max_tries=1000, rng=None):
+    """Label skew: each class is shared among the clients in Dirichlet(alpha) proportions.
+
+    Parameters
+    ----------
+    labels : array_like of int, shape (n,)
+    n_clients : int
+        At least 1.
+    alpha : float
+        Dirichlet concentration, > 0. Small values (0.1) give clients dominated
+        by one or two classes; large values (100) nearly the global mix.
+    min_size : int, default=10
+        Every client must get at least this many samples; partitions that
+        fall short are drawn again (the NIID-Bench convention).
+    max_tries : int, default=1000
+        Draws before giving up.
+    rng : None, int, SeedSequence or Generator
+
+    Returns
+    -------
+    list of ndarray of int64
+        ``n_clients`` sorted, disjoint index arrays covering every sample.
+
+    Raises
+    ------
+    ValueError
+        ``alpha <= 0``, ``n_clients < 1``, ``min_size * n_clients`` above the
+        number of samples, or no draw meeting ``min_size`` in ``max_tries``.
+
+    Notes
+    -----
+    For each class ``c`` independently, shares
+    ``(p_c1, ..., p_cm) ~ Dirichlet(alpha, ..., alpha)`` are drawn and the
+    shuffled samples of ``c`` are cut at ``floor(n_c (p_c1 + ... + p_cj))``,
+    ``j = 1..m-1``: client ``j`` gets about ``p_cj n_c`` of them. The whole
+    draw is repeated until every client has ``min_size`` samples (this
+    conditions the shares; it does not change their symmetry). Client ``j``'s
+    class proportions are then ``p_cj n_c / sum_c' p_c'j n_c'``; with balanced
+    classes their average over clients is close to uniform. Unlike the
+    NIID-Bench code, shares are not zeroed for clients that already hold more
+    than ``n / m`` samples.
+
+    Examples
+    --------
+    >>> labels = np.repeat(np.arange(3), 50)
+    >>> parts = dirichlet(labels, n_clients=5, alpha=0.5, min_size=5, rng=1)
+    >>> sum(p.size for p in parts), min(p.size for p in parts) >= 5
+    (150, True)
+    """
+    labels = _labels_iv(labels)
+    n_clients = check_int_scalar(n_clients, "n_clients", minimum=1)
+    alpha = check_positive_scalar(alpha, "alpha")
+    min_size = check_int_scalar(min_size, "min_size", minimum=0)
+    max_tries = check_int_scalar(max_tries, "max_tries", minimum=1)
+    if min_size * n_clients > labels.size:
+        raise ValueError(f"min_size * n_clients = {min_size * n_clients} exceeds the "
+                         f"{labels.size} samples: lower min_size or n_clients")
+    rng = as_generator(rng)
+    classes, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    for _ in range(max_tries):
+        shares = rng.dirichlet(np.full(n_clients, alpha), size=classes.size)
+        cuts = np.floor(np.cumsum(shares, axis=1)[:, :-1] * counts[:, None]).astype(np.int64)
+        bounds = np.concatenate([np.zeros((classes.size, 1), np.int64),
+                                 np.minimum(cuts, counts[:, None]), counts[:, None]], axis=1)
+        bounds = np.maximum.accumulate(bounds, axis=1)
+        if np.diff(bounds, axis=1).sum(axis=0).min() >= min_size:
+            break
+    else:
+        raise ValueError(f"no partition gave every client >= {min_size} samples in "
+                         f"{max_tries} draws (alpha={alpha}, n_clients={n_clients}): lower "
+                         "min_size, raise alpha or max_tries")
+    order, starts = _grouped(inverse, counts)
+    parts = [[] for _ in range(n_clients)]
+    for c in range(classes.size):
+        idx = rng.permutation(order[starts[c]:starts[c] + counts[c]])
+        for j, chunk in enumerate(np.split(idx, bounds[c, 1:-1])):
+            parts[j].append(chunk)
+    return [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
+
+
+def natural(groups):
+    """One client per distinct group id (writer, subject, ...), in sorted id order.
+
+    Parameters
+    ----------
+    groups : array_like, shape (n,)
+        Group id of each sample (integers or strings).
+
+    Returns
+    -------
+    list of ndarray of int64
+        Client ``k`` holds the samples of group ``np.unique(groups)[k]``, sorted.
+
+    Raises
+    ------
+    ValueError
+        ``groups`` is empty, not 1-D, or has NaN ids.
+
+    Examples
+    --------
+    >>> [p.tolist() for p in natural(["b", "a", "b", "c"])]
+    [[1], [0, 2], [3]]
+    """
+    arr = np.asarray(groups)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"groups must be a non-empty 1-D array, got shape {arr.shape}")
+    if np.issubdtype(arr.dtype, np.floating) and np.isnan(arr).any():
+        raise ValueError("groups must not contain NaN")
+    try:
+        order = np.argsort(arr, kind="stable")
+        _, starts = np.unique(arr[order], return_index=True)
+    except TypeError as exc:
+        raise TypeError(f"groups must hold comparable ids (integers or strings): {exc}") from None
+    return [part.astype(np.int64) for part in np.split(order, starts[1:])]
+
+
+def _clients_iv(client_indices, n):
+    if isinstance(client_indices, np.ndarray) and client_indices.ndim == 1:
+        raise TypeError("client_indices must be a sequence of index arrays, one per client")
+    try:
+        clients = [np.asarray(c) for c in client_indices]
+    except TypeError:
+        raise TypeError("client_indices must be a sequence of index arrays, one per "
+                        "client") from None
+    if not clients:
+        raise ValueError("client_indices must hold at least one client")
+    for i, idx in enumerate(clients):
+        if idx.ndim != 1 or idx.size == 0:
+            raise ValueError(f"client_indices[{i}] must be a non-empty 1-D index array, got "
+                             f"shape {idx.shape} (empty clients cannot be split)")
+        if idx.dtype == bool or not np.issubdtype(idx.dtype, np.integer):
+            raise TypeError(f"client_indices[{i}] must hold integer indices, got dtype "
+                            f"{idx.dtype}")
+        if idx.min() < 0 or idx.max() >= n:
+            raise ValueError(f"client_indices[{i}] must lie in 0..{n - 1} (labels has {n} "
+                             "entries)")
+        if np.unique(idx).size != idx.size:
+            raise ValueError(f"client_indices[{i}] has repeated indices")
+    return clients
+
+
+def train_test_split_per_client(labels, client_indices, test_fraction, *, rng=None):
+    """Split each client's samples into train and test, stratified by its own labels.
+
+    Parameters
+    ----------
+    labels : array_like of int, shape (n,)
+    client_indices : sequence of array_like of int
+        Each client's indices into ``labels`` (e.g. from :func:`pathological`),
+        non-empty, without repeats.
+    test_fraction : float
+        In (0, 1).
+    rng : None, int, SeedSequence or Generator
+
+    Returns
+    -------
+    train, test : list of ndarray of int64
+        Per client, sorted and disjoint; together they are the client's indices.
+
+    Raises
+    ------
+    ValueError
+        ``test_fraction`` outside (0, 1), an empty client, indices out of
+        range or repeated.
+
+    Notes
+    -----
+    A client with ``n_i >= 2`` samples gets ``t_i = round(test_fraction n_i)``
+    test samples, clipped to ``1..n_i - 1`` (so it keeps at least one test and
+    one training sample); a client with one sample keeps it for training.
+    ``t_i`` is shared among the client's classes by largest remainders
+    (Hamilton's method, ties broken at random): class ``c`` with ``n_ic``
+    samples gets ``floor(q)`` or ``ceil(q)`` test samples, ``q = t_i n_ic /
+    n_i``, chosen at random within the class. The test set thus follows the
+    client's label distribution to within one sample per class.
+
+    Examples
+    --------
+    >>> labels = np.array([0, 0, 0, 0, 1, 1, 1, 1, 1, 1])
+    >>> train, test = train_test_split_per_client(labels, [np.arange(10)], 0.5, rng=0)
+    >>> np.bincount(labels[test[0]]).tolist(), len(train[0])
+    ([2, 3], 5)
+    """
+    labels = _labels_iv(labels)
+    if not isinstance(test_fraction, numbers.Real) or isinstance(test_fraction, bool):
+        raise TypeError(f"test_fraction must be a real number in (0, 1), got {test_fraction!r}")
+    test_fraction = float(test_fraction)
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction!r}")
+    clients = _clients_iv(client_indices, labels.size)
+    rng = as_generator(rng)
+    train, test = [], []
+    for idx in clients:
+        idx = idx.astype(np.int64)
+        n = idx.size
+        n_test = 0 if n < 2 else min(max(int(np.floor(test_fraction * n + 0.5)), 1), n - 1)
+        _, inverse, counts = np.unique(labels[idx], return_inverse=True, return_counts=True)
+        quota = n_test * counts / n
+        take = np.floor(quota).astype(np.int64)
+        rest = n_test - int(take.sum())
+        take[np.lexsort((rng.random(counts.size), -(quota - take)))[:rest]] += 1
+        perm = rng.permutation(n)
+        pos = perm[np.argsort(inverse[perm], kind="stable")]  # by class, random within
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        rank = np.arange(n) - starts[inverse[pos]]
+        is_test = np.zeros(n, bool)
+        is_test[pos] = rank < take[inverse[pos]]
+        train.append(np.sort(idx[~is_test]))
+        test.append(np.sort(idx[is_test]))
+    return train, test
