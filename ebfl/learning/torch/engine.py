@@ -15,6 +15,7 @@ as the uninterrupted run.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,24 @@ from ebfl._validation import check_int_scalar, check_positive_scalar
 from ebfl.learning.torch.data import FederatedDataset
 from ebfl.learning.torch.functional import client_forward
 
-__all__ = ["TrainResult", "evaluate", "evaluate_strategy", "train"]
+__all__ = ["TrainResult", "evaluate", "evaluate_strategy", "flush_denormals", "train"]
+
+
+@contextlib.contextmanager
+def flush_denormals():
+    """Flush denormal floats to zero on the CPU while inside (restored to the default after).
+
+    Small conv nets produce denormals in their gradients; on x86 CPUs each
+    denormal operation is slow, and here one CNN5 step ran 40x slower with them
+    (382 ms against 10 ms for 5 clients x 19 images). Values below 1.2e-38 are
+    numerically irrelevant to training. torch has no getter for the flag, so it
+    is reset to torch's default (off) on exit.
+    """
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
 
 
 @dataclass
@@ -129,6 +147,18 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, bat
     -------
     TrainResult
     """
+    with flush_denormals():
+        return _train(strategy, data, rounds=rounds, local_steps=local_steps,
+                      clients_per_round=clients_per_round, batch_size=batch_size,
+                      iters_per_epoch=iters_per_epoch, lr_decay=lr_decay,
+                      eval_every=eval_every, seed=seed, checkpoint=checkpoint,
+                      checkpoint_every=checkpoint_every, init_params=init_params,
+                      progress=progress)
+
+
+def _train(strategy, data, *, rounds, local_steps, clients_per_round, batch_size,
+           iters_per_epoch, lr_decay, eval_every, seed, checkpoint, checkpoint_every,
+           init_params, progress):
     if not isinstance(data, FederatedDataset):
         raise TypeError("data must be a FederatedDataset")
     rounds = check_int_scalar(rounds, "rounds", minimum=0)
@@ -167,6 +197,8 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, bat
 
     if hasattr(strategy, "bind_generator"):  # strategies with noise of their own (DP)
         strategy.bind_generator(gen)
+    if hasattr(strategy, "bind_data"):  # strategies that fine-tune on local data to predict
+        strategy.bind_data(data)
     everyone = torch.arange(m)
     t0 = time.perf_counter()
     bar = None
