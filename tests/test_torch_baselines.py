@@ -414,3 +414,27 @@ def test_bad_hyperparameter_types():
         PFedMe(LogisticModel(64, 10), inner_steps=2.5)
     with pytest.raises(TypeError, match="lam"):
         Ditto(LogisticModel(64, 10), lam="0.5")
+
+
+def test_minibatch_adaptation_equals_a_loop_and_is_deterministic(digits):
+    from ebfl.learning.torch.baselines import minibatch_steps
+
+    model = MLP(64, 10, hidden=(8,)).double()
+    stack = {n: p.detach().unsqueeze(0).repeat(digits.n_clients, *([1] * p.dim())).double()
+             for n, p in model.named_parameters()}
+    out = minibatch_steps(model, stack, digits, 3, 0.2, 1e-3, batch_size=5, seed=4)
+    again = minibatch_steps(model, stack, digits, 3, 0.2, 1e-3, batch_size=5, seed=4)
+    for n in out:
+        torch.testing.assert_close(out[n], again[n], atol=0, rtol=0)
+    gen = torch.Generator().manual_seed(4)
+    batches = [digits.sample_batch(torch.arange(digits.n_clients), 5, gen) for _ in range(3)]
+    for i in range(digits.n_clients):
+        p = {n: v[i].clone() for n, v in stack.items()}
+        for x, y in batches:
+            ps = {n: v.clone().requires_grad_() for n, v in p.items()}
+            loss = F.cross_entropy(functional_call(model, ps, (x[i].double(),)), y[i])
+            g = torch.autograd.grad(loss, list(ps.values()))
+            p = {n: (v - 0.2 * (gi + 1e-3 * v)).detach()
+                 for (n, v), gi in zip(ps.items(), g, strict=True)}
+        for n in p:
+            torch.testing.assert_close(out[n][i], p[n], atol=1e-10, rtol=0)

@@ -60,7 +60,7 @@ from ebfl.learning.torch.functional import (
 from ebfl.learning.torch.strategies import FedAvg
 
 __all__ = ["FML", "Ditto", "FedAvgFT", "FedEM", "PFedMe", "PerFedAvg", "QuPeDFP",
-           "full_batch_steps"]
+           "full_batch_steps", "minibatch_steps"]
 
 
 def _ce_loss(forward, params, x, y):
@@ -119,6 +119,32 @@ def full_batch_steps(model, stack, data, steps, lr, weight_decay=0.0, *, chunk=1
     return out
 
 
+def minibatch_steps(model, stack, data, steps, lr, weight_decay=0.0, *, batch_size, seed=0):
+    """``steps`` minibatch SGD steps of every client's model on its own training set.
+
+    All m clients at once, ``batch_size`` samples each per step, drawn with
+    replacement from a generator seeded with ``seed`` (deterministic, and
+    independent of the engine's generator). Much cheaper than
+    :func:`full_batch_steps` on large clients.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    everyone = torch.arange(data.n_clients)
+    dtype = _dtype(stack)
+    out = {k: v.detach().clone() for k, v in stack.items()}
+    for _ in range(steps):
+        x, y = data.sample_batch(everyone, batch_size, gen)
+        g = client_grad(model, _ce_loss, out, x.to(dtype), y)
+        out = sgd_step(out, g, lr, weight_decay)
+    return out
+
+
+def _adapt(model, stack, data, steps, lr, weight_decay, batch_size, seed):
+    if batch_size is None:
+        return full_batch_steps(model, stack, data, steps, lr, weight_decay)
+    return minibatch_steps(model, stack, data, steps, lr, weight_decay, batch_size=batch_size,
+                           seed=seed)
+
+
 class _BoundData:
     """Holds the clients' training data for personal models adapted at evaluation time."""
 
@@ -160,6 +186,9 @@ class FedAvgFT(_BoundData, FedAvg):
         Default 10 (= tau, one round of local iterations).
     finetune_lr : float, optional
         Default: ``lr``.
+    finetune_batch : int, optional
+        Fine-tune with minibatches of this size (drawn from a fixed seed, so still
+        deterministic) instead of full batches: far cheaper on large clients.
     data : FederatedDataset, optional
         The clients' data; needed by :meth:`personal` (or :meth:`bind_data`).
 
@@ -172,9 +201,11 @@ class FedAvgFT(_BoundData, FedAvg):
     name = "FedAvg-FT"
 
     def __init__(self, model, lr=0.1, *, weight_decay=1e-4, finetune_steps=10, finetune_lr=None,
-                 data=None):
+                 finetune_batch=None, data=None):
         super().__init__(model, lr, weight_decay=weight_decay)
         self.finetune_steps = check_int_scalar(finetune_steps, "finetune_steps", minimum=1)
+        self.finetune_batch = (None if finetune_batch is None else
+                               check_int_scalar(finetune_batch, "finetune_batch", minimum=1))
         self.finetune_lr = (self.lr if finetune_lr is None
                             else check_positive_scalar(finetune_lr, "finetune_lr"))
         if data is not None:
@@ -182,12 +213,13 @@ class FedAvgFT(_BoundData, FedAvg):
 
     def config(self):
         return {**super().config(), "finetune_steps": self.finetune_steps,
-                "finetune_lr": self.finetune_lr}
+                "finetune_lr": self.finetune_lr, "finetune_batch": self.finetune_batch}
 
     def personal(self, state):
         data = self._bound(state["m"])
-        return full_batch_steps(self.model, replicate(state["global"], state["m"]), data,
-                                self.finetune_steps, self.finetune_lr, self.weight_decay)
+        return _adapt(self.model, replicate(state["global"], state["m"]), data,
+                      self.finetune_steps, self.finetune_lr, self.weight_decay,
+                      self.finetune_batch, 0)
 
 
 class Ditto:
@@ -368,8 +400,9 @@ class PerFedAvg(_BoundData):
 
     The server averages the sampled clients' models. A client's personal model
     is one adaptation step ``w - alpha grad f_i(w)`` from the global model on
-    its whole training set (full batch, deterministic; computed in
-    :meth:`personal`, like the paper's evaluation after one local step).
+    its whole training set (full batch, deterministic), or on one minibatch of
+    ``adapt_batch`` samples drawn from a fixed seed; computed in
+    :meth:`personal`, like the paper's evaluation after one local step.
     Notation is Fallah et al.'s: alpha the adaptation (inner) rate, beta the
     outer rate. Only beta decays per epoch; alpha, which also defines the
     evaluated model, stays fixed; weight decay is on the outer step only.
@@ -382,6 +415,9 @@ class PerFedAvg(_BoundData):
     alpha : float
         Spec: 0.001.
     weight_decay : float
+    adapt_batch : int, optional
+        Adapt on one minibatch of this size (fixed seed) instead of the whole
+        training set.
     data : FederatedDataset, optional
         The clients' data; needed by :meth:`personal` (or :meth:`bind_data`).
     """
@@ -389,8 +425,11 @@ class PerFedAvg(_BoundData):
     name = "Per-FedAvg"
     all_clients_train = False
 
-    def __init__(self, model, lr=0.075, alpha=0.001, *, weight_decay=1e-4, data=None):
+    def __init__(self, model, lr=0.075, alpha=0.001, *, weight_decay=1e-4, adapt_batch=None,
+                 data=None):
         self.model = model
+        self.adapt_batch = (None if adapt_batch is None else
+                            check_int_scalar(adapt_batch, "adapt_batch", minimum=1))
         self.lr = check_positive_scalar(lr, "lr")
         self.alpha = check_positive_scalar(alpha, "alpha")
         self.weight_decay = check_nonnegative_scalar(weight_decay, "weight_decay")
@@ -399,7 +438,7 @@ class PerFedAvg(_BoundData):
 
     def config(self):
         return {"name": self.name, "lr": self.lr, "alpha": self.alpha,
-                "weight_decay": self.weight_decay}
+                "weight_decay": self.weight_decay, "adapt_batch": self.adapt_batch}
 
     def init_state(self, params, m):
         return {"global": _clone(params), "m": m}
@@ -427,8 +466,8 @@ class PerFedAvg(_BoundData):
 
     def personal(self, state):
         data = self._bound(state["m"])
-        return full_batch_steps(self.model, replicate(state["global"], state["m"]), data, 1,
-                                self.alpha)
+        return _adapt(self.model, replicate(state["global"], state["m"]), data, 1, self.alpha,
+                      0.0, self.adapt_batch, 0)
 
     def summary(self, state):
         return {}
