@@ -457,6 +457,37 @@ def _cmd_election(args):
     _emit(args, payload, render)
 
 
+# ------------------------------------------------------------------- adaped
+
+def _cmd_reproduce_adaped(args):
+    from ebfl.experiments.adaped import METHODS, plot_table1, table1
+
+    payload = table1(args.dataset, methods=tuple(args.methods or METHODS),
+                     seeds=tuple(range(args.seed, args.seed + args.seeds)), quick=args.quick,
+                     femnist_root=args.femnist_root, progress=not args.json)
+    if args.plot:
+        from pathlib import Path
+
+        Path(args.plot).mkdir(parents=True, exist_ok=True)
+        payload["figures"] = [str(plot_table1(payload, Path(args.plot)
+                                              / f"table1_{args.dataset}.png"))]
+    payload.pop("curves")
+
+    def render(p):
+        s = p["settings"]
+        rows = [{"method": k, "accuracy %": v["mean"], "sd": v["sd"],
+                 "paper": (f"{p['paper'][k][0]} ± {p['paper'][k][1]}" if k in p["paper"]
+                           else "-"),
+                 "seconds": sum(v["seconds"])} for k, v in p["results"].items()]
+        _print_table(f"\nTable 1 on {s['dataset']}{' (stand-in)' if s['stand_in'] else ''}: "
+                     f"{s['clients']} clients, K = {s['sampled_per_round']}, {s['rounds']} "
+                     f"rounds of tau = {s['tau']}, seeds {s['seeds']}", rows,
+                     ["method", "accuracy %", "sd", "paper", "seconds"])
+        for path in p.get("figures", []):
+            print("saved", path)
+    _emit(args, payload, render)
+
+
 # --------------------------------------------------------------------- hapt
 
 def _cmd_hapt(args):
@@ -615,6 +646,19 @@ def build_parser():
     reg.add_argument("--plot", metavar="DIR", help="save the E3 figure there")
     add_json(reg)
     reg.set_defaults(func=_cmd_reproduce_regression)
+
+    ada = rep.add_parser("adaped", help="Table 1: AdaPeD vs personalized-FL baselines (torch)")
+    ada.add_argument("--dataset", default="mnist",
+                     choices=["mnist", "femnist", "fashion-mnist", "hapt"])
+    ada.add_argument("--femnist-root", metavar="DIR",
+                     help="LEAF FEMNIST directory with train/ and test/ (default: data home)")
+    ada.add_argument("--methods", nargs="+", metavar="NAME", help="subset of the methods")
+    ada.add_argument("--seeds", type=int, default=1, help="runs (seeds seed, seed+1, ...)")
+    ada.add_argument("--seed", type=int, default=0)
+    ada.add_argument("--quick", action="store_true", help="10 rounds, one evaluation")
+    ada.add_argument("--plot", metavar="DIR", help="save the accuracy-per-round figure there")
+    add_json(ada)
+    ada.set_defaults(func=_cmd_reproduce_adaped)
 
     hapt = sub.add_parser("hapt", help="personalized logistic regression, 30 smartphone users")
     hapt.add_argument("--positive", default="SITTING",

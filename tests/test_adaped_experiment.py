@@ -1,0 +1,70 @@
+"""Table 1 experiment: client construction on the real data, and the CLI in quick mode."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from ebfl.experiments.adaped import load_clients, table1  # noqa: E402
+
+
+def _have(name):
+    home = os.environ.get("EBFL_DATA")
+    return home and (Path(home) / name).is_dir()
+
+
+needs_mnist = pytest.mark.skipif(not _have("mnist"), reason="EBFL_DATA lacks mnist (CI sets it)")
+
+
+@needs_mnist
+def test_mnist_clients_follow_the_papers_split():
+    data, make_model, info = load_clients("mnist", seed=0)
+    assert data.n_clients == 50 and info["clients"] == 50
+    assert int(data.n_train.sum() + data.n_test.sum()) == 70_000
+    for i in range(50):
+        tr = set(data.y_train[i, : data.n_train[i]].tolist())
+        te = set(data.y_test[i, : data.n_test[i]].tolist())
+        assert len(tr) == 3 and te <= tr
+        # the test set follows the client's labels: about 20 % of each class
+        for c in tr:
+            n_c = int((data.y_train[i, : data.n_train[i]] == c).sum()
+                      + (data.y_test[i, : data.n_test[i]] == c).sum())
+            t_c = int((data.y_test[i, : data.n_test[i]] == c).sum())
+            assert abs(t_c - 0.2 * n_c) <= 1
+    x = data.x_train[0, : data.n_train[0]]
+    assert float(x.min()) >= 0 and float(x.max()) <= 1
+    assert make_model()(x[:2]).shape == (2, 10)
+
+
+def test_hapt_stand_in_has_30_subjects_and_six_activities():
+    if not _have("uci-hapt-raw"):
+        pytest.skip("EBFL_DATA lacks uci-hapt-raw")
+    data, make_model, info = load_clients("hapt")
+    assert data.n_clients == 30 and data.n_classes == 6
+    assert make_model()(data.x_test[0, :3]).shape == (3, 6)
+
+
+@needs_mnist
+def test_cli_quick_runs_and_prints_the_papers_numbers(tmp_path, capsys):
+    from ebfl.cli import main
+
+    assert main(["reproduce", "adaped", "--quick", "--json", "--methods", "AdaPeD", "FedAvg",
+                 "FedEM", "--plot", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["results"]) == {"AdaPeD", "FedAvg", "FedEM"}
+    assert out["paper"] == {"AdaPeD": [98.53, 0.11], "FedAvg": [92.93, 0.09]}
+    s = out["settings"]
+    assert s["clients"] == 50 and s["sampled_per_round"] == 5 and s["rounds"] == 10
+    for r in out["results"].values():
+        assert 0 <= r["mean"] <= 100 and len(r["per_seed"]) == 1
+    assert (tmp_path / "table1_mnist.png").exists()
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="dataset"):
+        load_clients("cifar")
+    with pytest.raises(ValueError, match="unknown methods"):
+        table1("mnist", methods=("AdaPeD", "SCAFFOLD"))
