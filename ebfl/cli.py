@@ -488,6 +488,30 @@ def _cmd_reproduce_adaped(args):
     _emit(args, payload, render)
 
 
+def _cmd_reproduce_dp_adaped(args):
+    from ebfl.experiments.adaped import dp_sweep, plot_dp_sweep
+
+    payload = dp_sweep(args.dataset, noise_multipliers=tuple(args.noise or (0.5, 1.0, 2.0, 4.0)),
+                       clip=args.clip, delta=args.delta, concatenate=args.concatenate,
+                       fine_tune=args.fine_tune, seed=args.seed, quick=args.quick,
+                       femnist_root=args.femnist_root, progress=not args.json)
+    if args.plot:
+        from pathlib import Path
+
+        Path(args.plot).mkdir(parents=True, exist_ok=True)
+        payload["figures"] = [str(plot_dp_sweep(payload, Path(args.plot)
+                                                / f"dp_adaped_{args.dataset}.png"))]
+
+    def render(p):
+        _print_table(f"\nDP-AdaPeD on {p['settings']['dataset']} (delta = "
+                     f"{p['settings']['delta']:g}, clip {p['settings']['clip']:g})", p["runs"],
+                     ["noise_multiplier", "accuracy", "epsilon_theorem7", "epsilon_accountant"])
+        print("reference:", {k: round(v, 2) for k, v in p["reference"].items()})
+        for path in p.get("figures", []):
+            print("saved", path)
+    _emit(args, payload, render)
+
+
 # --------------------------------------------------------------------- hapt
 
 def _cmd_hapt(args):
@@ -659,6 +683,22 @@ def build_parser():
     ada.add_argument("--plot", metavar="DIR", help="save the accuracy-per-round figure there")
     add_json(ada)
     ada.set_defaults(func=_cmd_reproduce_adaped)
+
+    dpa = rep.add_parser("dp-adaped", help="Figures 1-3: DP-AdaPeD accuracy against epsilon")
+    dpa.add_argument("--dataset", default="mnist",
+                     choices=["mnist", "femnist", "fashion-mnist", "hapt"])
+    dpa.add_argument("--femnist-root", metavar="DIR")
+    dpa.add_argument("--noise", type=float, action="append",
+                     help="noise multiplier sigma/C (repeat; default 0.5 1 2 4)")
+    dpa.add_argument("--clip", type=float, default=1.0, help="C1 = C2 (default 1)")
+    dpa.add_argument("--delta", type=float, default=1e-5)
+    dpa.add_argument("--concatenate", action="store_true", help="one clip on [h; k] (E6/E7)")
+    dpa.add_argument("--fine-tune", action="store_true", help="Algorithm 6 (E6)")
+    dpa.add_argument("--seed", type=int, default=0)
+    dpa.add_argument("--quick", action="store_true", help="10 rounds")
+    dpa.add_argument("--plot", metavar="DIR", help="save the accuracy-vs-epsilon figure there")
+    add_json(dpa)
+    dpa.set_defaults(func=_cmd_reproduce_dp_adaped)
 
     hapt = sub.add_parser("hapt", help="personalized logistic regression, 30 smartphone users")
     hapt.add_argument("--positive", default="SITTING",

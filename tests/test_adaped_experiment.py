@@ -68,3 +68,20 @@ def test_bad_input():
         load_clients("cifar")
     with pytest.raises(ValueError, match="unknown methods"):
         table1("mnist", methods=("AdaPeD", "SCAFFOLD"))
+
+
+def test_dp_sweep_cli_reports_both_epsilons(tmp_path, capsys):
+    if not _have("uci-hapt-raw"):
+        pytest.skip("EBFL_DATA lacks uci-hapt-raw")
+    from ebfl.cli import main
+
+    assert main(["reproduce", "dp-adaped", "--dataset", "hapt", "--quick", "--json",
+                 "--noise", "1", "--noise", "4", "--plot", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    runs = out["runs"]
+    assert [r["noise_multiplier"] for r in runs] == [1.0, 4.0]
+    for r in runs:  # Theorem 7 understates epsilon (spec D.9.7)
+        assert r["epsilon_accountant"] > r["epsilon_theorem7"] > 0
+    assert runs[0]["epsilon_accountant"] > runs[1]["epsilon_accountant"]  # more noise, less eps
+    assert set(out["reference"]) == {"AdaPeD", "Local"}
+    assert (tmp_path / "dp_adaped_hapt.png").exists()

@@ -31,7 +31,8 @@ import numpy as np
 
 from ebfl._paths import paper_numbers
 
-__all__ = ["DATASETS", "METHODS", "load_clients", "plot_table1", "table1"]
+__all__ = ["DATASETS", "METHODS", "dp_sweep", "load_clients", "plot_dp_sweep", "plot_table1",
+           "table1"]
 
 DATASETS = ("mnist", "femnist", "fashion-mnist", "hapt")
 PROTOCOL = {"mnist": dict(n_clients=50, ratio=0.1, epochs=50),
@@ -206,6 +207,78 @@ def plot_table1(result, path):
     lo = min(min(a for _, a in c) for c in result["curves"].values())
     ax.set_ylim(max(0.0, math.floor(lo / 10) * 10), 100)
     ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def dp_sweep(dataset="mnist", *, noise_multipliers=(0.5, 1.0, 2.0, 4.0), clip=1.0, delta=1e-5,
+             concatenate=False, fine_tune=False, seed=0, quick=False, femnist_root=None,
+             progress=False):
+    """DP-AdaPeD accuracy against epsilon (Figures 1-3 of the paper, spec B.5-B.7).
+
+    One run per noise multiplier z = sigma / C (both blocks, C1 = C2 = ``clip``),
+    beside non-private AdaPeD and local training (which is private by
+    construction). Each run's epsilon at ``delta`` is given twice: by the
+    paper's Theorem 7 and by the correct accountant
+    (:meth:`ebfl.learning.torch.DPAdaPeD.privacy`; fixed-size sampling,
+    trusted aggregator, RDP).
+
+    Returns
+    -------
+    dict
+        ``settings``, ``runs`` (one per z: accuracy %, epsilon_theorem7,
+        epsilon_accountant), ``reference`` {AdaPeD, Local: accuracy %}.
+    """
+    from ebfl.learning.torch import AdaPeD, DPAdaPeD, Local, train
+
+    proto = PROTOCOL[dataset]
+    rounds = 10 if quick else proto["epochs"] * ITERS_PER_EPOCH // TAU
+    data, make_model, info = load_clients(dataset, seed=seed, femnist_root=femnist_root)
+    k = max(1, round(proto["ratio"] * data.n_clients))
+    kw = dict(rounds=rounds, local_steps=TAU, clients_per_round=k,
+              iters_per_epoch=ITERS_PER_EPOCH, eval_every=rounds, seed=seed, progress=progress)
+    runs = []
+    for z in noise_multipliers:
+        if concatenate:
+            strat = DPAdaPeD(make_model(), clip_mu=clip, noise_mu=z * clip, concatenate=True,
+                             fine_tune=fine_tune)
+        else:
+            strat = DPAdaPeD(make_model(), clip_mu=clip, noise_mu=z * clip, clip_psi=clip,
+                             noise_psi=z * clip, fine_tune=fine_tune)
+        res = train(strat, data, **kw)
+        eps = strat.privacy(delta, n_clients=data.n_clients, n_sampled=k,
+                            n_iterations=rounds * TAU, sync_gap=TAU)
+        runs.append({"noise_multiplier": z, "accuracy": 100 * float(res.accuracy.mean()),
+                     "epsilon_theorem7": eps["theorem7"],
+                     "epsilon_accountant": eps["accountant"]})
+    reference = {name: 100 * float(train(strat, data, **kw).accuracy.mean())
+                 for name, strat in (("AdaPeD", AdaPeD(make_model(), fine_tune=fine_tune)),
+                                     ("Local", Local(make_model(), 0.1)))}
+    return {"settings": {"dataset": dataset, **info, "sampled_per_round": k, "rounds": rounds,
+                         "tau": TAU, "clip": clip, "delta": delta, "concatenate": concatenate,
+                         "fine_tune": fine_tune, "seed": seed, "quick": bool(quick)},
+            "runs": runs, "reference": reference}
+
+
+def plot_dp_sweep(result, path):
+    """Accuracy against epsilon by both accountings, with the reference lines; saves ``path``."""
+    from ebfl._plotting import subplots
+
+    fig, ax = subplots(figsize=(7, 4.2))
+    acc = [r["accuracy"] for r in result["runs"]]
+    ax.plot([r["epsilon_theorem7"] for r in result["runs"]], acc, "o-",
+            label="DP-AdaPeD, epsilon by Theorem 7 (as printed)")
+    ax.plot([r["epsilon_accountant"] for r in result["runs"]], acc, "s--",
+            label="DP-AdaPeD, epsilon by a correct accountant")
+    for (name, value), style in zip(result["reference"].items(), (":", "-."), strict=True):
+        ax.axhline(value, ls=style, color="gray", label=f"{name} (no privacy cost)"
+                   if name == "Local" else f"{name} (non-private)")
+    ax.set_xscale("log")
+    ax.set_xlabel(f"epsilon (delta = {result['settings']['delta']:g})")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(f"DP-AdaPeD on {result['settings']['dataset']}")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return path
