@@ -156,6 +156,7 @@ class AdaPeD:
 
     name = "AdaPeD"
     all_clients_train = False
+    joint_release = False  # DPAdaPeD(concatenate=True) releases [h; k] together
 
     def __init__(self, model, lr_theta=0.1, lr_mu=0.1, lr_psi=3e-2, *, psi0=4.0, psi_floor=0.5,
                  weight_decay=1e-4, fine_tune=False):
@@ -225,8 +226,6 @@ class AdaPeD:
         psi = torch.clamp(psi - self.lr_psi * k, min=self.psi_floor)
         put(state["theta"], active, theta)
         state["work_mu"], state["work_psi"] = mu, psi
-
-    joint_release = False
 
     def _psi_grad(self, mu, student, psi, x):
         """k = 1/(2 psi) - KD(theta, mu) / (2 psi^2), per client (the printed gradient)."""
