@@ -26,6 +26,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_npmle.py
 	$(PY) benchmarks/bench_validation.py
 	$(PY) benchmarks/bench_federated.py
+	$(PY) benchmarks/bench_adaped.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ebfl tests benchmarks
