@@ -33,8 +33,6 @@ Two extra hooks:
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
@@ -51,6 +49,7 @@ from ebfl.learning.torch.functional import (
     client_grad,
     cross_entropy,
     distillation_kl,
+    fresh_params,
     put,
     replicate,
     sgd_step,
@@ -609,13 +608,7 @@ class FML(_TwoModels):
 
 def _fresh_params(model, seed, like):
     """Fresh parameters of ``model`` drawn from ``seed`` (global RNG untouched), as ``like``."""
-    fresh = copy.deepcopy(model)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for module in fresh.modules():
-            if hasattr(module, "reset_parameters"):
-                module.reset_parameters()
-    return {k: v.detach().to(like[k].dtype).clone() for k, v in fresh.named_parameters()}
+    return {k: v.to(like[k].dtype) for k, v in fresh_params(model, seed).items()}
 
 
 def _per_sample_ce(logits, y):

@@ -24,7 +24,7 @@ import torch
 
 from ebfl._validation import check_int_scalar, check_positive_scalar
 from ebfl.learning.torch.data import FederatedDataset
-from ebfl.learning.torch.functional import client_forward
+from ebfl.learning.torch.functional import client_forward, fresh_params
 
 __all__ = ["TrainResult", "evaluate", "evaluate_strategy", "flush_denormals", "train"]
 
@@ -88,23 +88,6 @@ def evaluate_strategy(strategy, state, data):
     if hasattr(strategy, "personal_logits"):
         return _accuracy(strategy.personal_logits(state, data.x_test), data)
     return evaluate(strategy.model, strategy.personal(state), data)
-
-
-def _init_params(model, seed):
-    """Fresh initial parameters of ``model``'s architecture, drawn from ``seed``.
-
-    A copy of the model has every submodule's ``reset_parameters`` called under
-    a seeded, forked RNG: the caller's model and the global RNG stay untouched.
-    """
-    import copy
-
-    fresh = copy.deepcopy(model)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for module in fresh.modules():
-            if hasattr(module, "reset_parameters"):
-                module.reset_parameters()
-    return {k: v.detach().clone() for k, v in fresh.named_parameters()}
 
 
 def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, batch_size=None,
@@ -192,7 +175,7 @@ def _train(strategy, data, *, rounds, local_steps, clients_per_round, batch_size
         gen.set_state(saved["generator"])
     else:
         if init_params is None:
-            init_params = _init_params(strategy.model, seed)
+            init_params = fresh_params(strategy.model, seed)
         state = strategy.init_state(init_params, m)
 
     if hasattr(strategy, "bind_generator"):  # strategies with noise of their own (DP)

@@ -12,8 +12,25 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-__all__ = ["client_forward", "client_grad", "cross_entropy", "distillation_kl", "replicate",
-           "sgd_step", "take", "weighted_mean"]
+__all__ = ["client_forward", "client_grad", "cross_entropy", "distillation_kl", "fresh_params",
+           "replicate", "sgd_step", "take", "weighted_mean"]
+
+
+def fresh_params(model, seed):
+    """Fresh initial parameters of ``model``'s architecture, drawn from ``seed``.
+
+    A copy of the model has every submodule's ``reset_parameters`` called under
+    a seeded, forked RNG: the caller's model and the global RNG stay untouched.
+    """
+    import copy
+
+    fresh = copy.deepcopy(model)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for module in fresh.modules():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+    return {k: v.detach().clone() for k, v in fresh.named_parameters()}
 
 
 def replicate(params, k):
