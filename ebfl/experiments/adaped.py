@@ -190,12 +190,15 @@ def table1(dataset="mnist", *, methods=METHODS, seeds=(0,), quick=False, femnist
 
 def plot_table1(result, path):
     """Accuracy per round of every method (first seed), paper values as markers; saves ``path``."""
+    from matplotlib import colormaps
+
     from ebfl._plotting import subplots
 
     fig, ax = subplots(figsize=(8, 4.5))
-    for name, curve in result["curves"].items():
+    colors = colormaps["tab20"].colors[::2] + colormaps["tab20"].colors[1::2]
+    for (name, curve), color in zip(result["curves"].items(), colors, strict=False):
         rounds, acc = zip(*curve, strict=True)
-        line, = ax.plot(rounds, acc, label=name)
+        line, = ax.plot(rounds, acc, label=name, color=color)
         if name in result["paper"]:
             ax.scatter([rounds[-1]], [result["paper"][name][0]], marker="*", s=60,
                        color=line.get_color())
