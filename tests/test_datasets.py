@@ -2,10 +2,8 @@
 
 import gzip
 import hashlib
-import http.server
 import lzma
 import os
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -21,40 +19,16 @@ from ebfl.datasets import (
     fetch,
     load_county_returns,
 )
+from tests.loopback import serve
 
 PAYLOAD = b"year,value\n" + b"".join(f"{i},{i * i}\n".encode() for i in range(2000))
 SHA = hashlib.sha256(PAYLOAD).hexdigest()
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    hits = []
-
-    def do_GET(self):  # noqa: N802 (http.server API)
-        _Handler.hits.append(self.path)
-        body = PAYLOAD
-        if self.path == "/bad":
-            body = PAYLOAD.replace(b"1999,", b"1999,9")
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(PAYLOAD)))
-        self.end_headers()
-        if self.path == "/cut":  # promise the whole file, send half, hang up
-            self.wfile.write(body[: len(body) // 2])
-            self.wfile.flush()
-            self.connection.shutdown(2)
-            return
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture(scope="module")
 def server():
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+    with serve({"file.csv": PAYLOAD}) as files:
+        yield files
 
 
 def test_data_home_from_environment(monkeypatch, tmp_path):
@@ -65,25 +39,26 @@ def test_data_home_from_environment(monkeypatch, tmp_path):
 
 
 def test_fetch_good_file_once(server, tmp_path):
-    _Handler.hits.clear()
-    path = fetch(f"{server}/good", SHA, tmp_path / "sub", "file.csv")
+    server.hits.clear()
+    path = fetch(f"{server.url}/good/file.csv", SHA, tmp_path / "sub", "file.csv")
     assert path.read_bytes() == PAYLOAD
-    fetch(f"{server}/good", SHA, tmp_path / "sub", "file.csv")
-    assert _Handler.hits == ["/good"]  # the verified copy is reused
+    fetch(f"{server.url}/good/file.csv", SHA, tmp_path / "sub", "file.csv")
+    assert server.hits == ["/good/file.csv"]  # the verified copy is reused
 
 
 @pytest.mark.parametrize("route, error, match", [
-    ("/bad", ValueError, "does not match the known hash"),      # corrupted bytes
-    ("/cut", requests.exceptions.ChunkedEncodingError, "IncompleteRead"),  # interrupted
+    ("/bad/file.csv", ValueError, "does not match the known hash"),      # corrupted bytes
+    ("/cut/file.csv", requests.exceptions.ChunkedEncodingError, "IncompleteRead"),  # interrupted
 ])
 def test_fetch_never_leaves_a_bad_file(server, tmp_path, route, error, match):
     with pytest.raises(error, match=match):
-        fetch(f"{server}{route}", SHA, tmp_path, "file.csv")
+        fetch(f"{server.url}{route}", SHA, tmp_path, "file.csv")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_dataset_path_downloads_into_data_home(server, tmp_path, monkeypatch):
-    info = {"directory": "toy", "download": {"url": f"{server}/good", "file": "toy.csv"},
+    info = {"directory": "toy", "download": {"url": f"{server.url}/good/file.csv",
+                                             "file": "toy.csv"},
             "files": {"toy.csv.xz": "0" * 64, "toy.csv": SHA}}
     monkeypatch.setattr(_home, "manifest", lambda name: info)
     monkeypatch.setenv("EBFL_DATA", str(tmp_path))

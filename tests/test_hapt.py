@@ -247,30 +247,17 @@ def test_uci_zip_errors(tmp_path):
 
 
 def test_data_home_zip_and_its_download(tmp_path, monkeypatch):
-    import http.server
-    import threading
+    import hashlib
 
     from ebfl.datasets import hapt_uci
+    from tests.loopback import serve
 
     payload = _write_uci_zip(tmp_path / "served.zip", _fixture()).read_bytes()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server API)
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, *args):
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
+    with serve({"hapt.zip": payload}) as server:
         home = tmp_path / "home"
         monkeypatch.setenv("EBFL_DATA", str(home))
         info = dict(hapt_uci.manifest("uci_hapt_raw"),
-                    official_download=f"http://127.0.0.1:{httpd.server_address[1]}/hapt.zip")
+                    official_download=f"{server.url}/good/hapt.zip")
         monkeypatch.setattr(hapt_uci, "manifest", lambda name: info)
         with pytest.raises(FileNotFoundError, match="download=True"):
             load_hapt_raw()
@@ -278,8 +265,13 @@ def test_data_home_zip_and_its_download(tmp_path, monkeypatch):
         assert (home / "uci-hapt-raw" / "hapt_uci.zip").read_bytes() == payload
         np.testing.assert_array_equal(raw["gyro"], _fixture()["gyro"])
         path, digest = hapt_uci.fetch_uci_hapt()  # already there: kept, not fetched again
-        import hashlib
-
         assert digest == hashlib.sha256(payload).hexdigest()
-    finally:
-        httpd.shutdown()
+        assert server.hits == ["/good/hapt.zip"]
+        # an interrupted transfer leaves nothing behind
+        (home / "uci-hapt-raw" / "hapt_uci.zip").unlink()
+        info["official_download"] = f"{server.url}/cut/hapt.zip"
+        import requests
+
+        with pytest.raises(requests.exceptions.ChunkedEncodingError, match="IncompleteRead"):
+            hapt_uci.fetch_uci_hapt()
+        assert list((home / "uci-hapt-raw").iterdir()) == []

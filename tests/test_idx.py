@@ -2,10 +2,8 @@
 
 import gzip
 import hashlib
-import http.server
 import os
 import struct
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +20,7 @@ from ebfl.datasets import (
     manifest,
     read_idx,
 )
+from tests.loopback import serve
 
 CODES = {np.uint8: 0x08, np.int8: 0x09, np.int16: 0x0B, np.int32: 0x0C, np.float32: 0x0D,
          np.float64: 0x0E}
@@ -211,57 +210,27 @@ def test_loader_checks_arguments_and_consistency(toy, tmp_path):
 
 # ----------------------------------------------- download (loopback server)
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    routes = {}
-    hits = []
-
-    def do_GET(self):  # noqa: N802 (http.server API)
-        _Handler.hits.append(self.path)
-        prefix, _, name = self.path.rpartition("/")
-        body = _Handler.routes.get(name)
-        if body is None:
-            self.send_error(404)
-            return
-        if prefix == "/bad":
-            body = body[:-1] + bytes([body[-1] ^ 1])
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if prefix == "/cut":
-            self.wfile.write(body[: len(body) // 2])
-            self.wfile.flush()
-            self.connection.shutdown(2)
-            return
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture(scope="module")
 def server():
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+    with serve() as files:
+        yield files
 
 
 @pytest.fixture
 def remote(server, tmp_path, monkeypatch):
     arrays = toy_arrays()
     blobs = toy_blobs(arrays)
-    _Handler.routes = {FILES[m] + ".gz": gz for m, (gz, _) in blobs.items()}
-    _Handler.hits.clear()
+    server.files = {FILES[m] + ".gz": gz for m, (gz, _) in blobs.items()}
+    server.hits.clear()
     monkeypatch.setenv("EBFL_DATA", str(tmp_path))
 
     def use(route):
-        info = toy_manifest(blobs, f"{server}{route}")
+        info = toy_manifest(blobs, f"{server.url}{route}")
         monkeypatch.setattr(_home, "manifest", lambda name: info)
     return arrays, use, tmp_path / "toy"
 
 
-def test_download_into_the_data_home_once(remote):
+def test_download_into_the_data_home_once(remote, server):
     arrays, use, folder = remote
     use("/good/")
     with pytest.raises(FileNotFoundError, match="allow the download"):
@@ -271,7 +240,7 @@ def test_download_into_the_data_home_once(remote):
     assert sorted(p.name for p in folder.iterdir()) == ["train-images-idx3-ubyte.gz",
                                                         "train-labels-idx1-ubyte.gz"]
     load_mnist("train")
-    assert _Handler.hits == ["/good/train-images-idx3-ubyte.gz",
+    assert server.hits == ["/good/train-images-idx3-ubyte.gz",
                              "/good/train-labels-idx1-ubyte.gz"]  # verified copies reused
 
 

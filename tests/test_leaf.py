@@ -1,11 +1,9 @@
 """LEAF FEMNIST JSON (fixtures written here), writer clients, and the opt-in archive fetch."""
 
 import hashlib
-import http.server
 import io
 import json
 import tarfile
-import threading
 import zipfile
 
 import numpy as np
@@ -19,6 +17,7 @@ from ebfl.datasets import (
     fetch_leaf_femnist,
     load_leaf_femnist,
 )
+from tests.loopback import serve
 
 
 def writer_data(rng, n, letters=True):
@@ -231,40 +230,16 @@ ARCHIVES = {
 }
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    hits = []
-
-    def do_GET(self):  # noqa: N802 (http.server API)
-        _Handler.hits.append(self.path)
-        prefix, _, name = self.path.rpartition("/")
-        body = ARCHIVES[name]
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if prefix == "/cut":
-            self.wfile.write(body[: len(body) // 2])
-            self.wfile.flush()
-            self.connection.shutdown(2)
-            return
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture(scope="module")
 def server():
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+    with serve(ARCHIVES) as files:
+        yield files
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch):
+def home(server, tmp_path, monkeypatch):
     monkeypatch.setenv("EBFL_DATA", str(tmp_path / "home"))
-    _Handler.hits.clear()
+    server.hits.clear()
     return tmp_path / "home" / "leaf-femnist"
 
 
@@ -276,21 +251,21 @@ def _empty(folder):
 def test_fetch_unpacks_an_archive_for_the_loader(server, home, name):
     with pytest.raises(ValueError, match="url is required"):
         fetch_leaf_femnist()
-    root, digest = fetch_leaf_femnist(f"{server}/good/{name}")
+    root, digest = fetch_leaf_femnist(f"{server.url}/good/{name}")
     assert root == home / "data" and digest == hashlib.sha256(ARCHIVES[name]).hexdigest()
     assert sorted(p.name for p in home.iterdir()) == ["data", name]  # no temporary left
     train, test = load_leaf_femnist(split="train"), load_leaf_femnist(split="test")
     assert train.n_writers == test.n_writers == 4 and train.n_samples == 12
-    assert fetch_leaf_femnist(f"{server}/good/{name}") == (root, None)  # kept
-    assert _Handler.hits == [f"/good/{name}"]
+    assert fetch_leaf_femnist(f"{server.url}/good/{name}") == (root, None)  # kept
+    assert server.hits == [f"/good/{name}"]
 
 
 def test_fetch_verifies_a_given_checksum(server, home):
     good = hashlib.sha256(ARCHIVES["femnist.zip"]).hexdigest()
     with pytest.raises(ValueError, match="does not match the known hash"):
-        fetch_leaf_femnist(f"{server}/good/femnist.zip", sha256_hex="0" * 64)
+        fetch_leaf_femnist(f"{server.url}/good/femnist.zip", sha256_hex="0" * 64)
     assert _empty(home)
-    root, digest = fetch_leaf_femnist(f"{server}/good/femnist.zip", sha256_hex=good)
+    root, digest = fetch_leaf_femnist(f"{server.url}/good/femnist.zip", sha256_hex=good)
     assert digest == good and load_leaf_femnist(root).n_writers == 4
 
 
@@ -302,7 +277,7 @@ def test_fetch_verifies_a_given_checksum(server, home):
 ])
 def test_failed_fetch_leaves_nothing_behind(server, home, route, error, match):
     with pytest.raises(error, match=match):
-        fetch_leaf_femnist(f"{server}{route}")
+        fetch_leaf_femnist(f"{server.url}{route}")
     assert _empty(home)
     assert not (home.parent / "evil.json").exists() and not (home / "evil.json").exists()
 
@@ -310,5 +285,5 @@ def test_failed_fetch_leaves_nothing_behind(server, home, route, error, match):
 def test_fetch_refuses_an_incomplete_data_folder(server, home):
     (home / "data" / "test").mkdir(parents=True)
     with pytest.raises(ValueError, match="holds no train/\\*.json"):
-        fetch_leaf_femnist(f"{server}/good/femnist.zip")
-    assert _Handler.hits == []
+        fetch_leaf_femnist(f"{server.url}/good/femnist.zip")
+    assert server.hits == []
