@@ -726,7 +726,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, FileNotFoundError) as exc:  # bad input, missing data
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -191,3 +191,11 @@ def test_reproduce_regression_quick(tmp_path, capsys):
         assert min(mse.values()) == mse["personalized (known prior)"]
         assert row["paper"]["vs_local"][0] in (8.0, 9.2)
     assert (tmp_path / "e3_regression.png").exists()
+
+
+def test_missing_dataset_is_a_clear_error_not_a_traceback(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("torch")
+    monkeypatch.setenv("EBFL_DATA", str(tmp_path))
+    assert main(["reproduce", "adaped", "--dataset", "femnist", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no LEAF FEMNIST train files")
