@@ -40,6 +40,15 @@ def _emit(args, payload, render):
         render(payload)
 
 
+def _save_figure(args, plot, payload, name):
+    """Save ``plot(payload, path)`` as ``--plot DIR/name`` (if asked); the paths in the payload."""
+    if args.plot:
+        from pathlib import Path
+
+        Path(args.plot).mkdir(parents=True, exist_ok=True)
+        payload["figures"] = [str(plot(payload, Path(args.plot) / name))]
+
+
 def _json_default(obj):
     if isinstance(obj, np.generic):
         return obj.item()
@@ -395,11 +404,7 @@ def _cmd_reproduce_regression(args):
               else dict(m=10_000, runs=3, em_rounds=300, gd_rounds=1000))
     payload = e3_regression(rng=args.seed, progress=not args.json, **kwargs)
     payload["quick"] = args.quick
-    if args.plot:
-        from pathlib import Path
-
-        Path(args.plot).mkdir(parents=True, exist_ok=True)
-        payload["figures"] = [str(plot_e3(payload, Path(args.plot) / "e3_regression.png"))]
+    _save_figure(args, plot_e3, payload, "e3_regression.png")
     payload.pop("curves")
 
     def render(p):
@@ -465,12 +470,7 @@ def _cmd_reproduce_adaped(args):
     payload = table1(args.dataset, methods=tuple(args.methods or METHODS),
                      seeds=tuple(range(args.seed, args.seed + args.seeds)), quick=args.quick,
                      femnist_root=args.femnist_root, progress=not args.json)
-    if args.plot:
-        from pathlib import Path
-
-        Path(args.plot).mkdir(parents=True, exist_ok=True)
-        payload["figures"] = [str(plot_table1(payload, Path(args.plot)
-                                              / f"table1_{args.dataset}.png"))]
+    _save_figure(args, plot_table1, payload, f"table1_{args.dataset}.png")
     payload.pop("curves")
 
     def render(p):
@@ -495,12 +495,7 @@ def _cmd_reproduce_dp_adaped(args):
                        clip=args.clip, delta=args.delta, concatenate=args.concatenate,
                        fine_tune=args.fine_tune, seed=args.seed, quick=args.quick,
                        femnist_root=args.femnist_root, progress=not args.json)
-    if args.plot:
-        from pathlib import Path
-
-        Path(args.plot).mkdir(parents=True, exist_ok=True)
-        payload["figures"] = [str(plot_dp_sweep(payload, Path(args.plot)
-                                                / f"dp_adaped_{args.dataset}.png"))]
+    _save_figure(args, plot_dp_sweep, payload, f"dp_adaped_{args.dataset}.png")
 
     def render(p):
         _print_table(f"\nDP-AdaPeD on {p['settings']['dataset']} (delta = "
@@ -522,11 +517,7 @@ def _cmd_hapt(args):
                                          progress=not args.json))
     payload = hapt_logistic(positive=args.positive, quick=args.quick, windows=windows,
                             progress=not args.json)
-    if args.plot:
-        from pathlib import Path
-
-        Path(args.plot).mkdir(parents=True, exist_ok=True)
-        payload["figures"] = [str(plot_hapt(payload, Path(args.plot) / "hapt_logistic.png"))]
+    _save_figure(args, plot_hapt, payload, "hapt_logistic.png")
     payload.pop("curves")
 
     def render(p):

@@ -27,6 +27,7 @@ from ebfl.datasets.hapt import (
     hapt_windows,
     load_hapt_raw,
     split_first_run,
+    standardized_clients,
 )
 from ebfl.datasets.hapt_uci import fetch_uci_hapt, read_uci_hapt_zip
 from ebfl.datasets.idx import (
@@ -52,4 +53,4 @@ __all__ = ["ACTIVITIES", "ELECTION_YEARS", "ElectionMatrix", "FASHION_MNIST_CLAS
            "feature_names", "femnist_clients", "fetch", "fetch_leaf_femnist", "fetch_uci_hapt",
            "hapt_windows", "load_county_returns", "load_fashion_mnist", "load_hapt_raw",
            "load_leaf_femnist", "load_mnist", "manifest", "read_idx", "read_uci_hapt_zip",
-           "sha256", "split_first_run", "tidy_county_returns"]
+           "sha256", "split_first_run", "standardized_clients", "tidy_county_returns"]

@@ -30,8 +30,10 @@ import numpy as np
 import pandas as pd
 
 from ebfl.datasets._home import data_home, dataset_path, manifest, sha256
+from ebfl.datasets.hapt_uci import UCI_ZIP, fetch_uci_hapt, read_uci_hapt_zip
 
-__all__ = ["ACTIVITIES", "feature_names", "hapt_windows", "load_hapt_raw", "split_first_run"]
+__all__ = ["ACTIVITIES", "feature_names", "hapt_windows", "load_hapt_raw", "split_first_run",
+           "standardized_clients"]
 
 FS = 50.0
 ACTIVITIES = {1: "WALKING", 2: "WALKING_UPSTAIRS", 3: "WALKING_DOWNSTAIRS", 4: "SITTING",
@@ -63,8 +65,6 @@ def load_hapt_raw(path=None, *, verify=True, download=False, progress=False):
         ``user``, ``experiment_seq``, ``experiment_in_user``, ``sample_index``,
         ``acc`` (N, 3) in g, ``gyro`` (N, 3) in rad/s, ``label`` (-1 = unlabelled).
     """
-    from ebfl.datasets.hapt_uci import UCI_ZIP, fetch_uci_hapt, read_uci_hapt_zip
-
     if path is None:
         try:
             path = dataset_path("uci_hapt_raw", download=False)
@@ -218,3 +218,38 @@ def split_first_run(windows):
         cutoff[user] = e
     is_train = (windows["experiment"] <= windows["user"].map(cutoff)).to_numpy()
     return windows[is_train], windows[~is_train]
+
+
+def standardized_clients(windows, dtype=np.float64):
+    """Per-subject features and labels, split by :func:`split_first_run`.
+
+    Features are z-scored with the pooled training mean and sd (in a
+    federation, two averaged moment vectors; constant features are left
+    unscaled).
+
+    Parameters
+    ----------
+    windows : pandas.DataFrame
+        From :func:`hapt_windows`.
+    dtype : numpy dtype
+        Of the features.
+
+    Returns
+    -------
+    users : ndarray
+        Subject ids, one per client, sorted.
+    train, test : tuple of (list of ndarray, list of ndarray)
+        Per client, features (n_i, 72) and labels (n_i,) in 1-6.
+    """
+    train, test = split_first_run(windows)
+    cols = feature_names()
+    center = train[cols].mean()
+    scale = train[cols].std().replace(0.0, 1.0)
+    users = np.sort(train["user"].unique())
+
+    def per_user(frame):
+        groups = dict(tuple(frame.groupby("user")))
+        xs = [((groups[u][cols] - center) / scale).to_numpy(dtype) for u in users]
+        return xs, [groups[u]["label"].to_numpy(np.int64) for u in users]
+
+    return users, per_user(train), per_user(test)

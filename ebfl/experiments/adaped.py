@@ -25,6 +25,7 @@ otherwise (the paper tuned each over a grid; we did not).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -66,6 +67,20 @@ METHODS = ("AdaPeD", "AdaPeD-FT", "FedAvg", "FedAvg+FT", "pFedMe", "Per-FedAvg",
            "FML", "Ditto", "FedEM", "Local")
 
 
+@functools.lru_cache(maxsize=2)
+def _images(dataset):
+    """All 70,000 images (float32 in [0, 1]) and labels, read once per process (read-only)."""
+    from ebfl.datasets import load_fashion_mnist, load_mnist
+
+    load = load_mnist if dataset == "mnist" else load_fashion_mnist
+    tr, te = load("train"), load("test")
+    x = np.concatenate([tr.images, te.images]).astype(np.float32) / 255.0
+    y = np.concatenate([tr.labels, te.labels]).astype(np.int64)
+    x.setflags(write=False)
+    y.setflags(write=False)
+    return x, y
+
+
 def load_clients(dataset, *, seed=0, femnist_root=None, test_fraction=0.2):
     """The federated dataset and a model factory for ``dataset`` (see the module docstring).
 
@@ -83,13 +98,9 @@ def load_clients(dataset, *, seed=0, femnist_root=None, test_fraction=0.2):
         raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
     rng = np.random.default_rng(seed)
     if dataset in ("mnist", "fashion-mnist"):
-        from ebfl.datasets import load_fashion_mnist, load_mnist
         from ebfl.learning.partition import pathological, train_test_split_per_client
 
-        load = load_mnist if dataset == "mnist" else load_fashion_mnist
-        tr, te = load("train"), load("test")
-        x = np.concatenate([tr.images, te.images]).astype(np.float32) / 255.0
-        y = np.concatenate([tr.labels, te.labels]).astype(np.int64)
+        x, y = _images(dataset)
         m = PROTOCOL[dataset]["n_clients"]
         parts = pathological(y, m, 3, rng=rng)
         train, test = train_test_split_per_client(y, parts, test_fraction, rng=rng)
@@ -108,20 +119,12 @@ def load_clients(dataset, *, seed=0, femnist_root=None, test_fraction=0.2):
                                              [1 - x for x in cl.x_test], cl.y_test,
                                              n_classes=cl.n_classes)
         return data, CNN5, {"clients": cl.n_clients, "split": "3 writers per client (LEAF)"}
-    from ebfl.datasets import feature_names, hapt_windows, split_first_run
+    from ebfl.datasets import hapt_windows, standardized_clients
 
-    train, test = split_first_run(hapt_windows())
-    cols = feature_names()
-    center, scale = train[cols].mean(), train[cols].std().replace(0.0, 1.0)
-    users = np.sort(train["user"].unique())
-
-    def per_user(frame):
-        xs = [((frame[frame.user == u][cols] - center) / scale).to_numpy(np.float32)
-              for u in users]
-        return xs, [frame[frame.user == u]["label"].to_numpy(np.int64) - 1 for u in users]
-
-    data = FederatedDataset.from_clients(*per_user(train), *per_user(test), n_classes=6)
-    return data, (lambda: MLP(len(cols), 6, hidden=(64,))), {
+    users, (xtr, ytr), (xte, yte) = standardized_clients(hapt_windows(), np.float32)
+    data = FederatedDataset.from_clients(xtr, [y - 1 for y in ytr], xte, [y - 1 for y in yte],
+                                         n_classes=6)
+    return data, (lambda: MLP(xtr[0].shape[1], 6, hidden=(64,))), {
         "clients": len(users), "split": "subjects; first complete protocol run trains"}
 
 

@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from ebfl.datasets.hapt import ACTIVITIES, feature_names, hapt_windows, split_first_run
+from ebfl.datasets.hapt import ACTIVITIES, hapt_windows, standardized_clients
 from ebfl.learning.data import RegressionData
 from ebfl.learning.federated import run_federated
 from ebfl.learning.logistic_eb import LogisticEM, logistic_map
@@ -65,20 +65,13 @@ def hapt_clients(windows, positive="SITTING"):
     names = sorted(ACTIVITIES.values())
     if positive not in names:
         raise ValueError(f"positive must be one of {names}, got {positive!r}")
-    train, test = split_first_run(windows)
-    cols = feature_names()
-    center = train[cols].mean()
-    scale = train[cols].std().replace(0.0, 1.0)
-    users = np.sort(train["user"].unique())
+    code = {name: c for c, name in ACTIVITIES.items()}[positive]
+    users, train, test = standardized_clients(windows)
 
-    def stack(frame):
-        Xs, Ys = [], []
-        for u in users:
-            g = frame[frame["user"] == u]
-            x = ((g[cols] - center) / scale).to_numpy()
-            Xs.append(np.c_[np.ones(len(x)), x])
-            Ys.append((g["activity"] == positive).to_numpy(float))
-        return RegressionData.from_lists(Xs, Ys)
+    def stack(part):
+        xs, labels = part
+        return RegressionData.from_lists([np.c_[np.ones(len(x)), x] for x in xs],
+                                         [(lab == code).astype(float) for lab in labels])
 
     return stack(train), stack(test), users
 

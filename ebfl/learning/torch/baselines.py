@@ -56,7 +56,7 @@ from ebfl.learning.torch.functional import (
     take,
     weighted_mean,
 )
-from ebfl.learning.torch.strategies import FedAvg
+from ebfl.learning.torch.strategies import FedAvg, Strategy
 
 __all__ = ["FML", "Ditto", "FedAvgFT", "FedEM", "PFedMe", "PerFedAvg", "QuPeDFP",
            "full_batch_steps", "minibatch_steps"]
@@ -221,7 +221,7 @@ class FedAvgFT(_BoundData, FedAvg):
                       self.finetune_batch, 0)
 
 
-class Ditto:
+class Ditto(Strategy):
     """Ditto (Li, Hu, Beirami & Smith, ICML 2021, Algorithm 1).
 
     The global model is trained by FedAvg. Each sampled client also takes, at
@@ -244,7 +244,6 @@ class Ditto:
     """
 
     name = "Ditto"
-    all_clients_train = False
 
     def __init__(self, model, lr=0.1, lr_personal=None, *, lam=0.5, weight_decay=1e-4):
         self.model = model
@@ -273,20 +272,14 @@ class Ditto:
         put(state["personal"], active, sgd_step(v, h, self.lr_personal * scale,
                                                 self.weight_decay))
 
-    def idle_step(self, state, idle, x, y, scale):
-        pass
-
     def aggregate(self, state, active, n_samples):
         state["global"] = weighted_mean(state.pop("work"), n_samples.to(torch.float64))
 
     def personal(self, state):
         return state["personal"]
 
-    def summary(self, state):
-        return {}
 
-
-class PFedMe:
+class PFedMe(Strategy):
     """pFedMe (Dinh, Tran & Nguyen, NeurIPS 2020, Algorithm 1).
 
     Per local iteration, on one minibatch, each sampled client approximately
@@ -323,7 +316,6 @@ class PFedMe:
     """
 
     name = "pFedMe"
-    all_clients_train = False
 
     def __init__(self, model, lr=0.2, lr_personal=0.1, *, lam=0.5, inner_steps=3, beta=1.0,
                  weight_decay=1e-4, train_idle=False):
@@ -385,11 +377,8 @@ class PFedMe:
     def personal(self, state):
         return state["theta"]
 
-    def summary(self, state):
-        return {}
 
-
-class PerFedAvg(_BoundData):
+class PerFedAvg(_BoundData, Strategy):
     """Per-FedAvg, first-order version (Fallah, Mokhtari & Ozdaglar, NeurIPS 2020).
 
     Each local iteration splits the client's minibatch into two halves D, D'
@@ -422,7 +411,6 @@ class PerFedAvg(_BoundData):
     """
 
     name = "Per-FedAvg"
-    all_clients_train = False
 
     def __init__(self, model, lr=0.075, alpha=0.001, *, weight_decay=1e-4, adapt_batch=None,
                  data=None):
@@ -457,9 +445,6 @@ class PerFedAvg(_BoundData):
         g = client_grad(self.model, _ce_loss, tmp, x[:, h:], y[:, h:])
         state["work"] = sgd_step(w, g, self.lr * scale, self.weight_decay)
 
-    def idle_step(self, state, idle, x, y, scale):
-        pass
-
     def aggregate(self, state, active, n_samples):
         state["global"] = weighted_mean(state.pop("work"), n_samples.to(torch.float64))
 
@@ -468,14 +453,9 @@ class PerFedAvg(_BoundData):
         return _adapt(self.model, replicate(state["global"], state["m"]), data, 1, self.alpha,
                       0.0, self.adapt_batch, 0)
 
-    def summary(self, state):
-        return {}
 
-
-class _TwoModels:
+class _TwoModels(Strategy):
     """A personal model per client plus local copies of one global model (QuPeD, FML)."""
-
-    all_clients_train = False
 
     def init_state(self, params, m):
         return {"global": _clone(params), "theta": replicate(params, m)}
@@ -483,17 +463,11 @@ class _TwoModels:
     def broadcast(self, state, active):
         state["work"] = replicate(state["global"], active.numel())
 
-    def idle_step(self, state, idle, x, y, scale):
-        pass
-
     def aggregate(self, state, active, n_samples):
         state["global"] = weighted_mean(state.pop("work"), n_samples.to(torch.float64))
 
     def personal(self, state):
         return state["theta"]
-
-    def summary(self, state):
-        return {}
 
 
 def _ce_kd(w_ce, w_kd):
@@ -620,7 +594,7 @@ def _weighted_ce_loss(forward, params, x, y, q):
     return (q * _per_sample_ce(forward(params, x), y)).mean()
 
 
-class FedEM:
+class FedEM(Strategy):
     """FedEM (Marfoq, Neglia, Bellet, Kameni & Vidal, NeurIPS 2021, Algorithm 1).
 
     The server holds M component models; client i holds mixture weights pi_i
@@ -658,7 +632,6 @@ class FedEM:
     """
 
     name = "FedEM"
-    all_clients_train = False
 
     def __init__(self, model, lr=0.2, *, n_components=2, weight_decay=1e-4, init_seed=0):
         self.model = model
@@ -698,9 +671,6 @@ class FedEM:
         state["work"] = {n: p.reshape(k, mc, *p.shape[1:]) for n, p in flat.items()}
         state["work_q"] = state["work_q"] + q.mean(-1)
         state["work_steps"] = state["work_steps"] + 1
-
-    def idle_step(self, state, idle, x, y, scale):
-        pass
 
     def aggregate(self, state, active, n_samples):
         state["components"] = weighted_mean(state.pop("work"), n_samples.to(torch.float64))
@@ -746,5 +716,3 @@ class FedEM:
             out.append(torch.logsumexp(torch.stack(parts), dim=0))
         return torch.cat(out)
 
-    def summary(self, state):
-        return {}

@@ -33,6 +33,8 @@ __all__ = ["TrainResult", "evaluate", "evaluate_strategy", "flush_denormals", "t
 def flush_denormals():
     """Flush denormal floats to zero on the CPU while inside (restored to the default after).
 
+    A context manager, and a decorator (``train`` runs under it).
+
     Small conv nets produce denormals in their gradients; on x86 CPUs each
     denormal operation is slow, and here one CNN5 step ran 40x slower with them
     (382 ms against 10 ms for 5 clients x 19 images). Values below 1.2e-38 are
@@ -90,6 +92,7 @@ def evaluate_strategy(strategy, state, data):
     return evaluate(strategy.model, strategy.personal(state), data)
 
 
+@flush_denormals()
 def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, batch_size=None,
           iters_per_epoch=60, lr_decay=0.99, eval_every=1, seed=0, checkpoint=None,
           checkpoint_every=None, init_params=None, progress=False):
@@ -97,8 +100,8 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, bat
 
     Parameters
     ----------
-    strategy : FedAvg, Local, AdaPeD, ...
-        See :mod:`ebfl.learning.torch.strategies`.
+    strategy : Strategy
+        FedAvg, Local, AdaPeD, ... (:mod:`ebfl.learning.torch.strategies`).
     data : FederatedDataset
     rounds : int
     local_steps : int
@@ -130,18 +133,6 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, bat
     -------
     TrainResult
     """
-    with flush_denormals():
-        return _train(strategy, data, rounds=rounds, local_steps=local_steps,
-                      clients_per_round=clients_per_round, batch_size=batch_size,
-                      iters_per_epoch=iters_per_epoch, lr_decay=lr_decay,
-                      eval_every=eval_every, seed=seed, checkpoint=checkpoint,
-                      checkpoint_every=checkpoint_every, init_params=init_params,
-                      progress=progress)
-
-
-def _train(strategy, data, *, rounds, local_steps, clients_per_round, batch_size,
-           iters_per_epoch, lr_decay, eval_every, seed, checkpoint, checkpoint_every,
-           init_params, progress):
     if not isinstance(data, FederatedDataset):
         raise TypeError("data must be a FederatedDataset")
     rounds = check_int_scalar(rounds, "rounds", minimum=0)

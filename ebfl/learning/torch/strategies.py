@@ -13,6 +13,9 @@ checkpoint is ``torch.save(state)``) and implements
 * ``personal(state)``: every client's model for evaluation (a stack of m);
 * ``summary(state)``: scalars for the history.
 
+:class:`Strategy` gives the optional ones (broadcast, idle step, aggregate,
+summary) as no-ops; every strategy here and in :mod:`.baselines` derives from it.
+
 ``model`` (an ``nn.Module``) is only the architecture: every call goes through
 ``torch.func.functional_call`` with stacked parameters.
 """
@@ -34,14 +37,50 @@ from ebfl.learning.torch.functional import (
     weighted_mean,
 )
 
-__all__ = ["AdaPeD", "DPAdaPeD", "FedAvg", "Local"]
+__all__ = ["AdaPeD", "DPAdaPeD", "FedAvg", "Local", "Strategy"]
 
 
 def _ce_loss(forward, params, x, y):
     return cross_entropy(forward(params, x), y)
 
 
-class FedAvg:
+class Strategy:
+    """The protocol of the module docstring, with the optional steps as no-ops.
+
+    Subclasses implement ``config``, ``init_state``, ``local_step`` and
+    ``personal``, and override the others when they do something.
+    """
+
+    name = "Strategy"
+    #: True: every client trains every round (no sampling), as in local training.
+    all_clients_train = False
+
+    def broadcast(self, state, active):
+        pass
+
+    def idle_step(self, state, idle, x, y, scale):
+        pass
+
+    def aggregate(self, state, active, n_samples):
+        pass
+
+    def summary(self, state):
+        return {}
+
+
+class _PlainSGD(Strategy):
+    """Shared by FedAvg and Local: one learning rate and weight decay."""
+
+    def __init__(self, model, lr=0.1, *, weight_decay=1e-4):
+        self.model = model
+        self.lr = check_positive_scalar(lr, "lr")
+        self.weight_decay = check_nonnegative_scalar(weight_decay, "weight_decay")
+
+    def config(self):
+        return {"name": self.name, "lr": self.lr, "weight_decay": self.weight_decay}
+
+
+class FedAvg(_PlainSGD):
     """FedAvg: local SGD from the global model, server averages weighted by sample counts.
 
     Parameters
@@ -52,15 +91,6 @@ class FedAvg:
     """
 
     name = "FedAvg"
-    all_clients_train = False
-
-    def __init__(self, model, lr=0.1, *, weight_decay=1e-4):
-        self.model = model
-        self.lr = check_positive_scalar(lr, "lr")
-        self.weight_decay = check_nonnegative_scalar(weight_decay, "weight_decay")
-
-    def config(self):
-        return {"name": self.name, "lr": self.lr, "weight_decay": self.weight_decay}
 
     def init_state(self, params, m):
         return {"global": {k: v.detach().clone() for k, v in params.items()}, "m": m}
@@ -72,58 +102,32 @@ class FedAvg:
         g = client_grad(self.model, _ce_loss, state["work"], x, y)
         state["work"] = sgd_step(state["work"], g, self.lr * scale, self.weight_decay)
 
-    def idle_step(self, state, idle, x, y, scale):
-        pass
-
     def aggregate(self, state, active, n_samples):
         state["global"] = weighted_mean(state.pop("work"), n_samples.to(torch.float32))
 
     def personal(self, state):
         return replicate(state["global"], state["m"])
 
-    def summary(self, state):
-        return {}
 
-
-class Local:
+class Local(_PlainSGD):
     """Local training only: every client runs SGD on its own data, nothing is shared."""
 
     name = "Local"
     all_clients_train = True
 
-    def __init__(self, model, lr=0.1, *, weight_decay=1e-4):
-        self.model = model
-        self.lr = check_positive_scalar(lr, "lr")
-        self.weight_decay = check_nonnegative_scalar(weight_decay, "weight_decay")
-
-    def config(self):
-        return {"name": self.name, "lr": self.lr, "weight_decay": self.weight_decay}
-
     def init_state(self, params, m):
         return {"theta": replicate(params, m)}
-
-    def broadcast(self, state, active):
-        pass
 
     def local_step(self, state, active, x, y, scale):
         rows = take(state["theta"], active)
         g = client_grad(self.model, _ce_loss, rows, x, y)
         put(state["theta"], active, sgd_step(rows, g, self.lr * scale, self.weight_decay))
 
-    def idle_step(self, state, idle, x, y, scale):
-        pass
-
-    def aggregate(self, state, active, n_samples):
-        pass
-
     def personal(self, state):
         return state["theta"]
 
-    def summary(self, state):
-        return {}
 
-
-class AdaPeD:
+class AdaPeD(Strategy):
     """AdaPeD (Algorithm 5): personalized models regularized by distillation from a global one.
 
     Each sampled client, per local iteration (spec D.7):
@@ -155,7 +159,6 @@ class AdaPeD:
     """
 
     name = "AdaPeD"
-    all_clients_train = False
     joint_release = False  # DPAdaPeD(concatenate=True) releases [h; k] together
 
     def __init__(self, model, lr_theta=0.1, lr_mu=0.1, lr_psi=3e-2, *, psi0=4.0, psi_floor=0.5,
