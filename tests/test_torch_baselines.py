@@ -12,6 +12,7 @@ from ebfl.learning.torch import CNN5, MLP, FedAvg, LogisticModel, train  # noqa:
 from ebfl.learning.torch.baselines import (  # noqa: E402
     FML,
     Ditto,
+    DPFedEM,
     FedAvgFT,
     FedEM,
     PerFedAvg,
@@ -329,7 +330,8 @@ def test_pfedme_train_idle_changes_only_idle_personal_models(digits):
         assert set(runs[flag].state) == {"global", "theta", "m"}
 
 
-@pytest.mark.parametrize("make", [lambda m: FedEM(m), lambda m: PFedMe(m, train_idle=True)])
+@pytest.mark.parametrize("make", [lambda m: FedEM(m), lambda m: PFedMe(m, train_idle=True),
+                                  lambda m: DPFedEM(m, clip=1.0, noise=0.3)])
 def test_checkpoint_resume(tmp_path, digits, make):
     kw = dict(local_steps=2, clients_per_round=4, batch_size=6, eval_every=2, seed=1)
     full = train(make(LogisticModel(64, 10)), digits, rounds=4, **kw)

@@ -1,4 +1,4 @@
-"""DP-AdaPeD: clipping bounds every client's release, the noise has the stated scale."""
+"""DP-AdaPeD and DP-FedEM: clipping bounds each client's release; the noise has the stated scale."""
 
 import math
 
@@ -120,3 +120,112 @@ def test_bad_input():
     strat = DPAdaPeD(m, clip_mu=1.0, noise_mu=1.0, concatenate=True)
     with pytest.raises(RuntimeError, match="generator"):
         strat.release_joint({"w": torch.zeros(2, 3)}, torch.zeros(2))
+
+
+# --- the shared mechanism and DP-FedEM --------------------------------------------------------
+
+def test_clip_and_noise_equals_a_per_client_loop():
+    from ebfl.learning.torch.functional import clip_and_noise
+
+    gen = torch.Generator().manual_seed(4)
+    k, rows = 4, 2  # FedEM-style: two rows (components) per client
+    blocks = {"w": torch.randn(k * rows, 3, 5, generator=gen, dtype=torch.float64),
+              "b": torch.randn(k * rows, 5, generator=gen, dtype=torch.float64)}
+    blocks["w"][2:4] *= 1e-3  # client 1 is under the clip: left unscaled
+    before = {n: t.clone() for n, t in blocks.items()}
+    clip = 0.8
+    out = clip_and_noise(blocks, clip, 0.0, torch.Generator(), rows_per_client=rows)
+    for j in range(k):
+        mine = torch.cat([t[j * rows:(j + 1) * rows].flatten() for t in before.values()])
+        scale = 1 / max(float(mine.norm()) / clip, 1.0)
+        for n, t in before.items():
+            torch.testing.assert_close(out[n][j * rows:(j + 1) * rows], t[j * rows:(j + 1) * rows]
+                                       * scale, atol=1e-12, rtol=0)
+    for n in blocks:  # inputs untouched
+        assert torch.equal(blocks[n], before[n])
+    # the noise is added after clipping, from the given generator, in the order of the dict
+    noisy = clip_and_noise(blocks, clip, 0.3, torch.Generator().manual_seed(9),
+                           rows_per_client=rows)
+    g = torch.Generator().manual_seed(9)
+    for n, t in out.items():
+        torch.testing.assert_close(noisy[n], t + 0.3 * torch.randn(t.shape, generator=g,
+                                                                   dtype=t.dtype))
+
+
+def _fedem_state(strat, model, k):
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    state = strat.init_state(params, k)
+    active = torch.arange(k)
+    strat.broadcast(state, active)
+    return state, active, {n: p.clone() for n, p in state["work"].items()}
+
+
+def test_dp_fedem_clips_both_components_together():
+    from ebfl.learning.torch import DPFedEM
+
+    model = LogisticModel(64, 10).double()
+    k, clip, lr = 4, 1e-4, 0.5
+    strat = DPFedEM(model, lr, clip=clip, noise=0.0, weight_decay=0.0)
+    strat.bind_generator(torch.Generator().manual_seed(0))
+    state, active, before = _fedem_state(strat, model, k)
+    x = torch.rand((k, 8, 64), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    y = torch.randint(0, 10, (k, 8), generator=torch.Generator().manual_seed(2))
+    strat.local_step(state, active, x, y, 1.0)
+    step = torch.cat([(state["work"][n] - before[n]).flatten(1) for n in before], dim=1) / -lr
+    norms = step.norm(dim=1)  # per client, both components concatenated
+    torch.testing.assert_close(norms, torch.full((k,), clip, dtype=torch.float64), rtol=1e-8,
+                               atol=0)
+    half = step.shape[1] // 2  # each component alone is strictly inside the clip
+    assert bool((step[:, :half].norm(dim=1) < clip).all())
+
+
+def test_dp_fedem_without_clipping_or_noise_is_fedem_averaged_unweighted():
+    from ebfl.learning.torch import DPFedEM
+    from ebfl.learning.torch.baselines import FedEM
+
+    model = LogisticModel(64, 10).double()
+    k = 3
+    plain, dp = FedEM(model), DPFedEM(model, clip=1e9, noise=0.0)
+    dp.bind_generator(torch.Generator().manual_seed(0))
+    s_plain, active, _ = _fedem_state(plain, model, k)
+    s_dp, _, _ = _fedem_state(dp, model, k)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        x = torch.rand((k, 8, 64), generator=gen, dtype=torch.float64)
+        y = torch.randint(0, 10, (k, 8), generator=gen)
+        plain.local_step(s_plain, active, x, y, 1.0)
+        dp.local_step(s_dp, active, x, y, 1.0)
+    work = {n: p.clone() for n, p in s_dp["work"].items()}
+    for n, p in s_plain["work"].items():
+        torch.testing.assert_close(work[n], p, atol=1e-12, rtol=0)
+    n_samples = torch.tensor([10, 40, 25])
+    dp.aggregate(s_dp, active, n_samples)  # DP: unweighted; FedEM: by training size
+    for n, p in work.items():
+        torch.testing.assert_close(s_dp["components"][n], p.mean(0), atol=1e-12, rtol=0)
+    torch.testing.assert_close(s_dp["pi"], s_plain["work_q"] / 3, atol=1e-12, rtol=0)
+
+
+def test_dp_fedem_trains_reproducibly_and_reports_the_accountant():
+    from ebfl.learning.torch import DPFedEM
+
+    data = _digits_clients()
+    kw = dict(rounds=4, local_steps=3, clients_per_round=4, batch_size=8, seed=3)
+
+    def run():
+        return train(DPFedEM(LogisticModel(64, 10), clip=1.0, noise=0.5), data, **kw)
+
+    a, b = run(), run()
+    assert a.history == b.history
+    noisy = train(DPFedEM(LogisticModel(64, 10), clip=1.0, noise=5.0), data, **kw)
+    assert noisy.history != a.history
+    # the same mechanism as concatenated DP-AdaPeD, hence the same epsilon
+    acct = dict(n_clients=50, n_sampled=5, n_iterations=3000, sync_gap=10)
+    eps = DPFedEM(LogisticModel(64, 10), clip=1.0, noise=2.0).privacy(1e-5, **acct)
+    ada = DPAdaPeD(LogisticModel(64, 10), clip_mu=1.0, noise_mu=2.0, concatenate=True)
+    assert eps == pytest.approx(ada.privacy(1e-5, **acct)["accountant"], rel=1e-12)
+    assert math.isfinite(eps) and eps > 0
+    assert DPFedEM(LogisticModel(64, 10), clip=1.0, noise=0.0).privacy(1e-5, **acct) == math.inf
+    with pytest.raises(ValueError, match="clip"):
+        DPFedEM(LogisticModel(64, 10), clip=0.0, noise=1.0)
+    with pytest.raises(ValueError, match="noise"):
+        DPFedEM(LogisticModel(64, 10), clip=1.0, noise=float("nan"))

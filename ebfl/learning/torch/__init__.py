@@ -12,12 +12,21 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("ebfl.learning.torch needs torch: pip install 'ebfl[learning]' "
                       "(on the project machines: pip install torch==2.13.0 first)") from exc
 
-from ebfl.learning.torch.baselines import FML, Ditto, FedAvgFT, FedEM, PerFedAvg, PFedMe, QuPeDFP
+from ebfl.learning.torch.baselines import (
+    FML,
+    Ditto,
+    DPFedEM,
+    FedAvgFT,
+    FedEM,
+    PerFedAvg,
+    PFedMe,
+    QuPeDFP,
+)
 from ebfl.learning.torch.data import FederatedDataset
 from ebfl.learning.torch.engine import TrainResult, train
 from ebfl.learning.torch.models import CNN5, MLP, LogisticModel
 from ebfl.learning.torch.strategies import AdaPeD, DPAdaPeD, FedAvg, Local
 
-__all__ = ["CNN5", "FML", "MLP", "AdaPeD", "DPAdaPeD", "Ditto", "FedAvg", "FedAvgFT", "FedEM",
-           "FederatedDataset", "Local", "LogisticModel", "PFedMe", "PerFedAvg", "QuPeDFP",
+__all__ = ["CNN5", "FML", "MLP", "AdaPeD", "DPAdaPeD", "DPFedEM", "Ditto", "FedAvg", "FedAvgFT",
+           "FedEM", "FederatedDataset", "Local", "LogisticModel", "PFedMe", "PerFedAvg", "QuPeDFP",
            "TrainResult", "train"]

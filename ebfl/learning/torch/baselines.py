@@ -1,7 +1,7 @@
 """Personalized-FL baselines of the paper's Table 1 and Figure 3, as engine strategies.
 
 FedAvg + fine-tuning, Ditto, pFedMe, Per-FedAvg (first order), QuPeD without
-quantization, Federated Mutual Learning and FedEM, each a strategy of the one
+quantization, Federated Mutual Learning, FedEM and DP-FedEM, each a strategy of the one
 round loop in :mod:`.engine` with the interface described in
 :mod:`.strategies`. Every local step is one vectorized call over the sampled
 clients (``torch.func.vmap`` through
@@ -56,7 +56,7 @@ from ebfl.learning.torch.functional import (
     take,
     weighted_mean,
 )
-from ebfl.learning.torch.strategies import FedAvg, Strategy
+from ebfl.learning.torch.strategies import FedAvg, GaussianRelease, Strategy
 
 __all__ = ["FML", "Ditto", "FedAvgFT", "FedEM", "PFedMe", "PerFedAvg", "QuPeDFP",
            "full_batch_steps", "minibatch_steps"]
@@ -667,13 +667,21 @@ class FedEM(Strategy):
             losses = _per_sample_ce(client_forward(self.model, flat, xs), ys).reshape(k, mc, -1)
             q = torch.softmax(torch.log(state["pi"][active])[:, :, None] - losses, dim=1)
         g = client_grad(self.model, _weighted_ce_loss, flat, xs, ys, q.reshape(k * mc, -1))
-        flat = sgd_step(flat, g, self.lr * scale, self.weight_decay)
+        flat = sgd_step(flat, self.release(g), self.lr * scale, self.weight_decay)
         state["work"] = {n: p.reshape(k, mc, *p.shape[1:]) for n, p in flat.items()}
         state["work_q"] = state["work_q"] + q.mean(-1)
         state["work_steps"] = state["work_steps"] + 1
 
+    def release(self, g):
+        """The components' gradients as they leave the client (DP-FedEM privatizes them)."""
+        return g
+
+    def aggregation_weights(self, n_samples):
+        """Server weights of the sampled clients: their training-set sizes."""
+        return n_samples.to(torch.float64)
+
     def aggregate(self, state, active, n_samples):
-        state["components"] = weighted_mean(state.pop("work"), n_samples.to(torch.float64))
+        state["components"] = weighted_mean(state.pop("work"), self.aggregation_weights(n_samples))
         steps = state.pop("work_steps")
         q = state.pop("work_q")
         if int(steps) > 0:
@@ -716,3 +724,65 @@ class FedEM(Strategy):
             out.append(torch.logsumexp(torch.stack(parts), dim=0))
         return torch.cat(out)
 
+
+
+class DPFedEM(GaussianRelease, FedEM):
+    """DP-FedEM as in the paper's Figure 3 (spec B.7, D.9.6): FedEM with the M components'
+    gradients concatenated, clipped and Gaussian-noised at every local step.
+
+    Each sampled client's M component gradients, as one vector, are scaled to
+    L2 norm at most ``clip`` and N(0, ``noise``^2) is added to every coordinate
+    (:func:`~ebfl.learning.torch.functional.clip_and_noise`), exactly the
+    mechanism of :class:`~ebfl.learning.torch.DPAdaPeD` with
+    ``concatenate=True``; the mixture weights pi never leave the client. The
+    server averages the components *unweighted*: weights by training-set size
+    would let a large client's update exceed the 1/K share the accountant
+    assumes.
+
+    Parameters
+    ----------
+    model : nn.Module
+    lr : float
+    clip, noise : float
+        C > 0 and sigma >= 0.
+    **kwargs
+        As :class:`FedEM`.
+    """
+
+    name = "DP-FedEM"
+
+    def __init__(self, model, lr=0.2, *, clip, noise, **kwargs):
+        super().__init__(model, lr, **kwargs)
+        self.clip = check_positive_scalar(clip, "clip")
+        self.noise = check_nonnegative_scalar(noise, "noise")
+
+    def config(self):
+        return {**super().config(), "clip": self.clip, "noise": self.noise}
+
+    def release(self, g):
+        return self.privatize(g, self.clip, self.noise, rows_per_client=self.n_components)
+
+    def aggregation_weights(self, n_samples):
+        return torch.ones(n_samples.shape, dtype=torch.float64)
+
+    def privacy(self, delta, *, n_clients, n_sampled, n_iterations, sync_gap,
+                sampling="without_replacement", trust="aggregator", accountant="rdp"):
+        """Epsilon of a run by the accountant of :func:`ebfl.privacy.accounting.dp_adaped_epsilon`.
+
+        The released mechanism is the same as concatenated DP-AdaPeD's (one
+        block, clip C, noise sigma per step, tau steps per round), so the same
+        accountant applies; the paper states no privacy theorem for DP-FedEM.
+
+        Returns
+        -------
+        float
+            Epsilon at ``delta`` (inf without noise).
+        """
+        from ebfl.privacy.accounting import dp_adaped_epsilon
+
+        if self.noise == 0:
+            return float("inf")
+        return float(dp_adaped_epsilon(delta, n_clients=n_clients, n_sampled=n_sampled,
+                                       n_iterations=n_iterations, sync_gap=sync_gap,
+                                       clip_mu=self.clip, noise_mu=self.noise, sampling=sampling,
+                                       trust=trust, accountant=accountant).epsilon)

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-__all__ = ["client_forward", "client_grad", "cross_entropy", "distillation_kl", "fresh_params",
-           "replicate", "sgd_step", "take", "weighted_mean"]
+__all__ = ["clip_and_noise", "client_forward", "client_grad", "cross_entropy", "distillation_kl",
+           "fresh_params", "replicate", "sgd_step", "take", "weighted_mean"]
 
 
 def fresh_params(model, seed):
@@ -105,3 +105,34 @@ def client_grad(model, loss, stack, *args):
         return loss(forward, params, *a)
 
     return vmap(grad(one))(stack, *args)
+
+
+def clip_and_noise(tensors, clip, noise_std, generator, *, rows_per_client=1):
+    """The Gaussian mechanism on every client's update: joint L2 clip, then noise.
+
+    Parameters
+    ----------
+    tensors : dict of name -> Tensor
+        The blocks one client releases together, each with a leading axis of
+        ``K * rows_per_client`` rows (client j owns rows
+        ``j*rows_per_client ... (j+1)*rows_per_client - 1``: FedEM's M
+        component copies are M rows per client).
+    clip : float
+        C: each client's blocks, concatenated, are scaled by
+        ``1 / max(norm / C, 1)``.
+    noise_std : float
+        sigma: N(0, sigma^2) is added to every coordinate after clipping (drawn
+        even when sigma = 0, so the generator's stream does not depend on it).
+    generator : torch.Generator
+
+    Returns
+    -------
+    dict of name -> Tensor
+        Same shapes; the inputs are not modified.
+    """
+    k = next(iter(tensors.values())).shape[0] // rows_per_client
+    sq = sum(t.reshape(k, -1).pow(2).sum(1) for t in tensors.values())
+    factor = 1 / torch.clamp(torch.sqrt(sq) / clip, min=1.0)
+    return {name: (t.reshape(k, -1) * factor[:, None].to(t.dtype)).reshape(t.shape)
+            + noise_std * torch.randn(t.shape, generator=generator, dtype=t.dtype)
+            for name, t in tensors.items()}

@@ -28,6 +28,7 @@ from ebfl._validation import check_nonnegative_scalar, check_positive_scalar
 from ebfl.learning.torch.functional import (
     client_forward,
     client_grad,
+    clip_and_noise,
     cross_entropy,
     distillation_kl,
     put,
@@ -37,7 +38,7 @@ from ebfl.learning.torch.functional import (
     weighted_mean,
 )
 
-__all__ = ["AdaPeD", "DPAdaPeD", "FedAvg", "Local", "Strategy"]
+__all__ = ["AdaPeD", "DPAdaPeD", "FedAvg", "GaussianRelease", "Local", "Strategy"]
 
 
 def _ce_loss(forward, params, x, y):
@@ -263,7 +264,29 @@ class AdaPeD(Strategy):
         return {"psi": float(state["psi"])}
 
 
-class DPAdaPeD(AdaPeD):
+class GaussianRelease:
+    """Mixin of the DP strategies: clip-and-noise drawing from the engine's generator."""
+
+    generator = None
+
+    def bind_generator(self, generator):
+        """The engine's generator, the source of the privacy noise."""
+        self.generator = generator
+
+    def privatize(self, tensors, clip, noise_std, *, rows_per_client=1):
+        """:func:`~ebfl.learning.torch.functional.clip_and_noise` with the bound generator."""
+        if self.generator is None:
+            raise RuntimeError(f"{type(self).__name__} draws its noise from the engine's "
+                               "generator: run it through ebfl.learning.torch.train (or call "
+                               "bind_generator)")
+        return clip_and_noise(tensors, clip, noise_std, self.generator,
+                              rows_per_client=rows_per_client)
+
+
+_PSI = "\0psi"  # key of k beside the parameter names in the joint release (no name clash)
+
+
+class DPAdaPeD(GaussianRelease, AdaPeD):
     """DP-AdaPeD (spec D.9): AdaPeD with clipped, Gaussian-noised mu and psi gradients.
 
     At every local step each sampled client replaces h and k by
@@ -309,39 +332,21 @@ class DPAdaPeD(AdaPeD):
                 raise ValueError("clip_psi and noise_psi are required unless concatenate=True")
             self.clip_psi = check_positive_scalar(clip_psi, "clip_psi")
             self.noise_psi = check_nonnegative_scalar(noise_psi, "noise_psi")
-        self.generator = None
 
     def config(self):
         return {**super().config(), "clip_mu": self.clip_mu, "noise_mu": self.noise_mu,
                 "clip_psi": self.clip_psi, "noise_psi": self.noise_psi,
                 "concatenate": self.concatenate}
 
-    def bind_generator(self, generator):
-        """The engine's generator, the source of the privacy noise."""
-        self.generator = generator
-
-    def _noise(self, shape, std, dtype):
-        if self.generator is None:
-            raise RuntimeError("DPAdaPeD draws its noise from the engine's generator: run it "
-                               "through ebfl.learning.torch.train (or call bind_generator)")
-        return std * torch.randn(shape, generator=self.generator, dtype=dtype)
-
     def release_mu(self, h):
-        norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in h.values()))
-        factor = 1 / torch.clamp(norms / self.clip_mu, min=1.0)
-        return {n: g * factor.reshape(-1, *([1] * (g.dim() - 1)))
-                + self._noise(g.shape, self.noise_mu, g.dtype) for n, g in h.items()}
+        return self.privatize(h, self.clip_mu, self.noise_mu)
 
     def release_psi(self, k):
-        factor = 1 / torch.clamp(k.abs() / self.clip_psi, min=1.0)
-        return k * factor + self._noise(k.shape, self.noise_psi, k.dtype)
+        return self.privatize({"psi": k}, self.clip_psi, self.noise_psi)["psi"]
 
     def release_joint(self, h, k):
-        norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in h.values()) + k**2)
-        factor = 1 / torch.clamp(norms / self.clip_mu, min=1.0)
-        h = {n: g * factor.reshape(-1, *([1] * (g.dim() - 1)))
-             + self._noise(g.shape, self.noise_mu, g.dtype) for n, g in h.items()}
-        return h, k * factor + self._noise(k.shape, self.noise_mu, k.dtype)
+        out = self.privatize({**h, _PSI: k}, self.clip_mu, self.noise_mu)
+        return {n: out[n] for n in h}, out[_PSI]
 
     def privacy(self, delta, *, n_clients, n_sampled, n_iterations, sync_gap,
                 sampling="without_replacement", trust="aggregator", accountant="rdp"):
