@@ -85,3 +85,31 @@ def test_dp_sweep_cli_reports_both_epsilons(tmp_path, capsys):
     assert runs[0]["epsilon_accountant"] > runs[1]["epsilon_accountant"]  # more noise, less eps
     assert set(out["reference"]) == {"AdaPeD", "Local"}
     assert (tmp_path / "dp_adaped_hapt.png").exists()
+
+
+def test_adaped_fedem_cli_runs_both_methods_private_and_not(tmp_path, capsys):
+    if not _have("uci-hapt-raw"):
+        pytest.skip("EBFL_DATA lacks uci-hapt-raw")
+    from ebfl.cli import main
+
+    assert main(["reproduce", "adaped-fedem", "--dataset", "hapt", "--quick", "--json",
+                 "--noise", "4", "--plot", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    s = out["settings"]
+    assert s["sampled_per_round"] == s["clients"] == 30 and s["stand_in"]
+    assert set(out["non_private"]) == {"AdaPeD", "FedEM"} and out["paper"] == {}
+    (run,) = out["runs"]
+    assert run["noise_multiplier"] == 4.0
+    assert run["epsilon_accountant"] > run["epsilon_theorem7"] > 0
+    for name in ("DP-AdaPeD", "DP-FedEM"):
+        assert 0 <= run[name]["mean"] <= 100 and len(run[name]["per_seed"]) == 1
+    assert (tmp_path / "adaped_fedem_hapt.png").exists()
+
+
+def test_adaped_fedem_bad_input():
+    from ebfl.experiments.adaped import fedem_comparison
+
+    with pytest.raises(ValueError, match="noise_multipliers"):
+        fedem_comparison("hapt", noise_multipliers=(0.0,))
+    with pytest.raises(ValueError, match="seeds"):
+        fedem_comparison("hapt", seeds=())
