@@ -65,11 +65,15 @@ class TrainResult:
 
 
 @torch.no_grad()
-def evaluate(model, stack, data, *, chunk=16):
-    """Per-client test accuracy of the stacked models ``stack`` (m clients)."""
+def evaluate(model, stack, data, *, chunk=16, frozen=None):
+    """Per-client test accuracy of the stacked models ``stack`` (m clients).
+
+    ``frozen``: parameters shared by all clients and absent from ``stack``
+    (see :func:`~ebfl.learning.torch.functional.client_forward`).
+    """
     m = data.n_clients
     logits = torch.cat([client_forward(model, {k: v[lo:lo + chunk] for k, v in stack.items()},
-                                       data.x_test[lo:lo + chunk])
+                                       data.x_test[lo:lo + chunk], frozen=frozen)
                         for lo in range(0, m, chunk)])
     return _accuracy(logits, data)
 
@@ -89,7 +93,8 @@ def evaluate_strategy(strategy, state, data):
     """
     if hasattr(strategy, "personal_logits"):
         return _accuracy(strategy.personal_logits(state, data.x_test), data)
-    return evaluate(strategy.model, strategy.personal(state), data)
+    frozen = strategy.frozen(state) if hasattr(strategy, "frozen") else None
+    return evaluate(strategy.model, strategy.personal(state), data, frozen=frozen)
 
 
 @flush_denormals()

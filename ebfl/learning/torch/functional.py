@@ -84,22 +84,34 @@ def distillation_kl(teacher_logits, student_logits):
     return torch.sum(log_t.exp() * (log_t - log_s), dim=-1).mean()
 
 
-def client_forward(model, stack, x):
-    """Logits of every client's model on its own inputs: stack (K, ...), x (K, B, ...)."""
+def client_forward(model, stack, x, *, frozen=None):
+    """Logits of every client's model on its own inputs: stack (K, ...), x (K, B, ...).
+
+    ``frozen`` (name -> tensor, optional): parameters shared by every client
+    and not stacked, e.g. a pretrained backbone under per-client adapters
+    (PerAda); ``stack`` then holds only the remaining parameters.
+    """
+    shared = {} if frozen is None else frozen
+
     def one(params, xb):
-        return functional_call(model, params, (xb,))
+        return functional_call(model, (params, shared), (xb,))
 
     return vmap(one)(stack, x)
 
 
-def client_grad(model, loss, stack, *args):
+def client_grad(model, loss, stack, *args, frozen=None):
     """Per-client gradients of ``loss(logits_fn, params, *args_i)`` over a stack.
 
     ``loss`` receives ``forward(params, x)`` (the functional model), the client's
     parameters and its slices of ``args`` (each with a leading client axis).
+    Gradients are taken with respect to the stacked parameters only: ``frozen``
+    parameters (as in :func:`client_forward`) enter the forward pass unbatched
+    and receive none.
     """
+    shared = {} if frozen is None else frozen
+
     def forward(params, xb):
-        return functional_call(model, params, (xb,))
+        return functional_call(model, (params, shared), (xb,))
 
     def one(params, *a):
         return loss(forward, params, *a)

@@ -11,10 +11,30 @@ checkpoint is ``torch.save(state)``) and implements
 * ``idle_step(state, idle, x, y, scale)``: what unsampled clients do (most: nothing);
 * ``aggregate(state, active, n_samples)``: the server's update at round end;
 * ``personal(state)``: every client's model for evaluation (a stack of m);
+* ``frozen(state)``: parameters shared by every client's model and left out of
+  ``personal`` (default: none);
 * ``summary(state)``: scalars for the history.
 
 :class:`Strategy` gives the optional ones (broadcast, idle step, aggregate,
-summary) as no-ops; every strategy here and in :mod:`.baselines` derives from it.
+frozen, summary) as no-ops; every strategy here and in :mod:`.baselines`
+derives from it. Optional hooks the engine calls when present:
+``bind_generator(gen)`` (strategies that draw noise), ``bind_data(data)``
+(strategies that adapt on local data to predict) and
+``personal_logits(state, x)`` (predictors that are not one model per client).
+
+The same loop is meant to carry the algorithms of the other papers:
+
+* heterogeneous privacy levels (FedHDP): per-client clip and noise levels are
+  strategy attributes indexed by ``active``, the noise comes from the bound
+  generator (:class:`GaussianRelease`), and the group-wise weighted average is
+  the strategy's ``aggregate``;
+* a frozen backbone with small trainable adapters (PerAda): the stacks hold
+  only the adapters, the backbone is passed once as ``frozen=`` to
+  :func:`~.functional.client_grad` / :func:`~.functional.client_forward` and
+  returned by ``frozen(state)`` for evaluation; server-side distillation on
+  unlabeled data runs inside ``aggregate``.
+
+``tests/test_torch_extensibility.py`` runs both shapes through :func:`~.engine.train`.
 
 ``model`` (an ``nn.Module``) is only the architecture: every call goes through
 ``torch.func.functional_call`` with stacked parameters.
@@ -64,6 +84,9 @@ class Strategy:
 
     def aggregate(self, state, active, n_samples):
         pass
+
+    def frozen(self, state):
+        return None
 
     def summary(self, state):
         return {}
