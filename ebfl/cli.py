@@ -464,6 +464,29 @@ def _cmd_election(args):
 
 # ------------------------------------------------------------------- adaped
 
+def _add_json(parser):
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _neural_arguments(parser, *, plot):
+    """Options shared by the neural experiments: dataset, seed, quick mode, figure, JSON."""
+    parser.add_argument("--dataset", default="mnist",
+                        choices=["mnist", "femnist", "fashion-mnist", "hapt"])
+    parser.add_argument("--femnist-root", metavar="DIR",
+                        help="LEAF FEMNIST directory with train/ and test/ (default: data home)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="10 rounds, one evaluation")
+    parser.add_argument("--plot", metavar="DIR", help=f"save {plot} there")
+    _add_json(parser)
+
+
+def _privacy_arguments(parser, *, noise_default, clip_help):
+    parser.add_argument("--noise", type=float, action="append",
+                        help=f"noise multiplier sigma/C (repeat; default {noise_default})")
+    parser.add_argument("--clip", type=float, default=1.0, help=f"{clip_help} (default 1)")
+    parser.add_argument("--delta", type=float, default=1e-5)
+
+
 def _cmd_reproduce_adaped(args):
     from ebfl.experiments.adaped import METHODS, plot_table1, table1
 
@@ -574,9 +597,6 @@ def build_parser():
     parser = argparse.ArgumentParser(prog="ebfl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def add_json(p):
-        p.add_argument("--json", action="store_true", help="print one JSON object")
-
     bounds = sub.add_parser("bounds", help="closed-form MSEs and bounds").add_subparsers(
         dest="model", required=True)
     g = bounds.add_parser("gaussian", help="Theorem 1 and the local/global/oracle MSEs")
@@ -589,13 +609,13 @@ def build_parser():
     g.add_argument("--epsilon", type=float, help="Theorem 2: Gaussian LDP mechanism epsilon")
     g.add_argument("--delta", type=float, help="Theorem 2: Gaussian LDP mechanism delta")
     g.add_argument("--r", type=float, help="Theorem 2: |mu| <= r per coordinate (sets b)")
-    add_json(g)
+    _add_json(g)
     g.set_defaults(func=_cmd_bounds_gaussian)
     b = bounds.add_parser("beta", help="known Beta prior: posterior and local MSE")
     b.add_argument("--alpha", type=float, required=True)
     b.add_argument("--beta", type=float, required=True)
     b.add_argument("--n", type=int, required=True, help="trials per client")
-    add_json(b)
+    _add_json(b)
     b.set_defaults(func=_cmd_bounds_beta)
 
     fit = sub.add_parser("fit", help="empirical Bayes on your own CSV").add_subparsers(
@@ -621,7 +641,7 @@ def build_parser():
                        help="observation column (with --client; repeat for d > 1)")
         p.add_argument("--level", type=float, default=0.95, help="credible level")
         p.add_argument("--output", help="write per-client estimates to this CSV")
-        add_json(p)
+        _add_json(p)
     fb.set_defaults(func=_cmd_fit_beta_binomial)
     fg.set_defaults(func=_cmd_fit_gaussian)
 
@@ -634,7 +654,7 @@ def build_parser():
     pb.add_argument("--epsilon", type=float, action="append", help="repeat; default: a grid")
     pb.add_argument("--seed", type=int, default=0)
     pb.add_argument("--plot", metavar="DIR", help="save private_bernoulli.png there")
-    add_json(pb)
+    _add_json(pb)
     pb.set_defaults(func=_cmd_private_bernoulli)
 
     acc = sub.add_parser("accounting", help="privacy accounting").add_subparsers(
@@ -653,7 +673,7 @@ def build_parser():
                     choices=["without_replacement", "poisson"])
     ad.add_argument("--accountant", default="rdp", choices=["rdp", "pld"])
     ad.add_argument("--trust", default="aggregator", choices=["aggregator", "local"])
-    add_json(ad)
+    _add_json(ad)
     ad.set_defaults(func=_cmd_accounting_dp_adaped)
 
     from ebfl.validation.checks import CHECKS
@@ -665,7 +685,7 @@ def build_parser():
     val.add_argument("--quick", action="store_true", help="fewer replicates")
     val.add_argument("--seed", type=int, default=0)
     val.add_argument("--plot", metavar="DIR", help="save sweep figures (MC vs formula) there")
-    add_json(val)
+    _add_json(val)
     val.set_defaults(func=_cmd_validate)
 
     rep = sub.add_parser("reproduce", help="the papers' experiments").add_subparsers(
@@ -674,7 +694,7 @@ def build_parser():
     est.add_argument("--quick", action="store_true", help="fewer runs (same m)")
     est.add_argument("--seed", type=int, default=0)
     est.add_argument("--plot", metavar="DIR", help="save the E8 figure there")
-    add_json(est)
+    _add_json(est)
     est.set_defaults(func=_cmd_reproduce_estimation)
 
     el = sub.add_parser("election", help="county elections: personalized vs local (E2)")
@@ -685,61 +705,36 @@ def build_parser():
                     help="LDP level of the private variants (repeat; default 1 and 5)")
     el.add_argument("--seed", type=int, default=0)
     el.add_argument("--plot", metavar="DIR", help="save the shrinkage and per-fold figures")
-    add_json(el)
+    _add_json(el)
     el.set_defaults(func=_cmd_election)
 
     reg = rep.add_parser("regression", help="E3: personalized linear regression")
     reg.add_argument("--quick", action="store_true", help="m = 1000, one run, fewer rounds")
     reg.add_argument("--seed", type=int, default=0)
     reg.add_argument("--plot", metavar="DIR", help="save the E3 figure there")
-    add_json(reg)
+    _add_json(reg)
     reg.set_defaults(func=_cmd_reproduce_regression)
 
     ada = rep.add_parser("adaped", help="Table 1: AdaPeD vs personalized-FL baselines (torch)")
-    ada.add_argument("--dataset", default="mnist",
-                     choices=["mnist", "femnist", "fashion-mnist", "hapt"])
-    ada.add_argument("--femnist-root", metavar="DIR",
-                     help="LEAF FEMNIST directory with train/ and test/ (default: data home)")
+    _neural_arguments(ada, plot="the accuracy-per-round figure")
     ada.add_argument("--methods", nargs="+", metavar="NAME", help="subset of the methods")
     ada.add_argument("--seeds", type=int, default=1, help="runs (seeds seed, seed+1, ...)")
-    ada.add_argument("--seed", type=int, default=0)
-    ada.add_argument("--quick", action="store_true", help="10 rounds, one evaluation")
-    ada.add_argument("--plot", metavar="DIR", help="save the accuracy-per-round figure there")
-    add_json(ada)
     ada.set_defaults(func=_cmd_reproduce_adaped)
 
     dpa = rep.add_parser("dp-adaped", help="Figures 1-3: DP-AdaPeD accuracy against epsilon")
-    dpa.add_argument("--dataset", default="mnist",
-                     choices=["mnist", "femnist", "fashion-mnist", "hapt"])
-    dpa.add_argument("--femnist-root", metavar="DIR")
-    dpa.add_argument("--noise", type=float, action="append",
-                     help="noise multiplier sigma/C (repeat; default 0.5 1 2 4)")
-    dpa.add_argument("--clip", type=float, default=1.0, help="C1 = C2 (default 1)")
-    dpa.add_argument("--delta", type=float, default=1e-5)
+    _neural_arguments(dpa, plot="the accuracy-vs-epsilon figure")
+    _privacy_arguments(dpa, noise_default="0.5 1 2 4", clip_help="C1 = C2")
     dpa.add_argument("--concatenate", action="store_true", help="one clip on [h; k] (E6/E7)")
     dpa.add_argument("--fine-tune", action="store_true", help="Algorithm 6 (E6)")
-    dpa.add_argument("--seed", type=int, default=0)
-    dpa.add_argument("--quick", action="store_true", help="10 rounds")
-    dpa.add_argument("--plot", metavar="DIR", help="save the accuracy-vs-epsilon figure there")
-    add_json(dpa)
     dpa.set_defaults(func=_cmd_reproduce_dp_adaped)
 
     e7 = rep.add_parser("adaped-fedem",
                         help="Figure 3: AdaPeD vs FedEM, non-private and DP, full participation")
-    e7.add_argument("--dataset", default="mnist",
-                    choices=["mnist", "femnist", "fashion-mnist", "hapt"])
-    e7.add_argument("--femnist-root", metavar="DIR")
-    e7.add_argument("--noise", type=float, action="append",
-                    help="noise multiplier sigma/C (repeat; default 1 4 16)")
+    _neural_arguments(e7, plot="the accuracy-vs-epsilon figure")
+    _privacy_arguments(e7, noise_default="1 4 16", clip_help="C")
     e7.add_argument("--non-private", action="store_true",
                     help="only the non-private pair (the paper's 99.04 vs 98.90 on MNIST)")
-    e7.add_argument("--clip", type=float, default=1.0, help="C (default 1)")
-    e7.add_argument("--delta", type=float, default=1e-5)
     e7.add_argument("--seeds", type=int, default=1, help="runs (seeds seed, seed+1, ...)")
-    e7.add_argument("--seed", type=int, default=0)
-    e7.add_argument("--quick", action="store_true", help="10 rounds")
-    e7.add_argument("--plot", metavar="DIR", help="save the accuracy-vs-epsilon figure there")
-    add_json(e7)
     e7.set_defaults(func=_cmd_reproduce_adaped_fedem)
 
     hapt = sub.add_parser("hapt", help="personalized logistic regression, 30 smartphone users")
@@ -752,13 +747,13 @@ def build_parser():
                            "(UCI publishes no checksum)")
     hapt.add_argument("--quick", action="store_true", help="fewer rounds")
     hapt.add_argument("--plot", metavar="DIR", help="save the accuracy figure there")
-    add_json(hapt)
+    _add_json(hapt)
     hapt.set_defaults(func=_cmd_hapt)
 
     demo = sub.add_parser("demo", help="simulate the paper's settings, compare with theory")
     demo.add_argument("--clients", type=int, default=10_000)
     demo.add_argument("--seed", type=int, default=0)
-    add_json(demo)
+    _add_json(demo)
     demo.set_defaults(func=_cmd_demo)
     return parser
 
