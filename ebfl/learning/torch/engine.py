@@ -125,7 +125,10 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, bat
         Seeds the one generator behind initialization, sampling and batches.
     checkpoint : path-like, optional
         File to save the run to every ``checkpoint_every`` rounds (and at the
-        end); if it exists, the run resumes from it.
+        end); if it exists, the run resumes from it, to the same state and
+        history as an uninterrupted run. (A run extended from a shorter one also
+        keeps that run's final evaluation in its history, when it fell between
+        two ``eval_every`` rounds.)
     checkpoint_every : int, optional
         Default: ``eval_every``.
     init_params : dict, optional
