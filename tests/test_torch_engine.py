@@ -179,10 +179,27 @@ def test_idle_clients_train_only_with_fine_tuning():
         assert int(moved.sum()) == expected
 
 
+def test_sampling_ratio_is_k_of_m():
+    data = _digits_clients()
+    kw = dict(rounds=2, local_steps=2, batch_size=4, seed=2)
+    by_ratio = train(FedAvg(LogisticModel(64, 10)), data, sampling_ratio=0.34, **kw)
+    k = max(1, round(0.34 * data.n_clients))
+    by_k = train(FedAvg(LogisticModel(64, 10)), data, clients_per_round=k, **kw)
+    assert by_ratio.history == by_k.history
+    full = train(FedAvg(LogisticModel(64, 10)), data, **kw)
+    assert full.history != by_k.history
+
+
 def test_bad_input():
     data = _digits_clients()
     with pytest.raises(ValueError, match="clients_per_round"):
         train(FedAvg(LogisticModel(64, 10)), data, rounds=1, clients_per_round=99)
+    for ratio in (0.0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="sampling_ratio"):
+            train(FedAvg(LogisticModel(64, 10)), data, rounds=1, sampling_ratio=ratio)
+    with pytest.raises(ValueError, match="not both"):
+        train(FedAvg(LogisticModel(64, 10)), data, rounds=1, sampling_ratio=0.5,
+              clients_per_round=2)
     with pytest.raises(TypeError, match="FederatedDataset"):
         train(FedAvg(LogisticModel(64, 10)), data.x_train, rounds=1)
     with pytest.raises(ValueError, match="psi0"):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ebfl._validation import check_int_scalar, check_positive_scalar
+from ebfl._validation import check_int_scalar, check_positive_scalar, check_probability
 from ebfl.learning.torch.data import FederatedDataset
 from ebfl.learning.torch.functional import client_forward, fresh_params
 
@@ -98,8 +98,8 @@ def evaluate_strategy(strategy, state, data):
 
 
 @flush_denormals()
-def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, batch_size=None,
-          iters_per_epoch=60, lr_decay=0.99, eval_every=1, seed=0, checkpoint=None,
+def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, sampling_ratio=None,
+          batch_size=None, iters_per_epoch=60, lr_decay=0.99, eval_every=1, seed=0, checkpoint=None,
           checkpoint_every=None, init_params=None, progress=False):
     """Run ``rounds`` synchronization rounds of ``strategy`` on ``data``.
 
@@ -113,6 +113,9 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, bat
         tau, local iterations per round (paper: 10).
     clients_per_round : int, optional
         K sampled without replacement each round (default: all m).
+    sampling_ratio : float in (0, 1], optional
+        Instead of ``clients_per_round``: K = max(1, round(ratio * m)), the
+        paper's "sampling ratio" (0.1 on MNIST, 0.33 on FEMNIST).
     batch_size : int, optional
         Per-client minibatch (default: the mean training size / ``iters_per_epoch``,
         so that an epoch is ``iters_per_epoch`` iterations, as in the paper).
@@ -151,6 +154,13 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, bat
                         check_int_scalar(checkpoint_every, "checkpoint_every", minimum=1))
     lr_decay = check_positive_scalar(lr_decay, "lr_decay")
     m = data.n_clients
+    if sampling_ratio is not None:
+        if clients_per_round is not None:
+            raise ValueError("give clients_per_round or sampling_ratio, not both")
+        ratio = check_probability(sampling_ratio, "sampling_ratio")
+        if ratio == 0:
+            raise ValueError("sampling_ratio must be in (0, 1], got 0")
+        clients_per_round = max(1, round(ratio * m))
     k = m if clients_per_round is None else check_int_scalar(clients_per_round,
                                                              "clients_per_round", minimum=1)
     if k > m:
