@@ -1,8 +1,8 @@
 """Personalized-FL baselines of the paper's Table 1 and Figure 3, as engine strategies.
 
 FedAvg + fine-tuning, Ditto, pFedMe, Per-FedAvg (first order), QuPeD without
-quantization, Federated Mutual Learning, FedEM and DP-FedEM, each a strategy of the one
-round loop in :mod:`.engine` with the interface described in
+quantization, Federated Mutual Learning, FedEM and DP-FedEM, each a strategy of
+the one round loop in :mod:`.engine` with the interface described in
 :mod:`.strategies`. Every local step is one vectorized call over the sampled
 clients (``torch.func.vmap`` through
 :func:`~ebfl.learning.torch.functional.client_grad`); nothing loops over clients.
@@ -58,7 +58,7 @@ from ebfl.learning.torch.functional import (
 )
 from ebfl.learning.torch.strategies import FedAvg, GaussianRelease, Strategy
 
-__all__ = ["FML", "Ditto", "FedAvgFT", "FedEM", "PFedMe", "PerFedAvg", "QuPeDFP",
+__all__ = ["FML", "DPFedEM", "Ditto", "FedAvgFT", "FedEM", "PFedMe", "PerFedAvg", "QuPeDFP",
            "full_batch_steps", "minibatch_steps"]
 
 
@@ -723,7 +723,6 @@ class FedEM(Strategy):
                              + torch.log(pi[lo:lo + k, c])[:, None, None])
             out.append(torch.logsumexp(torch.stack(parts), dim=0))
         return torch.cat(out)
-
 
 
 class DPFedEM(GaussianRelease, FedEM):
