@@ -131,16 +131,20 @@ def test_clip_and_noise_equals_a_per_client_loop():
     k, rows = 4, 2  # FedEM-style: two rows (components) per client
     blocks = {"w": torch.randn(k * rows, 3, 5, generator=gen, dtype=torch.float64),
               "b": torch.randn(k * rows, 5, generator=gen, dtype=torch.float64)}
-    blocks["w"][2:4] *= 1e-3  # client 1 is under the clip: left unscaled
+    for t in blocks.values():  # client 1 is under the clip: left unscaled
+        t[2:4] *= 1e-3
     before = {n: t.clone() for n, t in blocks.items()}
     clip = 0.8
     out = clip_and_noise(blocks, clip, 0.0, torch.Generator(), rows_per_client=rows)
+    scales = []
     for j in range(k):
         mine = torch.cat([t[j * rows:(j + 1) * rows].flatten() for t in before.values()])
         scale = 1 / max(float(mine.norm()) / clip, 1.0)
+        scales.append(scale)
         for n, t in before.items():
             torch.testing.assert_close(out[n][j * rows:(j + 1) * rows], t[j * rows:(j + 1) * rows]
                                        * scale, atol=1e-12, rtol=0)
+    assert scales[1] == 1.0 and max(scales[0], scales[2], scales[3]) < 1.0  # both paths run
     for n in blocks:  # inputs untouched
         assert torch.equal(blocks[n], before[n])
     # the noise is added after clipping, from the given generator, in the order of the dict
