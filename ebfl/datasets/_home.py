@@ -104,24 +104,32 @@ def dataset_path(name, *, download=True, progress=False):
     if "members" in info:
         raise ValueError(f"dataset {name!r} has several files ({sorted(info['members'])}): "
                          "use dataset_file(name, member)")
-    directory = data_home() / info["directory"]
-    for fname, expected in info["files"].items():
+    return _find_or_fetch(name, info, info, data_home() / info["directory"], download=download,
+                          progress=progress, verify=True)
+
+
+def _find_or_fetch(label, info, entry, directory, *, download, progress, verify):
+    """The first of ``entry["files"]`` present in ``directory`` (checked), else its download.
+
+    Shared by :func:`dataset_path` (``entry`` is the manifest) and
+    :func:`dataset_file` (``entry`` is one member).
+    """
+    for fname, expected in entry["files"].items():
         path = directory / fname
         if path.is_file():
-            actual = sha256(path)
-            if actual != expected:
-                raise ValueError(f"{path} has sha256 {actual}, expected {expected}: the file "
-                                 "is corrupted or another version; remove it to re-download")
+            if verify:
+                _check_file(path, expected, entry.get("content_sha256"))
             return path
-    dl = info.get("download")
+    dl = entry.get("download")
     if dl is None:
-        raise FileNotFoundError(f"{name} not found in {directory}: it has no automatic download; "
-                                f"get it from {info['official_source']} and place one of "
-                                f"{sorted(info['files'])} there (or set EBFL_DATA)")
+        raise FileNotFoundError(f"{label} not found in {directory}: it has no automatic "
+                                f"download; get it from {info['official_source']} and place one "
+                                f"of {sorted(entry['files'])} there (or set EBFL_DATA)")
     if not download:
-        raise FileNotFoundError(f"{name} not found in {directory} (data home: set EBFL_DATA "
-                                "or allow the download)")
-    return fetch(dl["url"], info["files"][dl["file"]], directory, dl["file"],
+        raise FileNotFoundError(f"{label} not found in {directory} (one of "
+                                f"{sorted(entry['files'])}; data home: set EBFL_DATA or allow "
+                                "the download)")
+    return fetch(dl["url"], entry["files"][dl["file"]], directory, dl["file"],
                  progress=progress)
 
 
@@ -151,7 +159,7 @@ def content_sha256(path) -> str:
     return digest.hexdigest()
 
 
-def _check_member_file(path, expected, content_expected):
+def _check_file(path, expected, content_expected):
     actual = sha256(path)
     if actual == expected:
         return
@@ -215,20 +223,5 @@ def dataset_file(name, member, *, directory=None, download=True, progress=False,
     entry = members[member]
     directory = (data_home() / info["directory"] if directory is None
                  else Path(directory).expanduser())
-    for fname, expected in entry["files"].items():
-        path = directory / fname
-        if path.is_file():
-            if verify:
-                _check_member_file(path, expected, entry.get("content_sha256"))
-            return path
-    dl = entry.get("download")
-    if dl is None:
-        raise FileNotFoundError(f"{name} {member} not found in {directory}: it has no automatic "
-                                f"download; get it from {info['official_source']} and place one "
-                                f"of {sorted(entry['files'])} there (or set EBFL_DATA)")
-    if not download:
-        raise FileNotFoundError(f"{name} {member} not found in {directory} (one of "
-                                f"{sorted(entry['files'])}; data home: set EBFL_DATA or allow "
-                                "the download)")
-    return fetch(dl["url"], entry["files"][dl["file"]], directory, dl["file"],
-                 progress=progress)
+    return _find_or_fetch(f"{name} {member}", info, entry, directory, download=download,
+                          progress=progress, verify=verify)
