@@ -40,6 +40,12 @@ def _kl(t, s):
     return (lt.exp() * (lt - ls)).sum(-1).mean()
 
 
+def _load(params, names, values):
+    """Copy one client's tensors into the module's parameters (under no_grad)."""
+    for n, v in zip(names, values, strict=True):
+        params[n].copy_(v)
+
+
 def loop_round(model, theta, mu, psi, batches, lr1, lr2, lr3, wd, floor=0.5):
     """One AdaPeD round (Algorithm 5 lines 10-15, tau iterations), one client at a time."""
     m = psi.numel()
@@ -56,27 +62,22 @@ def loop_round(model, theta, mu, psi, batches, lr1, lr2, lr3, wd, floor=0.5):
         for x, y in batches:
             xi, yi = x[i], y[i]
             with torch.no_grad():
-                for n, v in zip(names, mu_i, strict=True):
-                    params[n].copy_(v)
+                _load(params, names, mu_i)
                 teacher = net(xi)
-                for n, v in zip(names, th, strict=True):
-                    params[n].copy_(v)
+                _load(params, names, th)
             z = net(xi)
             loss = F.cross_entropy(z, yi) + _kl(teacher, z) / (2 * ps)
             g = torch.autograd.grad(loss, [params[n] for n in names])
             th = [(v - lr1 * (gi + wd * v)).detach() for v, gi in zip(th, g, strict=True)]
             with torch.no_grad():
-                for n, v in zip(names, th, strict=True):
-                    params[n].copy_(v)
+                _load(params, names, th)
                 student = net(xi)
-                for n, v in zip(names, mu_i, strict=True):
-                    params[n].copy_(v)
+                _load(params, names, mu_i)
             kd = _kl(net(xi), student) / (2 * ps)
             h = torch.autograd.grad(kd, [params[n] for n in names])
             mu_i = [(v - lr2 * (hi + wd * v)).detach() for v, hi in zip(mu_i, h, strict=True)]
             with torch.no_grad():
-                for n, v in zip(names, mu_i, strict=True):
-                    params[n].copy_(v)
+                _load(params, names, mu_i)
                 kd_new = float(_kl(net(xi), student))
             ps = max(ps - lr3 * (1 / (2 * ps) - kd_new / (2 * ps**2)), floor)
         for n, v in zip(names, th, strict=True):
