@@ -44,6 +44,11 @@ PAPER_COLUMN = {"mnist": "mnist", "femnist": "femnist_033"}
 TAU, ITERS_PER_EPOCH = 10, 60
 
 
+def _rounds(proto, quick):
+    """Rounds of a run: the protocol's epochs of 60 iterations, or 10 in quick mode (CI)."""
+    return 10 if quick else proto["epochs"] * ITERS_PER_EPOCH // TAU
+
+
 def _methods():
     from ebfl.learning.torch import AdaPeD, FedAvg, Local
     from ebfl.learning.torch import baselines as b
@@ -159,7 +164,7 @@ def table1(dataset="mnist", *, methods=METHODS, seeds=(0,), quick=False, femnist
     if unknown:
         raise ValueError(f"unknown methods {unknown}; choose from {list(registry)}")
     proto = PROTOCOL[dataset]
-    rounds = 10 if quick else proto["epochs"] * ITERS_PER_EPOCH // TAU
+    rounds = _rounds(proto, quick)
     eval_every = eval_every or (rounds if quick else max(1, rounds // 30))
     results = {name: {"per_seed": [], "seconds": []} for name in methods}
     curves, info, k = {}, None, None
@@ -176,8 +181,7 @@ def table1(dataset="mnist", *, methods=METHODS, seeds=(0,), quick=False, femnist
             if seed == seeds[0]:
                 curves[name] = [(h["round"], 100 * h["accuracy"]) for h in res.history]
     for r in results.values():
-        r["mean"] = float(np.mean(r["per_seed"]))
-        r["sd"] = float(np.std(r["per_seed"], ddof=1)) if len(seeds) > 1 else 0.0
+        r.update(_mean_sd(r["per_seed"]))
     paper = {}
     if dataset in PAPER_COLUMN:
         col = PAPER_COLUMN[dataset]
@@ -239,7 +243,7 @@ def dp_sweep(dataset="mnist", *, noise_multipliers=(0.5, 1.0, 2.0, 4.0), clip=1.
     from ebfl.learning.torch import AdaPeD, DPAdaPeD, Local, train
 
     proto = PROTOCOL[dataset]
-    rounds = 10 if quick else proto["epochs"] * ITERS_PER_EPOCH // TAU
+    rounds = _rounds(proto, quick)
     data, make_model, info = load_clients(dataset, seed=seed, femnist_root=femnist_root)
     k = max(1, round(proto["ratio"] * data.n_clients))
     kw = dict(rounds=rounds, local_steps=TAU, clients_per_round=k,
@@ -338,7 +342,7 @@ def fedem_comparison(dataset="mnist", *, noise_multipliers=(1.0, 4.0, 16.0), cli
     if not seeds:
         raise ValueError("seeds must name at least one seed")
     proto = PROTOCOL[dataset]
-    rounds = 10 if quick else proto["epochs"] * ITERS_PER_EPOCH // TAU
+    rounds = _rounds(proto, quick)
     acc = {"AdaPeD": [], "FedEM": []} | {(name, z): [] for z in zs
                                          for name in ("DP-AdaPeD", "DP-FedEM")}
     for seed in seeds:
