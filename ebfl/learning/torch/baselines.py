@@ -47,6 +47,7 @@ from ebfl.learning.torch.data import FederatedDataset
 from ebfl.learning.torch.functional import (
     client_forward,
     client_grad,
+    clone_params,
     cross_entropy,
     distillation_kl,
     fresh_params,
@@ -70,10 +71,6 @@ def _masked_ce_loss(forward, params, x, y, mask):
     """Mean cross-entropy over the real (mask 1) rows of a padded client dataset."""
     ce = F.cross_entropy(forward(params, x), y, reduction="none")
     return (ce * mask).sum() / mask.sum()
-
-
-def _clone(params):
-    return {k: v.detach().clone() for k, v in params.items()}
 
 
 def _dtype(stack):
@@ -104,7 +101,7 @@ def full_batch_steps(model, stack, data, steps, lr, weight_decay=0.0, *, chunk=1
     """
     m = data.n_clients
     dtype = _dtype(stack)
-    out = {k: v.detach().clone() for k, v in stack.items()}
+    out = clone_params(stack)
     width = data.x_train.shape[1]
     for lo in range(0, m, chunk):
         idx = torch.arange(lo, min(lo + chunk, m))
@@ -129,7 +126,7 @@ def minibatch_steps(model, stack, data, steps, lr, weight_decay=0.0, *, batch_si
     gen = torch.Generator().manual_seed(seed)
     everyone = torch.arange(data.n_clients)
     dtype = _dtype(stack)
-    out = {k: v.detach().clone() for k, v in stack.items()}
+    out = clone_params(stack)
     for _ in range(steps):
         x, y = data.sample_batch(everyone, batch_size, gen)
         g = client_grad(model, _ce_loss, out, x.to(dtype), y)
@@ -258,7 +255,7 @@ class Ditto(Strategy):
                 "lam": self.lam, "weight_decay": self.weight_decay}
 
     def init_state(self, params, m):
-        return {"global": _clone(params), "personal": replicate(params, m)}
+        return {"global": clone_params(params), "personal": replicate(params, m)}
 
     def broadcast(self, state, active):
         state["work"] = replicate(state["global"], active.numel())
@@ -334,7 +331,7 @@ class PFedMe(Strategy):
                 "weight_decay": self.weight_decay, "train_idle": self.train_idle}
 
     def init_state(self, params, m):
-        return {"global": _clone(params), "theta": replicate(params, m), "m": m}
+        return {"global": clone_params(params), "theta": replicate(params, m), "m": m}
 
     def broadcast(self, state, active):
         k = active.numel()
@@ -428,7 +425,7 @@ class PerFedAvg(_BoundData, Strategy):
                 "weight_decay": self.weight_decay, "adapt_batch": self.adapt_batch}
 
     def init_state(self, params, m):
-        return {"global": _clone(params), "m": m}
+        return {"global": clone_params(params), "m": m}
 
     def broadcast(self, state, active):
         state["work"] = replicate(state["global"], active.numel())
@@ -458,7 +455,7 @@ class _TwoModels(Strategy):
     """A personal model per client plus local copies of one global model (QuPeD, FML)."""
 
     def init_state(self, params, m):
-        return {"global": _clone(params), "theta": replicate(params, m)}
+        return {"global": clone_params(params), "theta": replicate(params, m)}
 
     def broadcast(self, state, active):
         state["work"] = replicate(state["global"], active.numel())
@@ -645,7 +642,7 @@ class FedEM(Strategy):
                 "weight_decay": self.weight_decay, "init_seed": self.init_seed}
 
     def init_state(self, params, m):
-        comps = [_clone(params)] + [_fresh_params(self.model, self.init_seed + c, params)
+        comps = [clone_params(params)] + [_fresh_params(self.model, self.init_seed + c, params)
                                     for c in range(1, self.n_components)]
         dtype = _dtype(params)
         return {"components": {n: torch.stack([c[n] for c in comps]) for n in params},

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-__all__ = ["clip_and_noise", "client_forward", "client_grad", "cross_entropy", "distillation_kl",
-           "fresh_params", "replicate", "sgd_step", "take", "weighted_mean"]
+__all__ = ["clip_and_noise", "client_forward", "client_grad", "clone_params", "cross_entropy",
+           "distillation_kl", "fresh_params", "replicate", "sgd_step", "take", "weighted_mean"]
 
 
 def fresh_params(model, seed):
@@ -30,7 +30,12 @@ def fresh_params(model, seed):
         for module in fresh.modules():
             if hasattr(module, "reset_parameters"):
                 module.reset_parameters()
-    return {k: v.detach().clone() for k, v in fresh.named_parameters()}
+    return clone_params(dict(fresh.named_parameters()))
+
+
+def clone_params(params):
+    """A detached copy of a parameter dict (or of a stack)."""
+    return {name: p.detach().clone() for name, p in params.items()}
 
 
 def replicate(params, k):

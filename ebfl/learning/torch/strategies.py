@@ -49,6 +49,7 @@ from ebfl.learning.torch.functional import (
     client_forward,
     client_grad,
     clip_and_noise,
+    clone_params,
     cross_entropy,
     distillation_kl,
     put,
@@ -117,7 +118,7 @@ class FedAvg(_PlainSGD):
     name = "FedAvg"
 
     def init_state(self, params, m):
-        return {"global": {k: v.detach().clone() for k, v in params.items()}, "m": m}
+        return {"global": clone_params(params), "m": m}
 
     def broadcast(self, state, active):
         state["work"] = replicate(state["global"], active.numel())
@@ -207,7 +208,7 @@ class AdaPeD(Strategy):
 
     def init_state(self, params, m):
         state = {"theta": replicate(params, m),
-                 "mu": {k: v.detach().clone() for k, v in params.items()},
+                 "mu": clone_params(params),
                  "psi": torch.tensor(self.psi0)}
         if self.fine_tune:  # what each client last received from the server
             state["mu_client"] = replicate(params, m)
