@@ -18,6 +18,7 @@ __all__ = [
     "check_positive_scalar",
     "check_nonnegative_scalar",
     "check_probability",
+    "check_standard_errors",
 ]
 
 
@@ -89,10 +90,7 @@ def check_finite_array(x, name, *, ndim=None, min_len=1):
     No copy is made when ``x`` already is a float64 array; callers never write
     into the result.
     """
-    try:
-        arr = np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be an array of real numbers") from exc
+    arr = _as_real_float64(x, name)
     if ndim is not None and arr.ndim not in np.atleast_1d(ndim):
         raise ValueError(f"{name} must have ndim in {tuple(np.atleast_1d(ndim))}, "
                          f"got shape {arr.shape}")
@@ -104,6 +102,58 @@ def check_finite_array(x, name, *, ndim=None, min_len=1):
     return arr
 
 
+def _as_real_float64(x, name):
+    """``x`` as a native-endian float64 array; complex, text and object data are refused.
+
+    ``np.asarray(..., dtype=float64)`` would silently drop an imaginary part and
+    parse strings, so the dtype is checked first. Any real dtype (float16,
+    big-endian, integers, bool) is converted to native float64 here, so no
+    kernel ever sees it.
+    """
+    raw = x if isinstance(x, np.ndarray) else None
+    if raw is None:
+        try:
+            raw = np.asarray(x)
+        except (TypeError, ValueError) as exc:  # ragged nested sequences
+            raise TypeError(f"{name} must be an array of real numbers") from exc
+    if raw.dtype.kind == "c" or (raw.dtype.kind == "O" and any(
+            isinstance(v, complex | np.complexfloating) for v in raw.ravel())):
+        raise TypeError(f"{name} must hold real numbers, got complex values")
+    if raw.dtype.kind not in "biufO":
+        raise TypeError(f"{name} must be an array of real numbers, got dtype {raw.dtype}")
+    try:
+        return np.asarray(raw, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be an array of real numbers") from exc
+
+
+#: Standard errors are squared by every normal-means fit: below this their
+#: square underflows to a subnormal or 0, above ``_MAX_SE`` it overflows.
+_MIN_SE = 1e-150
+_MAX_SE = 1e150
+
+
+def check_standard_errors(s, name, m):
+    """Return standard errors as a float64 array of shape (m,) (a scalar is broadcast).
+
+    Each must be finite and lie in [1e-150, 1e150], so that s^2 and 1/s^2 are
+    normal floats: a smaller s would underflow when squared and turn the fit's
+    weights into NaN.
+    """
+    s_arr = check_finite_array(s, name, ndim=(0, 1), min_len=0)
+    if s_arr.ndim == 0:
+        s_arr = np.full(m, float(s_arr))
+    elif s_arr.shape != (m,):
+        raise ValueError(f"{name} must be a scalar or have shape ({m},), got {s_arr.shape}")
+    bad = ~((s_arr >= _MIN_SE) & (s_arr <= _MAX_SE))
+    if np.any(bad):
+        first = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{name} must lie in [{_MIN_SE:g}, {_MAX_SE:g}] (standard errors > 0 "
+                         f"whose square is a normal float); entry {first} is "
+                         f"{float(s_arr[first])!r}")
+    return s_arr
+
+
 def check_counts(x, name, *, minimum=0):
     """Return ``x`` as a 1-D int64 array of integers >= ``minimum``.
 
@@ -113,6 +163,8 @@ def check_counts(x, name, *, minimum=0):
     arr = np.asarray(x)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.dtype.kind == "c":
+        raise TypeError(f"{name} must hold integer counts, got complex values")
     if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer)
                                  or np.issubdtype(arr.dtype, np.floating)):
         raise TypeError(f"{name} must hold integer counts, got dtype {arr.dtype}")
