@@ -6,28 +6,59 @@ to the kernels, which assume valid input (the SciPy ``_iv`` habit).
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
 
 __all__ = [
+    "INT64_MAX",
     "as_generator",
+    "as_real_array",
+    "check_bool",
+    "check_callable",
     "check_choice",
     "check_counts",
     "check_finite_array",
+    "check_int_scalar",
+    "check_names",
     "check_positive_scalar",
     "check_nonnegative_scalar",
     "check_probability",
+    "check_real_scalar",
     "check_standard_errors",
 ]
 
+#: Largest value of an int64 array: sizes and counts above it cannot be stored.
+INT64_MAX = 2**63 - 1
 
-def as_generator(rng):
-    """Normalize ``rng`` (None, int, SeedSequence or Generator) to a Generator."""
+
+def _short_repr(value, limit=80):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def as_generator(rng, name="rng"):
+    """Normalize ``rng`` (None, int, SeedSequence or Generator) to a Generator.
+
+    numpy's own errors for a bad seed ("SeedSequence expects int ...") do not
+    say which argument was wrong, so they are re-raised (same type) naming it.
+    A bool is refused: ``True`` would silently mean seed 1.
+    """
     if isinstance(rng, np.random.RandomState):
-        raise TypeError("rng must be None, an int, a SeedSequence or a numpy.random.Generator, "
-                        "not a legacy RandomState")
-    return np.random.default_rng(rng)
+        raise TypeError(f"{name} must be None, an int, a SeedSequence or a "
+                        "numpy.random.Generator, not a legacy RandomState")
+    if isinstance(rng, bool | np.bool_):
+        raise TypeError(f"{name} must be None, an int >= 0, a SeedSequence or a "
+                        f"numpy.random.Generator, got {rng!r}")
+    try:
+        return np.random.default_rng(rng)
+    except TypeError as exc:
+        raise TypeError(f"{name} must be None, an int >= 0, a SeedSequence or a "
+                        f"numpy.random.Generator, got {_short_repr(rng)}") from exc
+    except ValueError as exc:
+        raise ValueError(f"{name} must be None, an int >= 0, a SeedSequence or a "
+                         f"numpy.random.Generator, got {_short_repr(rng)} ({exc})") from exc
 
 
 def _is_real_scalar(value):
@@ -64,31 +95,102 @@ def check_probability(value, name):
     return value
 
 
-def check_int_scalar(value, name, *, minimum):
-    """Return ``int(value)`` after checking it is an integer >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        if isinstance(value, numbers.Real) and float(value).is_integer():
+def check_int_scalar(value, name, *, minimum, maximum=None):
+    """Return ``int(value)`` after checking it is an integer in [minimum, maximum].
+
+    ``maximum=None`` sets no upper limit; pass :data:`INT64_MAX` (or less) for
+    values that end up in numpy arrays, where a larger one would overflow.
+    """
+    accepted = (f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]")
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral):
+        if (isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
+                and float(value).is_integer()):
             value = int(value)
         else:
-            raise TypeError(f"{name} must be an integer >= {minimum}, got {value!r}")
+            raise TypeError(f"{name} must be an integer {accepted}, got {_short_repr(value)}")
     value = int(value)
-    if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
+    if value < minimum or (maximum is not None and value > maximum):
+        raise ValueError(f"{name} must be an integer {accepted}, got {value}")
     return value
+
+
+def check_real_scalar(value, name, *, low=-math.inf, high=math.inf, low_open=False,
+                      high_open=False):
+    """Return ``float(value)`` after checking it is a real number in the given interval.
+
+    The interval is [low, high] with either end open on request; the message
+    names it. NaN is always refused, and so are infinities unless an end of
+    the interval is infinite and closed.
+    """
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    if not _is_real_scalar(value):
+        raise TypeError(f"{name} must be a real number in {interval}, got {_short_repr(value)}")
+    value = float(value)
+    below = value < low or (low_open and value == low)
+    above = value > high or (high_open and value == high)
+    if math.isnan(value) or below or above:
+        raise ValueError(f"{name} must be a real number in {interval}, got {value!r}")
+    return value
+
+
+def check_bool(value, name):
+    """Return ``value`` as a bool; only True/False (Python or numpy) are accepted.
+
+    ``bool("no")`` is True, so anything else is refused rather than converted.
+    """
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be True or False, got {_short_repr(value)}")
+    return bool(value)
+
+
+def check_callable(value, name, signature=""):
+    """Check that ``value`` is callable (``signature`` describes the expected call)."""
+    if not callable(value):
+        hint = f" {signature}" if signature else ""
+        raise TypeError(f"{name} must be a callable{hint}, got {_short_repr(value)}")
+    return value
+
+
+def check_names(value, name, choices, *, what="name"):
+    """A list of names from ``choices``; one bare string means that one name.
+
+    ``list("thm1")`` would split a string into characters, so a ``str`` is
+    wrapped first; other iterables must hold strings only.
+    """
+    if isinstance(value, str):
+        value = [value]
+    try:
+        names = list(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a name or a sequence of names from "
+                        f"{sorted(choices)}, got {_short_repr(value)}") from None
+    wrong = [v for v in names if not isinstance(v, str)]
+    if wrong:
+        raise TypeError(f"{name} must hold names (strings), got {_short_repr(wrong[0])}")
+    unknown = [v for v in names if v not in choices]
+    if unknown:
+        raise ValueError(f"{name}: unknown {what}s {unknown}; choose from {sorted(choices)}")
+    return names
 
 
 def check_choice(value, name, choices):
     """Check that ``value`` is one of ``choices``."""
+    try:
+        hash(value)  # an array or a list would compare elementwise (or never match)
+    except TypeError:
+        raise TypeError(f"{name} must be one of {sorted(choices)}, got a "
+                        f"{type(value).__name__}") from None
     if value not in choices:
         raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
     return value
 
 
-def check_finite_array(x, name, *, ndim=None, min_len=1):
+def check_finite_array(x, name, *, ndim=None, min_len=1, max_abs=None):
     """Return ``x`` as a float64 array after checking shape and finiteness.
 
     No copy is made when ``x`` already is a float64 array; callers never write
-    into the result.
+    into the result. ``max_abs`` also bounds every |value| (e.g. 1e150, so that
+    squares and products of two values stay finite).
     """
     arr = _as_real_float64(x, name)
     if ndim is not None and arr.ndim not in np.atleast_1d(ndim):
@@ -99,7 +201,15 @@ def check_finite_array(x, name, *, ndim=None, min_len=1):
     if not np.all(np.isfinite(arr)):
         bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
         raise ValueError(f"{name} must be finite; it has {bad} NaN or infinite value(s)")
+    if max_abs is not None and arr.size and np.max(np.abs(arr)) > max_abs:
+        raise ValueError(f"{name} must lie in [-{max_abs:g}, {max_abs:g}], got a value of "
+                         f"{float(arr.flat[np.argmax(np.abs(arr))])!r}")
     return arr
+
+
+def as_real_array(x, name):
+    """``x`` as a native float64 array (NaN and inf allowed); complex and text are refused."""
+    return _as_real_float64(x, name)
 
 
 def _as_real_float64(x, name):
@@ -119,6 +229,9 @@ def _as_real_float64(x, name):
     if raw.dtype.kind == "c" or (raw.dtype.kind == "O" and any(
             isinstance(v, complex | np.complexfloating) for v in raw.ravel())):
         raise TypeError(f"{name} must hold real numbers, got complex values")
+    if raw.dtype.kind == "O" and any(isinstance(v, str | bytes) for v in raw.ravel()):
+        # float("1.5") would parse text hidden in an object array
+        raise TypeError(f"{name} must be an array of real numbers, got text")
     if raw.dtype.kind not in "biufO":
         raise TypeError(f"{name} must be an array of real numbers, got dtype {raw.dtype}")
     try:
@@ -160,7 +273,10 @@ def check_counts(x, name, *, minimum=0):
     Float input is accepted only when every value is integral (pandas often
     hands counts over as floats).
     """
-    arr = np.asarray(x)
+    try:
+        arr = np.asarray(x)
+    except (TypeError, ValueError) as exc:  # ragged nested sequences
+        raise TypeError(f"{name} must be a 1-D array of integer counts") from exc
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
     if arr.dtype.kind == "c":
@@ -175,4 +291,8 @@ def check_counts(x, name, *, minimum=0):
             raise ValueError(f"{name} must hold whole numbers; it has non-integer values")
     if arr.size and arr.min() < minimum:
         raise ValueError(f"{name} must be >= {minimum}; smallest value is {arr.min()}")
+    # uint64 values or integral floats beyond int64 would wrap around on the cast
+    # (a float is compared with 2.0**63: INT64_MAX itself rounds up to it).
+    if arr.size and (arr.max() >= 2.0**63 if arr.dtype.kind == "f" else arr.max() > INT64_MAX):
+        raise ValueError(f"{name} must be <= {INT64_MAX} (int64); largest value is {arr.max()}")
     return arr.astype(np.int64, copy=False)

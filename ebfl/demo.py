@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ebfl import bounds
-from ebfl._validation import as_generator
+from ebfl._validation import INT64_MAX, as_generator, check_int_scalar
 from ebfl.eb import BetaPrior, beta_bernoulli_eb, gaussian_eb_samples, personalized_gaussian
 from ebfl.models import BetaBernoulliPopulation, GaussianPopulation
 
@@ -64,7 +64,21 @@ def beta_demo(n_clients, rng):
 
 
 def run_demo(n_clients=10_000, rng=0):
-    """Both demonstrations; returns a JSON-ready dict."""
+    """Both demonstrations; returns a JSON-ready dict.
+
+    Parameters
+    ----------
+    n_clients : int
+        Clients per setting, >= 3 (the leave-one-out fits need three).
+    rng : None, int, SeedSequence or Generator
+
+    Examples
+    --------
+    >>> out = run_demo(n_clients=200, rng=0)
+    >>> sorted(out), out["gaussian"]["rows"][0]["estimator"]
+    (['beta_bernoulli', 'gaussian'], 'local mean')
+    """
+    n_clients = check_int_scalar(n_clients, "n_clients", minimum=3, maximum=INT64_MAX)
     rng = as_generator(rng)
     out = {"gaussian": gaussian_demo(n_clients, rng), "beta_bernoulli": beta_demo(n_clients, rng)}
     for part in out.values():

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ebfl._validation import (
+    INT64_MAX,
     as_generator,
+    check_counts,
+    check_finite_array,
     check_int_scalar,
-    check_nonnegative_scalar,
-    check_positive_scalar,
+    check_real_scalar,
 )
 from ebfl.ragged import Ragged
 
@@ -39,16 +41,32 @@ class ClientSample:
     data: Ragged
 
 
+#: Largest population parameter accepted: draws mean + sd * z must stay far from
+#: the float64 overflow at 1.8e308 (numpy's Beta sampler also needs alpha + beta finite).
+MAX_PARAMETER = 1e300
+
+
 def _sizes_iv(n_clients, n):
-    m = check_int_scalar(n_clients, "n_clients", minimum=1)
-    n_arr = np.asarray(n)
-    if n_arr.ndim == 0:
-        return m, np.full(m, check_int_scalar(n_arr.item(), "n", minimum=1), np.int64)
-    if n_arr.shape != (m,) or not np.issubdtype(n_arr.dtype, np.integer):
-        raise ValueError(f"n must be an integer or an integer array of shape ({m},)")
-    if n_arr.min() < 1:
+    m = check_int_scalar(n_clients, "n_clients", minimum=1, maximum=INT64_MAX)
+    try:
+        ndim = np.ndim(n)
+    except (TypeError, ValueError) as exc:  # ragged nested sequences
+        raise TypeError(f"n must be an integer or an integer array of shape ({m},)") from exc
+    if ndim == 0:
+        value = n.item() if isinstance(n, np.ndarray) else n
+        return m, np.full(m, check_int_scalar(value, "n", minimum=1, maximum=INT64_MAX),
+                          np.int64)
+    counts = check_counts(n, "n", minimum=0)
+    if counts.shape != (m,):
+        raise ValueError(f"n must be an integer or an integer array of shape ({m},), "
+                         f"got shape {counts.shape}")
+    if counts.min() < 1:
         raise ValueError("n must be >= 1 for every client (empty clients are not allowed)")
-    return m, n_arr.astype(np.int64)
+    return m, counts
+
+
+def _scale_iv(value, name, *, allow_zero):
+    return check_real_scalar(value, name, low=0.0, high=MAX_PARAMETER, low_open=not allow_zero)
 
 
 @dataclass(frozen=True)
@@ -58,11 +76,11 @@ class GaussianPopulation:
     Parameters
     ----------
     mean : float or array_like of shape (d,)
-        Population mean mu; a scalar gives 1-D clients.
+        Population mean mu, each |mu_j| <= 1e300; a scalar gives 1-D clients.
     sigma_theta : float
-        Population standard deviation, >= 0.
+        Population standard deviation, in [0, 1e300].
     sigma_x : float
-        Observation noise standard deviation, > 0.
+        Observation noise standard deviation, in (0, 1e300].
 
     Examples
     --------
@@ -77,13 +95,11 @@ class GaussianPopulation:
     sigma_x: float = 1.0
 
     def __post_init__(self):
-        mean = np.asarray(self.mean, dtype=np.float64)
-        if mean.ndim > 1 or not np.all(np.isfinite(mean)):
-            raise ValueError("mean must be a finite scalar or 1-D array")
+        mean = check_finite_array(self.mean, "mean", ndim=(0, 1), max_abs=MAX_PARAMETER)
         object.__setattr__(self, "mean", float(mean) if mean.ndim == 0 else mean.copy())
         object.__setattr__(self, "sigma_theta",
-                           check_nonnegative_scalar(self.sigma_theta, "sigma_theta"))
-        object.__setattr__(self, "sigma_x", check_positive_scalar(self.sigma_x, "sigma_x"))
+                           _scale_iv(self.sigma_theta, "sigma_theta", allow_zero=True))
+        object.__setattr__(self, "sigma_x", _scale_iv(self.sigma_x, "sigma_x", allow_zero=False))
 
     @property
     def _shape(self):
@@ -137,6 +153,11 @@ class GaussianPopulation:
 class BetaBernoulliPopulation:
     """p_i ~ Beta(alpha, beta), X_ij | p_i ~ Bernoulli(p_i).
 
+    Parameters
+    ----------
+    alpha, beta : float
+        Shape parameters, in (0, 1e300].
+
     Examples
     --------
     >>> pop = BetaBernoulliPopulation(2.0, 2.0)
@@ -149,8 +170,8 @@ class BetaBernoulliPopulation:
     beta: float = 1.0
 
     def __post_init__(self):
-        object.__setattr__(self, "alpha", check_positive_scalar(self.alpha, "alpha"))
-        object.__setattr__(self, "beta", check_positive_scalar(self.beta, "beta"))
+        object.__setattr__(self, "alpha", _scale_iv(self.alpha, "alpha", allow_zero=False))
+        object.__setattr__(self, "beta", _scale_iv(self.beta, "beta", allow_zero=False))
 
     def sample(self, n_clients, n, *, rng=None):
         """Draw success probabilities and raw 0/1 observations (uint8).

@@ -15,13 +15,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from ebfl._validation import (
+    INT64_MAX,
     as_generator,
+    check_callable,
+    check_counts,
     check_finite_array,
     check_int_scalar,
+    check_nonnegative_scalar,
     check_positive_scalar,
+    check_real_scalar,
+    check_standard_errors,
 )
 from ebfl.eb import _kernels
-from ebfl.eb.gaussian import _n_iv
 
 __all__ = [
     "DiscreteMixtureFit",
@@ -60,12 +65,25 @@ class DiscretePosterior:
         return self.atoms[np.argmax(self.weights, axis=1)]
 
 
+#: Largest |value| of client means and atoms: their squared distances (<= 4e300 d)
+#: then stay finite.
+MAX_ABS = 1e150
+
+
 def _as_2d(x):
     return x if x.ndim == 2 else x[:, None]
 
 
+def _points_iv(x, name):
+    """Client means or atoms: finite, |values| <= MAX_ABS, shape (m,) or (m, d) with d >= 1."""
+    x = check_finite_array(x, name, ndim=(1, 2), max_abs=MAX_ABS)
+    if x.ndim == 2 and x.shape[1] == 0:
+        raise ValueError(f"{name} must have at least one coordinate, got shape {x.shape}")
+    return x
+
+
 def _prior_iv(atoms, probs, d):
-    atoms = check_finite_array(atoms, "atoms", ndim=(1, 2))
+    atoms = _points_iv(atoms, "atoms")
     atoms2 = _as_2d(atoms)
     if atoms2.shape[1] != d:
         raise ValueError(f"atoms must have dimension d={d}, got shape {atoms.shape}")
@@ -90,11 +108,11 @@ def discrete_posterior(x, s, atoms, probs):
     Parameters
     ----------
     x : array_like, shape (m,) or (m, d)
-        Client means xbar_i.
+        Client means xbar_i, each |value| <= 1e150.
     s : float or array_like, shape (m,)
-        Their standard errors sigma_x / sqrt(n_i), > 0.
+        Their standard errors sigma_x / sqrt(n_i), in [1e-150, 1e150].
     atoms : array_like, shape (k,) or (k, d)
-        Support mu_1..mu_k of the prior.
+        Support mu_1..mu_k of the prior, each |value| <= 1e150.
     probs : array_like, shape (k,)
         Prior probabilities p_l (>= 0, summing to 1).
 
@@ -108,19 +126,54 @@ def discrete_posterior(x, s, atoms, probs):
     >>> post.map_atom.tolist()
     [-1.0, 0.0, 3.0]
     """
-    x = check_finite_array(x, "x", ndim=(1, 2))
+    x = _points_iv(x, "x")
     x2 = _as_2d(x)
-    s = check_finite_array(s, "s", ndim=(0, 1))
-    s = np.full(x2.shape[0], float(s)) if s.ndim == 0 else s
-    if s.shape != (x2.shape[0],) or np.any(s <= 0):
-        raise ValueError(f"s must be > 0, a scalar or of shape ({x2.shape[0]},)")
+    s = check_standard_errors(s, "s", x2.shape[0])
     atoms, atoms2, probs = _prior_iv(atoms, probs, x2.shape[1])
-    with np.errstate(divide="ignore"):
-        log_prob = np.log(probs)
-    weights, mean, trace_var = _kernels._discrete_posterior(x2, s * s, atoms2, log_prob)
+    weights, mean, trace_var = _posterior(x2, s, atoms2, probs)
     d = x2.shape[1]
     return DiscretePosterior(mean if x.ndim == 2 else mean[:, 0], trace_var / d, weights,
                              atoms if x.ndim == 2 or atoms.ndim == 1 else atoms2[:, 0])
+
+
+def _posterior(x2, s, atoms2, probs):
+    """Theorem 5 on validated input: weights (m, k), means (m, d), summed variances (m,)."""
+    with np.errstate(divide="ignore"):
+        log_prob = np.log(probs)
+    weights, mean, trace_var = _kernels._discrete_posterior(x2, s * s, atoms2, log_prob)
+    far = ~np.all(np.isfinite(weights), axis=1)
+    if np.any(far):
+        weights[far], mean[far], trace_var[far] = _far_posterior(x2[far], s[far], atoms2,
+                                                                 log_prob)
+    return weights, mean, trace_var
+
+
+def _far_posterior(x2, s, atoms2, log_prob):
+    """Rows whose every atom is so far in units of s that |x - mu_l|^2 / (2 s^2) overflows.
+
+    The kernel's log-weights are then all -inf (NaN after normalizing). The
+    weights only depend on the distances relative to the nearest atom mu_j of
+    positive prior mass, |x - mu_l|^2 - |x - mu_j|^2 = (mu_j - mu_l).(2x - mu_l - mu_j),
+    written as a product so that it keeps its precision when both distances
+    are huge; it is divided by 2 s^2 last. In practice mu_j takes all the mass.
+    """
+    possible = np.isfinite(log_prob)  # atoms of positive prior mass
+
+    def excess_over(ref):  # |x - mu_l|^2 - |x - mu_ref|^2, shape (rows, k)
+        mu_ref = atoms2[ref]  # (rows, d)
+        return np.einsum("rkd,rkd->rk", mu_ref[:, None, :] - atoms2[None],
+                         2.0 * x2[:, None, :] - atoms2[None] - mu_ref[:, None, :])
+
+    first = np.full(x2.shape[0], np.flatnonzero(possible)[0])
+    nearest = np.argmin(np.where(possible, excess_over(first), np.inf), axis=1)
+    with np.errstate(over="ignore"):  # excess -> inf: weight 0
+        excess = np.where(possible, excess_over(nearest), 0.0) / (2.0 * s[:, None] ** 2)
+    logits = log_prob - excess
+    weights = np.exp(logits - logits.max(axis=1, keepdims=True))
+    weights /= weights.sum(axis=1, keepdims=True)
+    mean = weights @ atoms2
+    trace_var = np.sum(weights * np.sum((atoms2[None] - mean[:, None, :]) ** 2, axis=2), axis=1)
+    return weights, mean, trace_var
 
 
 def expected_posterior_variance(atoms, probs, sigma_x, n, *, n_samples=100_000, rng=None):
@@ -134,17 +187,17 @@ def expected_posterior_variance(atoms, probs, sigma_x, n, *, n_samples=100_000, 
     -------
     estimate, standard_error : float
     """
-    atoms_arr = check_finite_array(atoms, "atoms", ndim=(1, 2))
+    atoms_arr = _points_iv(atoms, "atoms")
     d = 1 if atoms_arr.ndim == 1 else atoms_arr.shape[1]
     atoms_arr, atoms2, probs = _prior_iv(atoms_arr, probs, d)
     sigma_x = check_positive_scalar(sigma_x, "sigma_x")
-    n = check_int_scalar(n, "n", minimum=1)
-    n_samples = check_int_scalar(n_samples, "n_samples", minimum=2)
+    n = check_int_scalar(n, "n", minimum=1, maximum=INT64_MAX)
+    n_samples = check_int_scalar(n_samples, "n_samples", minimum=2, maximum=INT64_MAX)
+    s = check_standard_errors(sigma_x / math.sqrt(n), "sigma_x / sqrt(n)", 1)
     rng = as_generator(rng)
-    theta = atoms2[rng.choice(atoms2.shape[0], size=n_samples, p=probs)]
-    xbar = theta + sigma_x / math.sqrt(n) * rng.standard_normal(theta.shape)
-    post = discrete_posterior(xbar, sigma_x / math.sqrt(n), atoms2, probs)
-    total = post.var * d
+    theta = atoms2[rng.choice(atoms2.shape[0], size=n_samples, p=probs / probs.sum())]
+    xbar = theta + s[0] * rng.standard_normal(theta.shape)
+    _, _, total = _posterior(xbar, np.full(n_samples, s[0]), atoms2, probs)
     return float(total.mean()), float(total.std(ddof=1) / math.sqrt(n_samples))
 
 
@@ -169,15 +222,20 @@ def lemma1_radius(d, sigma_x, n, m, r):
     >>> round(lemma1_radius(1, 1.0, 100, 1000, 2.0), 4)
     3.2584
     """
-    d = check_int_scalar(d, "d", minimum=1)
+    d = check_int_scalar(d, "d", minimum=1, maximum=INT64_MAX)
     sigma_x = check_positive_scalar(sigma_x, "sigma_x")
-    n = check_int_scalar(n, "n", minimum=1)
-    m = check_int_scalar(m, "m", minimum=1)
-    r = float(check_finite_array(r, "r", ndim=0))
-    if r < 0:
-        raise ValueError(f"r must be >= 0, got {r}")
-    return (4.0 * math.sqrt(d * sigma_x**2 / n)
-            + 2.0 * math.sqrt(math.log(m * m * n) * sigma_x**2 / n) + r)
+    n = check_int_scalar(n, "n", minimum=1, maximum=INT64_MAX)
+    m = check_int_scalar(m, "m", minimum=1, maximum=INT64_MAX)
+    if isinstance(r, np.ndarray) and r.ndim == 0:
+        r = r.item()
+    r = check_nonnegative_scalar(r, "r")
+    # sigma_x / sqrt(n) is factored out: sigma_x**2 would overflow in Python floats.
+    se = sigma_x / math.sqrt(n)
+    radius = (4.0 * math.sqrt(d) + 2.0 * math.sqrt(math.log(m * m * n))) * se + r
+    if not math.isfinite(radius):
+        raise ValueError(f"sigma_x = {sigma_x!r} and r = {r!r} are too large: the radius "
+                         "overflows float64")
+    return radius
 
 
 def kmeans_cluster(points, k, rng):
@@ -242,17 +300,18 @@ def discrete_mixture_eb(xbar, n, *, sigma_x, n_atoms, n_iter=10, cluster=kmeans_
     Parameters
     ----------
     xbar : array_like, shape (m,) or (m, d)
-        Client means.
+        Client means, each |value| <= 1e150.
     n : int or array_like of int, shape (m,)
-        Samples per client.
+        Samples per client, >= 1.
     sigma_x : float
-        Known data noise sd (s_i = sigma_x / sqrt(n_i)).
+        Known data noise sd; s_i = sigma_x / sqrt(n_i) must lie in [1e-150, 1e150].
     n_atoms : int
         k, the number of atoms, 1 <= k <= m.
     n_iter : int, default=10
         T.
     cluster : callable, default=kmeans_cluster
-        ``cluster(points, k, rng) -> (centres (k, d), labels (m,))``.
+        ``cluster(points, k, rng) -> (centres (k, d), labels (m,))``; the
+        centres must be finite with |value| <= 1e150, the labels in 0..k-1.
     mechanism : Mechanism, optional
         What each client applies to theta_i^(t-1) before sending it (Lemma 1
         recipe): the vector is first clipped to the L2 ball of ``radius``, then
@@ -262,10 +321,12 @@ def discrete_mixture_eb(xbar, n, *, sigma_x, n_atoms, n_iter=10, cluster=kmeans_
         the ball lies inside the cube [-radius, radius]^d it is calibrated for).
         Clients keep their exact xbar_i for their own posterior.
     radius : float, optional
-        Clipping radius; required with ``mechanism``, e.g. :func:`lemma1_radius`.
+        Clipping radius in (0, 1e150]; required with ``mechanism`` (and only
+        then), e.g. :func:`lemma1_radius`.
     delta_total : float, optional
-        For a private mechanism, the delta at which the composed epsilon over
-        the T releases is reported (default: T times the per-round delta).
+        For a Gaussian mechanism, the delta in (0, 1) at which the composed
+        epsilon over the T releases is reported (default: T times the
+        per-round delta).
     rng : None, int, SeedSequence or Generator
 
     Returns
@@ -281,39 +342,111 @@ def discrete_mixture_eb(xbar, n, *, sigma_x, n_atoms, n_iter=10, cluster=kmeans_
     >>> np.round(np.sort(fit.atoms)).tolist()
     [-4.0, 0.0, 4.0]
     """
-    xbar = check_finite_array(xbar, "xbar", ndim=(1, 2), min_len=1)
+    xbar = _points_iv(xbar, "xbar")
     x2 = _as_2d(xbar)
     m, d = x2.shape
-    n_arr = np.broadcast_to(_n_iv(n, m), (m,))
+    n_arr = _n_iv(n, m)
     sigma_x = check_positive_scalar(sigma_x, "sigma_x")
-    n_atoms = check_int_scalar(n_atoms, "n_atoms", minimum=1)
-    if n_atoms > m:
-        raise ValueError(f"n_atoms must be <= the number of clients {m}, got {n_atoms}")
+    s = check_standard_errors(sigma_x / np.sqrt(n_arr), "sigma_x / sqrt(n)", m)
+    n_atoms = check_int_scalar(n_atoms, "n_atoms", minimum=1, maximum=m)
     n_iter = check_int_scalar(n_iter, "n_iter", minimum=1)
-    if mechanism is not None and radius is None:
-        raise ValueError("a mechanism needs the clipping radius (e.g. lemma1_radius(...))")
-    if radius is not None:
-        radius = check_positive_scalar(radius, "radius")
+    check_callable(cluster, "cluster", "cluster(points, k, rng) -> (centres, labels)")
+    radius = _channel_iv(mechanism, radius, d)
+    delta_total = _delta_total_iv(delta_total, mechanism)
     rng = as_generator(rng)
-    s = sigma_x / np.sqrt(n_arr)
     theta = x2.copy()
     history = []
     for _ in range(n_iter):
         sent, n_clipped = theta, 0
         if mechanism is not None:
             sent, n_clipped = _clip_to_ball(theta, radius)
-            sent = mechanism.privatize(sent, rng)
-        centres, labels = cluster(sent, n_atoms, rng)
-        centres = np.asarray(centres, dtype=np.float64).reshape(n_atoms, d)
-        probs = np.bincount(np.asarray(labels), minlength=n_atoms) / m
-        post = discrete_posterior(x2, s, centres, probs)
+            sent = _mechanism_output(mechanism.privatize(sent, rng), sent.shape)
+        centres, labels = _cluster_output(*_pair(cluster(sent, n_atoms, rng)), n_atoms, m, d)
+        probs = np.bincount(labels, minlength=n_atoms) / m
+        weights, mean, trace_var = _posterior(x2, s, centres, probs)
         history.append({"atoms": centres, "probs": probs, "n_clipped": n_clipped,
-                        "max_change": float(np.max(np.abs(post.mean - theta)))})
-        theta = post.mean
+                        "max_change": float(np.max(np.abs(mean - theta)))})
+        theta = mean
     privacy = _composed_privacy(mechanism, n_iter, delta_total)
+    post = DiscretePosterior(mean, trace_var / d, weights, centres)
     if xbar.ndim == 1:
         post = DiscretePosterior(post.mean[:, 0], post.var, post.weights, post.atoms[:, 0])
     return DiscreteMixtureFit(post.mean, post.atoms, probs, post, history, privacy)
+
+
+def _n_iv(n, m):
+    """Samples per client as a float64 array of shape (m,) (a scalar is broadcast)."""
+    if np.ndim(n) == 0 and not isinstance(n, np.ndarray):
+        return np.full(m, float(check_int_scalar(n, "n", minimum=1, maximum=INT64_MAX)))
+    if isinstance(n, np.ndarray) and n.ndim == 0:
+        return _n_iv(n.item(), m)
+    n_arr = check_counts(n, "n", minimum=1)
+    if n_arr.shape != (m,):
+        raise ValueError(f"n must be a scalar or have shape ({m},), got {n_arr.shape}")
+    return n_arr.astype(np.float64)
+
+
+def _channel_iv(mechanism, radius, d):
+    """The clipping radius of a mechanism channel (None without a mechanism)."""
+    if mechanism is None:
+        if radius is not None:
+            raise ValueError("radius clips what a mechanism releases: give a mechanism too, "
+                             "or leave radius unset")
+        return None
+    if not callable(getattr(mechanism, "privatize", None)):
+        raise TypeError("mechanism must be a Mechanism with a privatize(x, rng) method, got "
+                        f"{type(mechanism).__name__}")
+    mech_d = getattr(mechanism, "d", None)
+    if isinstance(mech_d, int) and mech_d != d:
+        raise ValueError(f"mechanism is calibrated for d={mech_d} coordinates, but xbar has "
+                         f"d={d}")
+    if radius is None:
+        raise ValueError("a mechanism needs the clipping radius (e.g. lemma1_radius(...))")
+    return check_real_scalar(radius, "radius", low=0.0, high=MAX_ABS, low_open=True)
+
+
+def _delta_total_iv(delta_total, mechanism):
+    if delta_total is None:
+        return None
+    if getattr(mechanism, "sigma", None) is None or getattr(mechanism, "privacy", None) is None:
+        raise ValueError("delta_total sets the delta of the composed epsilon of a Gaussian "
+                         "mechanism: give such a mechanism, or leave delta_total unset")
+    return check_real_scalar(delta_total, "delta_total", low=0.0, high=1.0, low_open=True,
+                             high_open=True)
+
+
+def _mechanism_output(sent, shape):
+    try:
+        sent = check_finite_array(sent, "mechanism output", max_abs=MAX_ABS)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"mechanism.privatize must return finite values in [-{MAX_ABS:g}, "
+                         f"{MAX_ABS:g}]: {exc}") from None
+    if sent.shape != shape:
+        raise ValueError(f"mechanism.privatize must return the shape of its input {shape}, "
+                         f"got {sent.shape}")
+    return sent
+
+
+def _pair(out):
+    if not isinstance(out, tuple | list) or len(out) != 2:
+        raise TypeError("cluster must return a pair (centres, labels), got "
+                        f"{type(out).__name__}")
+    return out
+
+
+def _cluster_output(centres, labels, k, m, d):
+    """Check what ``cluster`` returned: centres (k, d) and labels (m,) in 0..k-1."""
+    try:
+        centres = check_finite_array(centres, "centres", ndim=(1, 2), max_abs=MAX_ABS)
+        labels = check_counts(labels, "labels", minimum=0)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"cluster returned bad output: {exc}") from None
+    if centres.size != k * d or centres.shape[0] != k:
+        raise ValueError(f"cluster must return centres of shape ({k}, {d}), got {centres.shape}")
+    if labels.shape != (m,) or labels.max() >= k:
+        raise ValueError(f"cluster must return one label in 0..{k - 1} per client ({m}), got "
+                         f"shape {labels.shape} with largest label {labels.max()}")
+    return centres.reshape(k, d), labels
 
 
 def _composed_privacy(mechanism, n_releases, delta_total):

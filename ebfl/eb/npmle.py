@@ -37,7 +37,13 @@ from types import MappingProxyType
 import numpy as np
 from scipy import linalg, special
 
-from ebfl._validation import check_finite_array, check_int_scalar, check_positive_scalar
+from ebfl._validation import (
+    INT64_MAX,
+    check_finite_array,
+    check_int_scalar,
+    check_positive_scalar,
+    check_standard_errors,
+)
 from ebfl.eb import _kernels
 from ebfl.eb.beta_binomial import _counts_iv
 from ebfl.eb.results import _freeze
@@ -55,6 +61,11 @@ ARMIJO = 0.01
 MIN_STEP = 1e-10
 #: Optimality tolerance of the quadratic subproblem on its dual (gradient units).
 QP_DUAL_TOL = 1e-13
+#: Largest |x| and |grid point| of a normal fit: squared differences stay finite.
+MAX_ABS = 1e150
+#: Largest distance, in standard errors, from an observation to its nearest grid
+#: point: z^2 / 2 overflows beyond ~1.3e154.
+MAX_Z = 1e150
 
 
 @dataclass(frozen=True)
@@ -145,11 +156,12 @@ def npmle_normal(x, s, *, grid=None, n_grid=300, bins=None, tol=1e-8, max_iter=1
     Parameters
     ----------
     x : array_like, shape (n,)
-        Observations (client means xbar_i), finite.
+        Observations (client means xbar_i), finite, each |x_i| <= 1e150.
     s : float or array_like, shape (n,)
-        Their standard errors, > 0 (heteroskedastic allowed).
+        Their standard errors, in [1e-150, 1e150] (heteroskedastic allowed).
     grid : array_like, shape (K,), optional
-        Support points. Default: ``n_grid`` equally spaced points from min(x) to
+        Support points, each |u_k| <= 1e150; every x_i must lie within 1e150
+        s_i of one. Default: ``n_grid`` equally spaced points from min(x) to
         max(x) (the NPMLE's support lies in that range).
     n_grid : int
         Size of the default grid, >= 2.
@@ -183,14 +195,10 @@ def npmle_normal(x, s, *, grid=None, n_grid=300, bins=None, tol=1e-8, max_iter=1
     >>> float(np.abs(fit.posterior_mean - theta).mean()) < 0.5
     True
     """
-    x = check_finite_array(x, "x", ndim=1)
-    s = check_finite_array(s, "s", ndim=(0, 1))
-    if s.ndim == 1 and s.shape != x.shape:
-        raise ValueError(f"s must be a scalar or have the shape of x {x.shape}, got {s.shape}")
-    if np.any(s <= 0):
-        raise ValueError("s must be > 0")
-    s_full = np.broadcast_to(s, x.shape).astype(np.float64)
+    x = check_finite_array(x, "x", ndim=1, max_abs=MAX_ABS)
+    s_full = check_standard_errors(s, "s", x.size)
     grid = _grid_iv(grid, n_grid, float(x.min()), float(x.max()))
+    _check_reach(x, s_full, grid)
     tol = check_positive_scalar(tol, "tol")
     max_iter = check_int_scalar(max_iter, "max_iter", minimum=1)
 
@@ -282,9 +290,28 @@ def npmle_binomial(successes, trials, *, grid=None, n_grid=300, tol=1e-8, max_it
 
 def _grid_iv(grid, n_grid, low, high):
     if grid is not None:
-        return check_finite_array(grid, "grid", ndim=1).astype(np.float64, copy=True)
-    n_grid = check_int_scalar(n_grid, "n_grid", minimum=2)
+        return check_finite_array(grid, "grid", ndim=1, max_abs=MAX_ABS).astype(np.float64,
+                                                                                copy=True)
+    n_grid = check_int_scalar(n_grid, "n_grid", minimum=2, maximum=INT64_MAX)
     return np.linspace(low, high, n_grid)
+
+
+def _check_reach(x, s, grid):
+    """Every x_i must lie within MAX_Z standard errors of some grid point.
+
+    Otherwise (x_i - u)^2 / s_i^2 overflows for every u, the row's likelihood
+    is 0 under every grid prior and the fit is undefined (NaN).
+    """
+    order = np.sort(grid)
+    pos = np.searchsorted(order, x)
+    below = np.abs(x - order[np.maximum(pos - 1, 0)])
+    above = np.abs(x - order[np.minimum(pos, order.size - 1)])
+    reach = np.minimum(below, above) / s
+    if np.any(reach > MAX_Z):
+        i = int(np.argmax(reach))
+        raise ValueError(f"x[{i}] = {x[i]!r} lies {reach[i]:.3g} standard errors s from the "
+                         f"nearest grid point; the normal likelihood needs at most {MAX_Z:g} "
+                         "(widen grid, or check x and s)")
 
 
 def _bin(x, bins):

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 
-from ebfl._validation import check_nonnegative_scalar, check_positive_scalar
+from ebfl._validation import (
+    check_finite_array,
+    check_nonnegative_scalar,
+    check_positive_scalar,
+    check_real_scalar,
+)
 
 __all__ = ["BetaPrior", "NormalPrior"]
 
@@ -37,30 +45,49 @@ class BetaPrior:
     @property
     def mean(self) -> float:
         """Prior mean alpha / (alpha + beta)."""
-        return self.alpha / (self.alpha + self.beta)
+        s = self.alpha + self.beta
+        if math.isinf(s):  # both shapes near the float64 maximum: divide first
+            return 1.0 / (1.0 + self.beta / self.alpha)
+        return self.alpha / s
 
     @property
     def variance(self) -> float:
         """Prior variance alpha beta / ((alpha + beta)^2 (alpha + beta + 1))."""
         s = self.alpha + self.beta
-        return self.alpha * self.beta / (s * s * (s + 1.0))
+        num, den = self.alpha * self.beta, s * s * (s + 1.0)
+        if math.isfinite(den) and den >= sys.float_info.min and num >= sys.float_info.min:
+            return num / den
+        # Shapes so large or small that the products overflow or underflow: the
+        # same value written as mean (1 - mean) / (alpha + beta + 1).
+        mean = self.mean
+        return mean * (1.0 - mean) / (s + 1.0)
 
     @classmethod
     def from_moments(cls, mean, variance):
-        """The Beta prior with the given mean and variance (spec C.5).
+        """The Beta prior with the given mean and variance (method of moments).
 
         Uses alpha + beta = mean (1 - mean) / variance - 1, which needs
-        ``0 < variance < mean (1 - mean)``.
+        ``0 < mean < 1`` and ``0 < variance < mean (1 - mean)``.
         """
-        mean = float(mean)
+        mean = check_real_scalar(mean, "mean", low=0.0, high=1.0, low_open=True,
+                                 high_open=True)
+        bound = mean * (1.0 - mean)
+        if not _is_real(variance):
+            raise TypeError(f"variance must be a real number in (0, mean(1-mean)) = "
+                            f"(0, {bound!r}), got {variance!r}")
         variance = float(variance)
-        if not 0.0 < mean < 1.0:
-            raise ValueError(f"mean must lie in (0, 1), got {mean}")
-        if not 0.0 < variance < mean * (1.0 - mean):
-            raise ValueError(f"variance must lie in (0, mean(1-mean)) = (0, {mean * (1 - mean)}),"
-                             f" got {variance}")
-        s = mean * (1.0 - mean) / variance - 1.0
-        return cls(mean * s, (1.0 - mean) * s)
+        if not 0.0 < variance < bound:
+            raise ValueError(f"variance must lie in (0, mean(1-mean)) = (0, {bound!r}),"
+                             f" got {variance!r}")
+        s = bound / variance - 1.0
+        alpha, beta = mean * s, (1.0 - mean) * s
+        if not (math.isfinite(alpha) and math.isfinite(beta)):
+            raise ValueError(f"variance {variance!r} is too small relative to mean(1-mean) = "
+                             f"{bound!r}: alpha + beta = {s!r} overflows")
+        if alpha == 0.0 or beta == 0.0:
+            raise ValueError(f"mean {mean!r} and variance {variance!r} give a Beta shape "
+                             "below the smallest float")
+        return cls(alpha, beta)
 
 
 @dataclass(frozen=True)
@@ -79,9 +106,7 @@ class NormalPrior:
     sd: float
 
     def __post_init__(self):
-        mean = np.asarray(self.mean, dtype=np.float64)
-        if mean.ndim > 1 or not np.all(np.isfinite(mean)):
-            raise ValueError("mean must be a finite scalar or 1-D array")
+        mean = check_finite_array(self.mean, "mean", ndim=(0, 1))
         mean = float(mean) if mean.ndim == 0 else mean.copy()
         if isinstance(mean, np.ndarray):
             mean.setflags(write=False)
@@ -93,3 +118,7 @@ class NormalPrior:
                 and np.array_equal(self.mean, other.mean))
 
     __hash__ = None
+
+
+def _is_real(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)

@@ -27,10 +27,20 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
+import os
 
 import numpy as np
 
 from ebfl._paths import paper_numbers
+from ebfl._validation import (
+    check_bool,
+    check_choice,
+    check_int_scalar,
+    check_names,
+    check_positive_scalar,
+    check_real_scalar,
+)
 
 __all__ = ["DATASETS", "METHODS", "dp_sweep", "fedem_comparison", "load_clients", "plot_dp_sweep",
            "plot_fedem_comparison", "plot_table1", "table1"]
@@ -99,8 +109,11 @@ def load_clients(dataset, *, seed=0, femnist_root=None, test_fraction=0.2):
     """
     from ebfl.learning.torch import CNN5, MLP, FederatedDataset
 
-    if dataset not in DATASETS:
-        raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
+    _dataset_iv(dataset)
+    seed = _seed_iv(seed)
+    test_fraction = check_real_scalar(test_fraction, "test_fraction", low=0.0, high=1.0,
+                                      low_open=True, high_open=True)
+    _root_iv(femnist_root)
     rng = np.random.default_rng(seed)
     if dataset in ("mnist", "fashion-mnist"):
         from ebfl.learning.partition import pathological, train_test_split_per_client
@@ -159,10 +172,14 @@ def table1(dataset="mnist", *, methods=METHODS, seeds=(0,), quick=False, femnist
     """
     from ebfl.learning.torch import train
 
+    _dataset_iv(dataset)
     registry = _methods()
-    unknown = [m for m in methods if m not in registry]
-    if unknown:
-        raise ValueError(f"unknown methods {unknown}; choose from {list(registry)}")
+    methods = check_names(methods, "methods", registry, what="method")
+    seeds = _seeds_iv(seeds)
+    quick, progress = check_bool(quick, "quick"), check_bool(progress, "progress")
+    if eval_every is not None:
+        eval_every = check_int_scalar(eval_every, "eval_every", minimum=1)
+    _root_iv(femnist_root)
     proto = PROTOCOL[dataset]
     rounds = _rounds(proto, quick)
     eval_every = eval_every or (rounds if quick else max(1, rounds // 30))
@@ -242,6 +259,14 @@ def dp_sweep(dataset="mnist", *, noise_multipliers=(0.5, 1.0, 2.0, 4.0), clip=1.
     """
     from ebfl.learning.torch import AdaPeD, DPAdaPeD, Local, train
 
+    _dataset_iv(dataset)
+    noise_multipliers = _noise_iv(noise_multipliers)
+    clip, delta = _clip_delta_iv(clip, delta)
+    concatenate = check_bool(concatenate, "concatenate")
+    fine_tune = check_bool(fine_tune, "fine_tune")
+    seed = _seed_iv(seed)
+    quick, progress = check_bool(quick, "quick"), check_bool(progress, "progress")
+    _root_iv(femnist_root)
     proto = PROTOCOL[dataset]
     rounds = _rounds(proto, quick)
     data, make_model, info = load_clients(dataset, seed=seed, femnist_root=femnist_root)
@@ -294,6 +319,49 @@ def plot_dp_sweep(result, path):
     return path
 
 
+def _dataset_iv(dataset):
+    check_choice(dataset, "dataset", DATASETS)
+
+
+def _seed_iv(seed, name="seed"):
+    return check_int_scalar(seed, name, minimum=0, maximum=2**63 - 1)
+
+
+def _root_iv(root):
+    if root is not None and not isinstance(root, str | os.PathLike):
+        raise TypeError(f"femnist_root must be a path, got {type(root).__name__}")
+
+
+def _sequence(values, name):
+    """A sequence of values; one bare number means that one value."""
+    if isinstance(values, numbers.Number) and not isinstance(values, bool):
+        return [values]
+    if isinstance(values, str | bytes) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a sequence, got {values!r}")
+    return list(values)
+
+
+def _seeds_iv(seeds):
+    seeds = [_seed_iv(s, "seeds") for s in _sequence(seeds, "seeds")]
+    if not seeds:
+        raise ValueError("seeds must name at least one seed")
+    return tuple(seeds)
+
+
+def _noise_iv(noise_multipliers, *, allow_empty=False):
+    zs = tuple(check_real_scalar(z, "noise_multipliers", low=0.0, high=math.inf, low_open=True,
+                                 high_open=True)
+               for z in _sequence(noise_multipliers, "noise_multipliers"))
+    if not zs and not allow_empty:
+        raise ValueError("noise_multipliers must hold at least one value")
+    return zs
+
+
+def _clip_delta_iv(clip, delta):
+    return (check_positive_scalar(clip, "clip"),
+            check_real_scalar(delta, "delta", low=0.0, high=1.0, low_open=True, high_open=True))
+
+
 def _mean_sd(values):
     return {"mean": float(np.mean(values)),
             "sd": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
@@ -336,11 +404,12 @@ def fedem_comparison(dataset="mnist", *, noise_multipliers=(1.0, 4.0, 16.0), cli
     """
     from ebfl.learning.torch import DPAdaPeD, train
 
-    zs = tuple(float(z) for z in noise_multipliers)
-    if any(not math.isfinite(z) or z <= 0 for z in zs):
-        raise ValueError(f"noise_multipliers must be finite and > 0, got {zs}")
-    if not seeds:
-        raise ValueError("seeds must name at least one seed")
+    _dataset_iv(dataset)
+    zs = _noise_iv(noise_multipliers, allow_empty=True)
+    seeds = _seeds_iv(seeds)
+    clip, delta = _clip_delta_iv(clip, delta)
+    quick, progress = check_bool(quick, "quick"), check_bool(progress, "progress")
+    _root_iv(femnist_root)
     proto = PROTOCOL[dataset]
     rounds = _rounds(proto, quick)
     acc = {"AdaPeD": [], "FedEM": []} | {(name, z): [] for z in zs

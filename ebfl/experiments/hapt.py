@@ -30,7 +30,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 
+from ebfl._validation import check_bool, check_choice
 from ebfl.datasets.hapt import ACTIVITIES, hapt_windows, standardized_clients
 from ebfl.learning.data import RegressionData
 from ebfl.learning.federated import run_federated
@@ -62,9 +64,10 @@ def hapt_clients(windows, positive="SITTING"):
     users : ndarray
         Subject id of each client row.
     """
-    names = sorted(ACTIVITIES.values())
-    if positive not in names:
-        raise ValueError(f"positive must be one of {names}, got {positive!r}")
+    _positive_iv(positive)
+    if not isinstance(windows, pd.DataFrame):
+        raise TypeError(f"windows must be a pandas DataFrame (from ebfl.datasets.hapt_windows), "
+                        f"got {type(windows).__name__}")
     code = {name: c for c, name in ACTIVITIES.items()}[positive]
     users, train, test = standardized_clients(windows)
 
@@ -74,6 +77,10 @@ def hapt_clients(windows, positive="SITTING"):
                                          [(lab == code).astype(float) for lab in labels])
 
     return stack(train), stack(test), users
+
+
+def _positive_iv(positive):
+    check_choice(positive, "positive", set(ACTIVITIES.values()))
 
 
 def _accuracy(theta, data):
@@ -119,6 +126,8 @@ def hapt_logistic(*, positive="SITTING", quick=False, windows=None, progress=Fal
         per_client (and sigma_theta2 for the prior-learning ones)} and ``curves``
         {estimator: [(round, test accuracy), ...]}.
     """
+    _positive_iv(positive)
+    quick, progress = check_bool(quick, "quick"), check_bool(progress, "progress")
     windows = hapt_windows() if windows is None else windows
     train, test, users = hapt_clients(windows, positive)
     rounds = QUICK if quick else FULL

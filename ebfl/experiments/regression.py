@@ -32,10 +32,12 @@ method ended.
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
 from ebfl._paths import paper_numbers
+from ebfl._validation import INT64_MAX, as_generator, check_bool, check_int_scalar
 from ebfl.learning.data import RegressionData
 from ebfl.learning.federated import run_federated
 from ebfl.learning.regression import FedAvgLinear, LinearEM, LinearGD, finetune_linear
@@ -47,7 +49,14 @@ SIGMA_THETA2, SIGMA_X2, MU_SD, X_VAR, N = 0.01, 0.05, 0.1, 0.05, 10
 
 
 def e3_data(m, d, rng, n=N):
-    """One draw of the E3 population: (RegressionData, theta (m, d), mu (d,))."""
+    """One draw of the E3 population: (RegressionData, theta (m, d), mu (d,)).
+
+    ``m``, ``d`` and ``n`` are positive integers; ``rng`` is None, a seed or a Generator.
+    """
+    m = check_int_scalar(m, "m", minimum=1, maximum=INT64_MAX)
+    d = check_int_scalar(d, "d", minimum=1, maximum=INT64_MAX)
+    n = check_int_scalar(n, "n", minimum=1, maximum=INT64_MAX)
+    rng = as_generator(rng)
     mu = rng.normal(0.0, MU_SD, d)
     theta = mu + math.sqrt(SIGMA_THETA2) * rng.standard_normal((m, d))
     X = rng.normal(0.0, math.sqrt(X_VAR), (m, n, d))
@@ -63,6 +72,9 @@ def e3_regression(*, dims=(50, 100), m=10_000, runs=3, em_rounds=300, gd_rounds=
                   rng=0, progress=False):
     """Run E3; returns per d the MSE of every estimator (mean, sd over runs) and the gains.
 
+    ``dims`` is a selection of the paper's dimensions (50, 100); ``m`` >= 1
+    clients, ``runs`` >= 1 draws, ``em_rounds`` and ``gd_rounds`` >= 1.
+
     Returns
     -------
     dict
@@ -71,7 +83,13 @@ def e3_regression(*, dims=(50, 100), m=10_000, runs=3, em_rounds=300, gd_rounds=
         and the paper's numbers beside them) and ``curves`` (EM's MSE per round, first run).
     """
     paper = paper_numbers("generative_framework_e3").set_index("d")
-    gens = np.random.default_rng(rng).spawn(len(dims))
+    dims = _dims_iv(dims, paper.index)
+    m = check_int_scalar(m, "m", minimum=1, maximum=INT64_MAX)
+    runs = check_int_scalar(runs, "runs", minimum=1)
+    em_rounds = check_int_scalar(em_rounds, "em_rounds", minimum=1)
+    gd_rounds = check_int_scalar(gd_rounds, "gd_rounds", minimum=1)
+    progress = check_bool(progress, "progress")
+    gens = as_generator(rng).spawn(len(dims))
     rows, curves = [], {}
     for d, gen in zip(dims, gens, strict=True):
         runs_out = []
@@ -126,6 +144,20 @@ def e3_regression(*, dims=(50, 100), m=10_000, runs=3, em_rounds=300, gd_rounds=
                          "runs": runs, "em_rounds": em_rounds, "gd_rounds": gd_rounds,
                          "metric": "mean_i |theta_hat_i - theta_i|^2"},
             "rows": rows, "curves": {str(k): v for k, v in curves.items()}}
+
+
+def _dims_iv(dims, table):
+    """The dimensions to run: an int or a sequence of ints from the paper's table."""
+    if isinstance(dims, numbers.Integral) and not isinstance(dims, bool):
+        dims = (dims,)
+    if isinstance(dims, str | bytes) or not hasattr(dims, "__iter__"):
+        raise TypeError(f"dims must be a sequence of dimensions, got {dims!r}")
+    dims = [check_int_scalar(d, "dims", minimum=1) for d in dims]
+    allowed = sorted(int(d) for d in table)
+    if not dims or any(d not in allowed for d in dims):
+        raise ValueError(f"dims must be a non-empty selection of {allowed} (the dimensions of "
+                         f"the paper's table), got {dims}")
+    return dims
 
 
 def plot_e3(result, path):

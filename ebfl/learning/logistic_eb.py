@@ -28,8 +28,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import special
 
-from ebfl._validation import check_int_scalar, check_positive_scalar
-from ebfl.learning.data import RegressionData
+from ebfl._validation import check_finite_array, check_int_scalar, check_positive_scalar
+from ebfl.learning.data import _data_iv, _mean_iv, _mu0_iv, _variance_iv
 
 __all__ = ["LogisticEM", "logistic_map"]
 
@@ -87,7 +87,8 @@ def logistic_map(data, mu, sigma_theta2, *, theta0=None, steps=50, tol=1e-8):
         Responses in {0, 1}.
     mu : array_like, shape (d,)
     sigma_theta2 : float
-        > 0; with ``mu = 0`` this is ridge logistic regression with C = sigma_theta2.
+        In [1e-300, 1e150]; with ``mu = 0`` this is ridge logistic regression
+        with C = sigma_theta2.
     theta0 : array_like, shape (m, d), optional
         Starting point (default ``mu``).
     steps : int
@@ -101,33 +102,26 @@ def logistic_map(data, mu, sigma_theta2, *, theta0=None, steps=50, tol=1e-8):
     cov_trace : ndarray (m,)
         Tr(H_i^{-1}), the Laplace approximation's posterior variance.
     """
-    if not isinstance(data, RegressionData):
-        raise TypeError("data must be a RegressionData")
-    _check_binary(data)
-    s = check_positive_scalar(sigma_theta2, "sigma_theta2")
+    _check_binary(_data_iv(data))
+    s = _variance_iv(sigma_theta2, "sigma_theta2")
     steps = check_int_scalar(steps, "steps", minimum=1)
     tol = check_positive_scalar(tol, "tol")
-    mu = _as_vector(mu, data.dim, "mu")
-    theta = (np.tile(mu, (data.n_clients, 1)) if theta0 is None
-             else np.array(np.broadcast_to(theta0, (data.n_clients, data.dim)), float))
+    mu = _mean_iv(mu, data.dim, "mu")
+    if theta0 is None:
+        theta = np.tile(mu, (data.n_clients, 1))
+    else:
+        theta = check_finite_array(theta0, "theta0", ndim=(1, 2))
+        if theta.shape not in ((data.dim,), (data.n_clients, data.dim)):
+            raise ValueError(f"theta0 must have shape (d,) = ({data.dim},) or (m, d) = "
+                             f"({data.n_clients}, {data.dim}), got {theta.shape}")
+        theta = np.array(np.broadcast_to(theta, (data.n_clients, data.dim)))
     theta, hess = _newton(data.X, data.Y, data.mask, theta, mu, s, steps, tol)
     return theta, np.trace(np.linalg.inv(hess), axis1=1, axis2=2)
 
 
-def _as_vector(v, d, name):
-    v = np.asarray(v, dtype=float)
-    try:
-        v = np.broadcast_to(v, (d,)).copy()
-    except ValueError:
-        raise ValueError(f"{name} must be a scalar or have shape ({d},), got {v.shape}") from None
-    if not np.all(np.isfinite(v)):
-        raise ValueError(f"{name} must be finite")
-    return v
-
-
 def _check_binary(data):
     if not np.all((data.Y == 0) | (data.Y == 1)):
-        raise ValueError("logistic regression needs responses Y in {0, 1}")
+        raise ValueError("logistic regression needs responses data.Y in {0, 1}")
 
 
 class LogisticEM:
@@ -153,13 +147,13 @@ class LogisticEM:
 
     def __init__(self, *, newton_steps=5, mu0=None, sigma_theta2_0=1.0, floor=1e-8):
         self.newton_steps = check_int_scalar(newton_steps, "newton_steps", minimum=1)
-        self.mu0 = mu0
-        self.sigma_theta2_0 = check_positive_scalar(sigma_theta2_0, "sigma_theta2_0")
-        self.floor = check_positive_scalar(floor, "floor")
+        self.mu0 = _mu0_iv(mu0)
+        self.sigma_theta2_0 = _variance_iv(sigma_theta2_0, "sigma_theta2_0")
+        self.floor = _variance_iv(floor, "floor")
 
     def init(self, data, rng):
-        _check_binary(data)
-        mu = np.zeros(data.dim) if self.mu0 is None else _as_vector(self.mu0, data.dim, "mu0")
+        _check_binary(_data_iv(data))
+        mu = np.zeros(data.dim) if self.mu0 is None else _mean_iv(self.mu0, data.dim, "mu0")
         m = data.n_clients
         return {"theta": np.tile(mu, (m, 1)), "trace": np.zeros(m), "seen": np.zeros(m, bool),
                 "mu": mu, "sigma_theta2": self.sigma_theta2_0}
@@ -184,8 +178,8 @@ class LogisticEM:
         return state["theta"]
 
     def summary(self, state, data):
-        from ebfl.learning.regression import logistic_objective
+        from ebfl.learning.regression import _logistic_objective
 
-        return {"objective": logistic_objective(data, state["theta"], state["mu"],
-                                                state["sigma_theta2"]),
+        return {"objective": _logistic_objective(data, state["theta"], state["mu"],
+                                                 state["sigma_theta2"]),
                 "sigma_theta2": state["sigma_theta2"]}

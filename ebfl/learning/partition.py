@@ -20,9 +20,12 @@ import numbers
 
 import numpy as np
 
-from ebfl._validation import as_generator, check_int_scalar, check_positive_scalar
+from ebfl._validation import as_generator, check_int_scalar, check_real_scalar
 
 __all__ = ["dirichlet", "natural", "pathological", "train_test_split_per_client"]
+
+#: Largest Dirichlet concentration accepted by :func:`dirichlet`.
+MAX_ALPHA = 1e100
 
 
 def _labels_iv(labels):
@@ -34,6 +37,10 @@ def _labels_iv(labels):
     if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"labels must be integer class labels, got dtype {arr.dtype}")
     return arr
+
+
+def _n_clients_iv(n_clients, labels):
+    return check_int_scalar(n_clients, "n_clients", minimum=1, maximum=labels.size)
 
 
 def _grouped(inverse, counts):
@@ -50,7 +57,7 @@ def pathological(labels, n_clients, classes_per_client=3, *, rng=None):
     ----------
     labels : array_like of int, shape (n,)
     n_clients : int
-        At least 1.
+        Between 1 and the number of samples.
     classes_per_client : int, default=3
         Between 1 and the number of distinct labels.
     rng : None, int, SeedSequence or Generator
@@ -96,7 +103,7 @@ def pathological(labels, n_clients, classes_per_client=3, *, rng=None):
     True
     """
     labels = _labels_iv(labels)
-    n_clients = check_int_scalar(n_clients, "n_clients", minimum=1)
+    n_clients = _n_clients_iv(n_clients, labels)
     k = check_int_scalar(classes_per_client, "classes_per_client", minimum=1)
     classes, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
     n_classes = classes.size
@@ -111,7 +118,7 @@ def pathological(labels, n_clients, classes_per_client=3, *, rng=None):
     if short.size:
         c = short[0]
         raise ValueError(f"class {classes[c]} has {counts[c]} samples but would be shared by "
-                         f"{holders[c]} clients; use fewer clients or a smaller "
+                         f"{holders[c]} clients; use a smaller n_clients or "
                          "classes_per_client")
     remaining = holders.copy()
     owners = [[] for _ in range(n_classes)]
@@ -139,10 +146,10 @@ def dirichlet(labels, n_clients, alpha, *, min_size=10, max_tries=1000, rng=None
     ----------
     labels : array_like of int, shape (n,)
     n_clients : int
-        At least 1.
+        Between 1 and the number of samples.
     alpha : float
-        Dirichlet concentration, > 0. Small values (0.1) give clients dominated
-        by one or two classes; large values (100) nearly the global mix.
+        Dirichlet concentration, in (0, 1e100]. Small values (0.1) give clients
+        dominated by one or two classes; large values (100) nearly the global mix.
     min_size : int, default=10
         Every client must get at least this many samples; partitions that
         fall short are drawn again (the NIID-Bench convention).
@@ -182,8 +189,10 @@ def dirichlet(labels, n_clients, alpha, *, min_size=10, max_tries=1000, rng=None
     (150, True)
     """
     labels = _labels_iv(labels)
-    n_clients = check_int_scalar(n_clients, "n_clients", minimum=1)
-    alpha = check_positive_scalar(alpha, "alpha")
+    n_clients = _n_clients_iv(n_clients, labels)
+    # numpy's Dirichlet sampler returns garbage once the sum of the alphas nears
+    # the float64 maximum; 1e100 already gives the global mix to 1e-50.
+    alpha = check_real_scalar(alpha, "alpha", low=0.0, high=MAX_ALPHA, low_open=True)
     min_size = check_int_scalar(min_size, "min_size", minimum=0)
     max_tries = check_int_scalar(max_tries, "max_tries", minimum=1)
     if min_size * n_clients > labels.size:
@@ -235,10 +244,19 @@ def natural(groups):
     >>> [p.tolist() for p in natural(["b", "a", "b", "c"])]
     [[1], [0, 2], [3]]
     """
-    arr = np.asarray(groups)
+    try:
+        arr = np.asarray(groups)
+    except (TypeError, ValueError) as exc:  # ragged nested sequences
+        raise TypeError("groups must be a 1-D array of ids (integers or strings)") from exc
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"groups must be a non-empty 1-D array, got shape {arr.shape}")
-    if np.issubdtype(arr.dtype, np.floating) and np.isnan(arr).any():
+    if arr.dtype.kind == "c" or (arr.dtype.kind == "O" and any(
+            isinstance(g, complex | np.complexfloating) for g in arr)):
+        raise TypeError("groups must hold ids (integers or strings), got complex values")
+    if arr.dtype.kind not in "biufUSO":
+        raise TypeError(f"groups must hold ids (integers or strings), got dtype {arr.dtype}")
+    if (np.issubdtype(arr.dtype, np.floating) and np.isnan(arr).any()) or (
+            arr.dtype.kind == "O" and any(isinstance(g, float) and g != g for g in arr)):
         raise ValueError("groups must not contain NaN")
     try:
         order = np.argsort(arr, kind="stable")
@@ -249,7 +267,8 @@ def natural(groups):
 
 
 def _clients_iv(client_indices, n):
-    if isinstance(client_indices, np.ndarray) and client_indices.ndim == 1:
+    if isinstance(client_indices, str | bytes) or (isinstance(client_indices, np.ndarray)
+                                                   and client_indices.ndim == 1):
         raise TypeError("client_indices must be a sequence of index arrays, one per client")
     try:
         clients = [np.asarray(c) for c in client_indices]

@@ -28,19 +28,36 @@ import math
 import numpy as np
 from scipy import special
 
-from ebfl._validation import as_generator, check_int_scalar, check_positive_scalar
-from ebfl.eb.discrete import kmeans_cluster
-from ebfl.learning.regression import _residual, _rows
+from ebfl._validation import (
+    as_generator,
+    check_bool,
+    check_callable,
+    check_int_scalar,
+    check_positive_scalar,
+)
+from ebfl.eb.discrete import _cluster_output, _pair, kmeans_cluster
+from ebfl.learning.data import _data_iv, _mean_iv, _mu0_iv, _variance_iv
+from ebfl.learning.regression import _objective_iv, _residual, _rows
 from ebfl.learning.theorem6 import local_least_squares
 
 __all__ = ["DiscreteMixtureLinear", "GaussianMixtureLinear", "LaplaceLinear",
            "laplace_objective"]
 
+_CLUSTER_SIGNATURE = "cluster(points, k, rng) -> (centres (k, d), labels (m,))"
+
 
 def _clusters(theta, k, rng, cluster):
-    centres, labels = cluster(theta, k, as_generator(rng))
+    m, d = theta.shape
+    centres, labels = _cluster_output(*_pair(cluster(theta, k, as_generator(rng))), k, m, d)
     probs = np.bincount(labels, minlength=k) / labels.size
-    return np.asarray(centres, float), probs, labels
+    return centres, probs, labels
+
+
+def _k_iv(k, data):
+    """The number of atoms or clusters must not exceed the number of clients."""
+    if k > _data_iv(data).n_clients:
+        raise ValueError(f"k must be <= the number of clients m={data.n_clients}, got {k}")
+    return data
 
 
 class DiscreteMixtureLinear:
@@ -49,20 +66,20 @@ class DiscreteMixtureLinear:
     Parameters
     ----------
     k : int
-        Number of atoms.
+        Number of atoms, at most the number of clients.
     sigma_x2 : float
-        Known noise variance.
+        Known noise variance, in [1e-300, 1e150].
     cluster : callable
         ``cluster(points, k, rng) -> (centres, labels)``; scikit-learn's KMeans by default.
     """
 
     def __init__(self, k, sigma_x2, *, cluster=kmeans_cluster):
         self.k = check_int_scalar(k, "k", minimum=1)
-        self.sigma_x2 = check_positive_scalar(sigma_x2, "sigma_x2")
-        self.cluster = cluster
+        self.sigma_x2 = _variance_iv(sigma_x2, "sigma_x2")
+        self.cluster = check_callable(cluster, "cluster", _CLUSTER_SIGNATURE)
 
     def init(self, data, rng):
-        theta = local_least_squares(data)  # theta_i^0 = (X^T X)^+ X^T Y
+        theta = local_least_squares(_k_iv(self.k, data))  # theta_i^0 = (X^T X)^+ X^T Y
         atoms, probs, _ = _clusters(theta, self.k, rng, self.cluster)
         return {"theta": theta, "atoms": atoms, "probs": probs}
 
@@ -71,8 +88,13 @@ class DiscreteMixtureLinear:
         X, Y, mask = _rows(data, active)
         pred = np.einsum("mnd,ld->mnl", X, state["atoms"])
         sq = np.sum(((Y[..., None] - pred) * mask[..., None]) ** 2, axis=1)
-        with np.errstate(divide="ignore"):
-            log_w = np.log(state["probs"]) - sq / (2 * self.sigma_x2)
+        # Distances from each client's best atom: the weights are unchanged, and
+        # that atom's log-weight stays finite when sq / (2 sigma_x^2) overflows.
+        possible = state["probs"] > 0
+        sq -= np.min(np.where(possible, sq, np.inf), axis=1, keepdims=True)
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            log_w = np.where(possible, np.log(state["probs"]) - sq / (2 * self.sigma_x2),
+                             -np.inf)
         return np.exp(log_w - special.logsumexp(log_w, axis=1, keepdims=True))
 
     def round(self, state, data, active, rng):
@@ -95,9 +117,10 @@ class GaussianMixtureLinear:
     Parameters
     ----------
     k : int
+        Number of clusters, at most the number of clients.
     lr : float
     sigma_x2 : float
-        Noise variance in f_i = |Y_i - X_i theta|^2 / (2 sigma_x^2).
+        Noise variance in f_i = |Y_i - X_i theta|^2 / (2 sigma_x^2), in [1e-300, 1e150].
     min_var : float
         Floor on the clusters' variances.
     cluster : callable
@@ -107,9 +130,9 @@ class GaussianMixtureLinear:
     def __init__(self, k, lr, sigma_x2, *, min_var=1e-6, cluster=kmeans_cluster):
         self.k = check_int_scalar(k, "k", minimum=1)
         self.lr = check_positive_scalar(lr, "lr")
-        self.sigma_x2 = check_positive_scalar(sigma_x2, "sigma_x2")
-        self.min_var = check_positive_scalar(min_var, "min_var")
-        self.cluster = cluster
+        self.sigma_x2 = _variance_iv(sigma_x2, "sigma_x2")
+        self.min_var = _variance_iv(min_var, "min_var")
+        self.cluster = check_callable(cluster, "cluster", _CLUSTER_SIGNATURE)
 
     def _server(self, theta, rng):
         atoms, probs, labels = _clusters(theta, self.k, rng, self.cluster)
@@ -119,7 +142,7 @@ class GaussianMixtureLinear:
         return atoms, probs, np.maximum(var, self.min_var)
 
     def init(self, data, rng):
-        theta = local_least_squares(data)
+        theta = local_least_squares(_k_iv(self.k, data))
         atoms, probs, var = self._server(theta, rng)
         return {"theta": theta, "atoms": atoms, "probs": probs, "var": var}
 
@@ -152,7 +175,23 @@ class GaussianMixtureLinear:
 
 
 def laplace_objective(data, theta, mu, b, sigma_x2):
-    """-log p(data, theta) under theta_ij ~ Laplace(mu_j, b) i.i.d. (md log(2b), spec [!9])."""
+    """-log p(data, theta) under theta_ij ~ Laplace(mu_j, b) i.i.d. (md log(2b), spec [!9]).
+
+    Parameters
+    ----------
+    data : RegressionData
+    theta : array_like, shape (m, d)
+    mu : float or array_like, shape (d,)
+    b, sigma_x2 : float
+        Laplace scale and noise variance, in [1e-300, 1e150].
+    """
+    data, theta, mu, (b, sigma_x2) = _objective_iv(data, theta, mu,
+                                                   {"b": b, "sigma_x2": sigma_x2})
+    return _laplace_objective(data, theta, mu, b, sigma_x2)
+
+
+def _laplace_objective(data, theta, mu, b, sigma_x2):
+    """:func:`laplace_objective` without input checks (for the summaries)."""
     m, _, d = data.X.shape
     r = _residual(_rows(data), theta)
     n_total = data.mask.sum()
@@ -179,16 +218,15 @@ class LaplaceLinear:
 
     def __init__(self, lr, sigma_x2, *, learn_prior=True, mu0=None, b0=1.0, floor=1e-8):
         self.lr = check_positive_scalar(lr, "lr")
-        self.sigma_x2 = check_positive_scalar(sigma_x2, "sigma_x2")
-        self.learn_prior = bool(learn_prior)
-        self.mu0 = mu0
-        self.b0 = check_positive_scalar(b0, "b0")
-        self.floor = check_positive_scalar(floor, "floor")
+        self.sigma_x2 = _variance_iv(sigma_x2, "sigma_x2")
+        self.learn_prior = check_bool(learn_prior, "learn_prior")
+        self.mu0 = _mu0_iv(mu0)
+        self.b0 = _variance_iv(b0, "b0")
+        self.floor = _variance_iv(floor, "floor")
 
     def init(self, data, rng):
-        d = data.dim
-        mu = np.zeros(d) if self.mu0 is None else np.broadcast_to(
-            np.asarray(self.mu0, float), (d,)).copy()
+        d = _data_iv(data).dim
+        mu = np.zeros(d) if self.mu0 is None else _mean_iv(self.mu0, d, "mu0").copy()
         return {"theta": np.tile(mu, (data.n_clients, 1)), "mu": mu, "b": self.b0}
 
     def round(self, state, data, active, rng):
@@ -212,5 +250,5 @@ class LaplaceLinear:
         return state["theta"]
 
     def summary(self, state, data):
-        return {"objective": laplace_objective(data, state["theta"], state["mu"], state["b"],
-                                               self.sigma_x2), "b": state["b"]}
+        return {"objective": _laplace_objective(data, state["theta"], state["mu"], state["b"],
+                                                self.sigma_x2), "b": state["b"]}

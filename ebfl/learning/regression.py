@@ -25,9 +25,22 @@ import math
 import numpy as np
 from scipy import special
 
-from ebfl._validation import check_choice, check_int_scalar, check_positive_scalar
+from ebfl._validation import (
+    check_bool,
+    check_choice,
+    check_finite_array,
+    check_int_scalar,
+    check_nonnegative_scalar,
+    check_positive_scalar,
+)
 from ebfl.learning import _kernels
-from ebfl.learning.data import RegressionData
+from ebfl.learning.data import (
+    _data_iv,
+    _mean_iv,
+    _models_iv,
+    _mu0_iv,
+    _variance_iv,
+)
 
 __all__ = ["FedAvgLinear", "FedAvgLogistic", "LinearEM", "LinearGD", "LogisticGD",
            "finetune_linear", "finetune_logistic", "linear_objective", "logistic_objective"]
@@ -48,8 +61,32 @@ def _residual(rows, theta):
     return (Y - np.einsum("mnd,md->mn", X, theta)) * mask
 
 
+def _objective_iv(data, theta, mu, variances):
+    data = _data_iv(data)
+    theta = _models_iv(theta, data, "theta")
+    mu = _mean_iv(mu, data.dim, "mu")
+    return data, theta, mu, [_variance_iv(v, name) for name, v in variances.items()]
+
+
 def linear_objective(data, theta, mu, sigma_theta2, sigma_x2):
-    """Objective (19): negative log joint density of the data and the theta_i."""
+    """Objective (19): negative log joint density of the data and the theta_i.
+
+    Parameters
+    ----------
+    data : RegressionData
+    theta : array_like, shape (m, d)
+    mu : float or array_like, shape (d,)
+    sigma_theta2, sigma_x2 : float
+        Variances in [1e-300, 1e150].
+    """
+    data, theta, mu, (sigma_theta2, sigma_x2) = _objective_iv(
+        data, theta, mu, {"sigma_theta2": sigma_theta2, "sigma_x2": sigma_x2})
+    return _linear_objective(data, theta, mu, sigma_theta2, sigma_x2)
+
+
+def _linear_objective(data, theta, mu, sigma_theta2, sigma_x2):
+    """Objective (19) without input checks (the algorithms' summaries: a diverged run's
+    state is logged, not refused)."""
     m, _, d = data.X.shape
     r = _residual(_rows(data), theta)
     n_total = data.mask.sum()
@@ -59,7 +96,17 @@ def linear_objective(data, theta, mu, sigma_theta2, sigma_x2):
 
 
 def logistic_objective(data, theta, mu, sigma_theta2):
-    """Objective (20) with the cross-entropy's minus sign restored (spec [!9])."""
+    """Objective (20) with the cross-entropy's minus sign restored (spec [!9]).
+
+    Parameters are those of :func:`linear_objective`.
+    """
+    data, theta, mu, (sigma_theta2,) = _objective_iv(data, theta, mu,
+                                                     {"sigma_theta2": sigma_theta2})
+    return _logistic_objective(data, theta, mu, sigma_theta2)
+
+
+def _logistic_objective(data, theta, mu, sigma_theta2):
+    """Objective (20) without input checks (for the algorithms' summaries)."""
     m, _, d = data.X.shape
     z = np.einsum("mnd,md->mn", data.X, theta)
     # -[y log s(z) + (1-y) log(1-s(z))] = log(1 + e^z) - y z, stable via logaddexp.
@@ -69,9 +116,10 @@ def logistic_objective(data, theta, mu, sigma_theta2):
 
 
 def _init_common(data, mu0, sigma_theta2_0):
-    d = data.dim
-    mu = np.zeros(d) if mu0 is None else np.broadcast_to(np.asarray(mu0, float), (d,)).copy()
-    return mu, check_positive_scalar(sigma_theta2_0, "sigma_theta2_0")
+    """The initial prior mean (mu0 or 0, checked against the data's d) and variance."""
+    d = _data_iv(data).dim
+    mu = np.zeros(d) if mu0 is None else _mean_iv(mu0, d, "mu0").copy()
+    return mu, sigma_theta2_0
 
 
 class LinearGD:
@@ -89,7 +137,9 @@ class LinearGD:
         Smallest variance allowed (the objective is unbounded below as
         sigma_theta^2 -> 0, spec [!10]).
     mu0, sigma_theta2_0, sigma_x2_0 :
-        Initial server values (the paper gives none); theta_i^0 = mu0.
+        Initial server values (the paper gives none); theta_i^0 = mu0. mu0 is
+        a scalar or has shape (d,) (checked against the data); variances and
+        ``floor`` lie in [1e-300, 1e150].
     """
 
     def __init__(self, lr, *, lr_mu=None, lr_var=None, local_steps=1, floor=1e-6, mu0=None,
@@ -98,9 +148,10 @@ class LinearGD:
         self.lr_mu = self.lr if lr_mu is None else check_positive_scalar(lr_mu, "lr_mu")
         self.lr_var = self.lr if lr_var is None else check_positive_scalar(lr_var, "lr_var")
         self.local_steps = check_int_scalar(local_steps, "local_steps", minimum=1)
-        self.floor = check_positive_scalar(floor, "floor")
-        self.mu0, self.sigma_theta2_0 = mu0, sigma_theta2_0
-        self.sigma_x2_0 = check_positive_scalar(sigma_x2_0, "sigma_x2_0")
+        self.floor = _variance_iv(floor, "floor")
+        self.mu0 = _mu0_iv(mu0)
+        self.sigma_theta2_0 = _variance_iv(sigma_theta2_0, "sigma_theta2_0")
+        self.sigma_x2_0 = _variance_iv(sigma_x2_0, "sigma_x2_0")
 
     def init(self, data, rng):
         mu, st = _init_common(data, self.mu0, self.sigma_theta2_0)
@@ -125,8 +176,9 @@ class LinearGD:
             new["theta"][active] = theta
             old_mean = state["theta"][active].mean(axis=0)
         new["mu"] = mu - self.lr_mu * (mu - old_mean) / st
-        sx_i = sx - self.lr_var * (n_i / (2 * sx) - rss / (2 * sx**2))
-        st_i = st - self.lr_var * (d / (2 * st) - dev2 / (2 * st**2))
+        # sx * sx, not sx**2: a Python float's ** raises OverflowError where * gives inf.
+        sx_i = sx - self.lr_var * (n_i / (2 * sx) - rss / (2 * sx * sx))
+        st_i = st - self.lr_var * (d / (2 * st) - dev2 / (2 * st * st))
         new["sigma_theta2"] = max(float(st_i.mean()), self.floor)
         new["sigma_x2"] = max(float(sx_i.mean()), self.floor)
         return new
@@ -135,8 +187,8 @@ class LinearGD:
         return state["theta"]
 
     def summary(self, state, data):
-        return {"objective": linear_objective(data, state["theta"], state["mu"],
-                                              state["sigma_theta2"], state["sigma_x2"]),
+        return {"objective": _linear_objective(data, state["theta"], state["mu"],
+                                               state["sigma_theta2"], state["sigma_x2"]),
                 "sigma_theta2": state["sigma_theta2"], "sigma_x2": state["sigma_x2"]}
 
 
@@ -152,9 +204,10 @@ class LinearEM:
     """
 
     def __init__(self, *, mu0=None, sigma_theta2_0=1.0, sigma_x2_0=1.0, floor=1e-10):
-        self.mu0, self.sigma_theta2_0 = mu0, sigma_theta2_0
-        self.sigma_x2_0 = check_positive_scalar(sigma_x2_0, "sigma_x2_0")
-        self.floor = check_positive_scalar(floor, "floor")
+        self.mu0 = _mu0_iv(mu0)
+        self.sigma_theta2_0 = _variance_iv(sigma_theta2_0, "sigma_theta2_0")
+        self.sigma_x2_0 = _variance_iv(sigma_x2_0, "sigma_x2_0")
+        self.floor = _variance_iv(floor, "floor")
 
     def init(self, data, rng):
         mu, st = _init_common(data, self.mu0, self.sigma_theta2_0)
@@ -164,17 +217,13 @@ class LinearEM:
                 "sigma_x2": self.sigma_x2_0}
 
     def round(self, state, data, active, rng):
-        from ebfl.learning.theorem6 import posterior_regression
+        from ebfl.learning.theorem6 import _fit_trace, posterior_regression
 
         sub = data.subset(active)
         st, sx = state["sigma_theta2"], state["sigma_x2"]
         theta, trace = posterior_regression(sub, state["mu"], st, sx)
-        # E|Y - X theta|^2 = |Y - X theta_hat|^2 + Tr(X Cov X^T); in the n x n form
-        # Tr(X Cov X^T) = sigma_x^2 n - sigma_x^4 Tr(K^{-1}), K = st X X^T + sx I.
-        K = st * np.einsum("kid,kjd->kij", sub.X, sub.X) + sx * np.eye(sub.X.shape[1])
-        k_inv_tr = np.trace(np.linalg.inv(K), axis1=1, axis2=2)
-        rss = (np.sum(_residual(_rows(sub), theta) ** 2, axis=1) + sx * sub.X.shape[1]
-               - sx**2 * k_inv_tr)
+        # E|Y - X theta|^2 = |Y - X theta_hat|^2 + Tr(X Cov X^T).
+        rss = np.sum(_residual(_rows(sub), theta) ** 2, axis=1) + _fit_trace(sub.X, st, sx)
         new = {key: (val.copy() if isinstance(val, np.ndarray) else val)
                for key, val in state.items()}
         new["theta"][active], new["trace"][active], new["rss"][active] = theta, trace, rss
@@ -192,8 +241,8 @@ class LinearEM:
         return state["theta"]
 
     def summary(self, state, data):
-        return {"objective": linear_objective(data, state["theta"], state["mu"],
-                                              state["sigma_theta2"], state["sigma_x2"]),
+        return {"objective": _linear_objective(data, state["theta"], state["mu"],
+                                               state["sigma_theta2"], state["sigma_x2"]),
                 "sigma_theta2": state["sigma_theta2"], "sigma_x2": state["sigma_x2"]}
 
 
@@ -222,9 +271,10 @@ class LogisticGD:
         self.rule = rule
         self.lr_mu = self.lr if lr_mu is None else check_positive_scalar(lr_mu, "lr_mu")
         self.lr_var = self.lr if lr_var is None else check_positive_scalar(lr_var, "lr_var")
-        self.floor = check_positive_scalar(floor, "floor")
-        self.mu0, self.sigma_theta2_0 = mu0, sigma_theta2_0
-        self.learn_prior = bool(learn_prior)
+        self.floor = _variance_iv(floor, "floor")
+        self.mu0 = _mu0_iv(mu0)
+        self.sigma_theta2_0 = _variance_iv(sigma_theta2_0, "sigma_theta2_0")
+        self.learn_prior = check_bool(learn_prior, "learn_prior")
 
     def init(self, data, rng):
         mu, st = _init_common(data, self.mu0, self.sigma_theta2_0)
@@ -243,7 +293,7 @@ class LogisticGD:
         if self.learn_prior:
             dev = mu - theta
             new["mu"] = (mu - self.lr_mu * dev / st).mean(axis=0)
-            st_i = st - self.lr_var * (data.dim / (2 * st) - np.sum(dev**2, axis=1) / (2 * st**2))
+            st_i = st - self.lr_var * (data.dim / (2 * st) - np.sum(dev**2, axis=1) / (2 * st * st))
             new["sigma_theta2"] = max(float(st_i.mean()), self.floor)
         return new
 
@@ -251,8 +301,8 @@ class LogisticGD:
         return state["theta"]
 
     def summary(self, state, data):
-        return {"objective": logistic_objective(data, state["theta"], state["mu"],
-                                                state["sigma_theta2"]),
+        return {"objective": _logistic_objective(data, state["theta"], state["mu"],
+                                                 state["sigma_theta2"]),
                 "sigma_theta2": state["sigma_theta2"]}
 
 
@@ -269,7 +319,7 @@ class FedAvgLinear:
         self.local_steps = check_int_scalar(local_steps, "local_steps", minimum=1)
 
     def init(self, data, rng):
-        return {"w": np.zeros(data.dim)}
+        return {"w": np.zeros(_data_iv(data).dim)}
 
     def round(self, state, data, active, rng):
         rows = _rows(data, active)
@@ -304,12 +354,10 @@ class FedAvgLogistic:
     def __init__(self, lr, *, local_steps=1, l2=0.0):
         self.lr = check_positive_scalar(lr, "lr")
         self.local_steps = check_int_scalar(local_steps, "local_steps", minimum=1)
-        self.l2 = float(l2)
-        if not (self.l2 >= 0 and math.isfinite(self.l2)):
-            raise ValueError(f"l2 must be a finite number >= 0, got {l2!r}")
+        self.l2 = check_nonnegative_scalar(l2, "l2")
 
     def init(self, data, rng):
-        return {"w": np.zeros(data.dim)}
+        return {"w": np.zeros(_data_iv(data).dim)}
 
     def round(self, state, data, active, rng):
         X, Y, mask = _rows(data, active)
@@ -336,11 +384,14 @@ def _finetune(data, theta0, steps, lr, link):
     For squared error (identity link) and cross-entropy (logistic link) the
     gradient is X_i^T (link(X_i theta) - Y_i) / n_i.
     """
-    if not isinstance(data, RegressionData):
-        raise TypeError("data must be a RegressionData")
+    data = _data_iv(data)
     steps = check_int_scalar(steps, "steps", minimum=0)
     lr = check_positive_scalar(lr, "lr")
-    theta = np.broadcast_to(np.asarray(theta0, float), (data.n_clients, data.dim)).copy()
+    theta0 = check_finite_array(theta0, "theta0", ndim=(0, 1, 2))
+    if theta0.ndim and theta0.shape not in ((data.dim,), (data.n_clients, data.dim)):
+        raise ValueError(f"theta0 must have shape (d,) = ({data.dim},) or (m, d) = "
+                         f"({data.n_clients}, {data.dim}), got {theta0.shape}")
+    theta = np.broadcast_to(theta0, (data.n_clients, data.dim)).copy()
     n_i = data.n_samples[:, None]
     for _ in range(steps):
         err = (link(np.einsum("mnd,md->mn", data.X, theta)) - data.Y) * data.mask

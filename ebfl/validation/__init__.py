@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ebfl._validation import as_generator
+from ebfl._validation import as_generator, check_bool, check_int_scalar, check_names
 from ebfl.validation.checks import CHECKS, Check
 from ebfl.validation.engine import CheckResult, judge, make_result, run_replicates
 
@@ -58,13 +58,14 @@ def validate(names=None, *, reps=None, quick=False, rng=0, progress=False):
 
     Parameters
     ----------
-    names : iterable of str, optional
-        Checks to run (see ``CHECKS``); all by default.
+    names : str or iterable of str, optional
+        Checks to run (see ``CHECKS``); a single name runs that check; all by
+        default.
     reps : int, optional
-        Replicates per check; default each check's own (fewer with ``quick``).
+        Replicates per check, >= 2; default each check's own (fewer with ``quick``).
     quick : bool
         Use the checks' quick replicate counts.
-    rng : int, Generator or None
+    rng : int >= 0, Generator or None
         Seed; check ``name`` uses a stream derived from it and ``name``.
     progress : bool
         Show progress bars.
@@ -73,12 +74,13 @@ def validate(names=None, *, reps=None, quick=False, rng=0, progress=False):
     -------
     ValidationReport
     """
-    names = list(CHECKS) if names is None else list(names)
-    unknown = [n for n in names if n not in CHECKS]
-    if unknown:
-        raise ValueError(f"unknown check(s) {unknown}; available: {sorted(CHECKS)}")
-    if isinstance(rng, numbers.Integral) and not isinstance(rng, bool):
-        base = int(rng)
+    names = list(CHECKS) if names is None else check_names(names, "names", CHECKS, what="check")
+    if reps is not None:
+        reps = check_int_scalar(reps, "reps", minimum=2)
+    quick = check_bool(quick, "quick")
+    progress = check_bool(progress, "progress")
+    if isinstance(rng, numbers.Integral) and not isinstance(rng, bool | np.bool_):
+        base = check_int_scalar(rng, "rng", minimum=0)
     else:
         base = int(as_generator(rng).integers(2**63))
     rows = []

@@ -17,13 +17,23 @@ alarm under 0.2 %.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import numpy as np
 
-from ebfl._validation import as_generator, check_choice, check_int_scalar
+from ebfl._validation import (
+    as_generator,
+    as_real_array,
+    check_bool,
+    check_callable,
+    check_choice,
+    check_int_scalar,
+    check_nonnegative_scalar,
+    check_positive_scalar,
+)
 
 __all__ = ["KINDS", "VERDICTS", "CheckResult", "judge", "make_result", "run_replicates"]
 
@@ -43,9 +53,9 @@ def judge(kind, estimate, se, formula, z=DEFAULT_Z, atol=0.0):
     formula : float
         The theoretical value.
     z : float
-        Tolerance in standard errors.
+        Tolerance in standard errors, > 0.
     atol : float
-        Added tolerance for rounding (rows computed exactly, with se = 0).
+        Added tolerance for rounding (rows computed exactly, with se = 0), >= 0.
 
     Returns
     -------
@@ -58,6 +68,12 @@ def judge(kind, estimate, se, formula, z=DEFAULT_Z, atol=0.0):
     ('holds', 'violated')
     """
     check_choice(kind, "kind", KINDS)
+    estimate, se, formula = (_real(v, n) for v, n in ((estimate, "estimate"), (se, "se"),
+                                                      (formula, "formula")))
+    if se < 0:
+        raise ValueError(f"se must be >= 0 (a standard error), got {se!r}")
+    z = check_positive_scalar(z, "z")
+    atol = check_nonnegative_scalar(atol, "atol")
     if not (math.isfinite(estimate) and math.isfinite(se) and math.isfinite(formula)):
         return "inconclusive"
     tol = z * se + atol
@@ -131,6 +147,27 @@ class CheckResult:
                 "extra": _plain(self.extra)}
 
 
+def _real(value, name):
+    """A real number; NaN and inf are allowed (they make a verdict inconclusive)."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()
+    if not isinstance(value, numbers.Real) or isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    return float(value)
+
+
+def _text(value, name):
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    return value
+
+
+def _mapping(value, name):
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a dict, got {type(value).__name__}")
+    return value
+
+
 def _plain(mapping):
     out = {}
     for key, value in mapping.items():
@@ -149,14 +186,22 @@ def make_result(name, label, statement, kind, formula, values, *, params, z=DEFA
     ``se`` overrides the standard error, e.g. with that of a paired difference
     when the formula side is itself a Monte Carlo estimate on the same draws.
     """
-    values = np.asarray(values, dtype=np.float64)
+    name, label, statement, flag = (_text(v, n) for v, n in (
+        (name, "name"), (label, "label"), (statement, "statement"), (flag, "flag")))
+    values = as_real_array(values, "values")
+    if values.ndim != 1 or values.size == 0:
+        raise ValueError(f"values must be a non-empty 1-D array (one per replicate), got shape "
+                         f"{values.shape}")
+    params = _mapping(params, "params")
+    extra = {} if extra is None else _mapping(extra, "extra")
     estimate = float(values.mean())
     if se is None:
         se = float(values.std(ddof=1) / math.sqrt(values.size)) if values.size > 1 else math.nan
-    formula = float(formula)
-    return CheckResult(name, label, statement, kind, formula, estimate, float(se), z, atol,
-                       judge(kind, estimate, se, formula, z, atol), int(values.size),
-                       MappingProxyType(dict(params)), flag, MappingProxyType(dict(extra or {})))
+    se, formula = _real(se, "se"), _real(formula, "formula")
+    verdict = judge(kind, estimate, se, formula, z, atol)
+    return CheckResult(name, label, statement, kind, formula, estimate, se, float(z),
+                       float(atol), verdict, int(values.size), MappingProxyType(dict(params)),
+                       flag, MappingProxyType(dict(extra)))
 
 
 def run_replicates(step: Callable, reps, rng=None, *, chunk=50, progress=False, desc=""):
@@ -183,14 +228,31 @@ def run_replicates(step: Callable, reps, rng=None, *, chunk=50, progress=False, 
     -------
     dict of ndarray
     """
+    check_callable(step, "step", "step(generator, k) -> dict of arrays of length k")
     reps = check_int_scalar(reps, "reps", minimum=2)
     chunk = check_int_scalar(chunk, "chunk", minimum=1)
+    progress = check_bool(progress, "progress")
+    desc = _text(desc, "desc")
     sizes = [min(chunk, reps - start) for start in range(0, reps, chunk)]
     children = as_generator(rng).spawn(len(sizes))
     parts = []
     for child, k in _progress(list(zip(children, sizes, strict=True)), progress, desc, reps):
-        parts.append(step(child, k))
-    return {key: np.concatenate([np.asarray(p[key]) for p in parts]) for key in parts[0]}
+        parts.append(_step_output(step(child, k), k, parts[0] if parts else None))
+    return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+
+
+def _step_output(out, k, first):
+    """What ``step`` returned: a dict of arrays of length k, with the keys of the first call."""
+    if not isinstance(out, Mapping) or not out:
+        raise TypeError(f"step must return a non-empty dict of arrays, got {type(out).__name__}")
+    if first is not None and set(out) != set(first):
+        raise ValueError(f"step returned keys {sorted(first)} first, then {sorted(out)}")
+    arrays = {key: np.asarray(value) for key, value in out.items()}
+    for key, value in arrays.items():
+        if value.ndim == 0 or value.shape[0] != k:
+            raise ValueError(f"step must return arrays of length k = {k} (one per replicate); "
+                             f"{key!r} has shape {value.shape}")
+    return arrays
 
 
 def _progress(items, enabled, desc, total):

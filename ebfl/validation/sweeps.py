@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 
+from ebfl._validation import (
+    as_generator,
+    check_bool,
+    check_choice,
+    check_int_scalar,
+    check_names,
+)
 from ebfl.validation.checks import CHECKS
 
 __all__ = ["SWEEPS", "plot_sweeps", "run_sweep"]
@@ -23,10 +31,22 @@ SWEEPS = {
 }
 
 
+def _options_iv(reps, quick, progress):
+    if reps is not None:
+        check_int_scalar(reps, "reps", minimum=2)
+    return check_bool(quick, "quick"), check_bool(progress, "progress")
+
+
 def run_sweep(name, *, reps=None, quick=False, rng=0, progress=False):
-    """Run one sweep: ``(x values, list of result rows per x)``; rows are the plotted ones."""
+    """Run one sweep: ``(x values, list of result rows per x)``; rows are the plotted ones.
+
+    ``name`` is a key of :data:`SWEEPS`; ``reps`` (>= 2), ``quick``, ``rng`` and
+    ``progress`` are as in :func:`ebfl.validation.validate`.
+    """
+    check_choice(name, "name", SWEEPS)
+    quick, progress = _options_iv(reps, quick, progress)
     check, param, values, needle, _, _ = SWEEPS[name]
-    gens = np.random.default_rng(rng).spawn(len(values))
+    gens = as_generator(rng).spawn(len(values))
     xs, rows = [], []
     for value, gen in zip(values, gens, strict=True):
         results = CHECKS[check].run(reps, quick=quick, rng=gen, progress=progress,
@@ -38,13 +58,21 @@ def run_sweep(name, *, reps=None, quick=False, rng=0, progress=False):
 
 
 def plot_sweeps(directory, *, names=None, reps=None, quick=False, rng=0, progress=False):
-    """Save one PNG per sweep in ``directory``; returns the paths."""
+    """Save one PNG per sweep in ``directory``; returns the paths.
+
+    ``names``: sweeps to plot (a str is one sweep), all by default.
+    """
     from ebfl._plotting import subplots
 
+    if not isinstance(directory, str | os.PathLike):
+        raise TypeError(f"directory must be a path, got {type(directory).__name__}")
+    names = list(SWEEPS) if names is None else check_names(names, "names", SWEEPS,
+                                                           what="sweep")
+    _options_iv(reps, quick, progress)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name in names or SWEEPS:
+    for name in names:
         xs, rows = run_sweep(name, reps=reps, quick=quick, rng=rng, progress=progress)
         _, _, _, _, xlabel, logx = SWEEPS[name]
         est = np.array([r.estimate for r in rows])

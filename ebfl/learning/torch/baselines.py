@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from ebfl._validation import (
+    check_bool,
     check_int_scalar,
     check_nonnegative_scalar,
     check_positive_scalar,
@@ -57,7 +58,7 @@ from ebfl.learning.torch.functional import (
     take,
     weighted_mean,
 )
-from ebfl.learning.torch.strategies import FedAvg, GaussianRelease, Strategy
+from ebfl.learning.torch.strategies import FedAvg, GaussianRelease, Strategy, _model_iv
 
 __all__ = ["FML", "DPFedEM", "Ditto", "FedAvgFT", "FedEM", "PFedMe", "PerFedAvg", "QuPeDFP",
            "full_batch_steps", "minibatch_steps"]
@@ -99,6 +100,8 @@ def full_batch_steps(model, stack, data, steps, lr, weight_decay=0.0, *, chunk=1
     dict
         The updated stack (a new one; ``stack`` is not modified).
     """
+    steps, lr, weight_decay = _steps_iv(data, steps, lr, weight_decay)
+    chunk = check_int_scalar(chunk, "chunk", minimum=1)
     m = data.n_clients
     dtype = _dtype(stack)
     out = clone_params(stack)
@@ -123,7 +126,10 @@ def minibatch_steps(model, stack, data, steps, lr, weight_decay=0.0, *, batch_si
     independent of the engine's generator). Much cheaper than
     :func:`full_batch_steps` on large clients.
     """
-    gen = torch.Generator().manual_seed(seed)
+    steps, lr, weight_decay = _steps_iv(data, steps, lr, weight_decay)
+    batch_size = check_int_scalar(batch_size, "batch_size", minimum=1)
+    gen = torch.Generator().manual_seed(check_int_scalar(seed, "seed", minimum=0,
+                                                         maximum=2**64 - 1))
     everyone = torch.arange(data.n_clients)
     dtype = _dtype(stack)
     out = clone_params(stack)
@@ -132,6 +138,13 @@ def minibatch_steps(model, stack, data, steps, lr, weight_decay=0.0, *, batch_si
         g = client_grad(model, _ce_loss, out, x.to(dtype), y)
         out = sgd_step(out, g, lr, weight_decay)
     return out
+
+
+def _steps_iv(data, steps, lr, weight_decay):
+    if not isinstance(data, FederatedDataset):
+        raise TypeError(f"data must be a FederatedDataset, got {type(data).__name__}")
+    return (check_int_scalar(steps, "steps", minimum=0), check_positive_scalar(lr, "lr"),
+            check_nonnegative_scalar(weight_decay, "weight_decay"))
 
 
 def _adapt(model, stack, data, steps, lr, weight_decay, batch_size, seed):
@@ -243,7 +256,7 @@ class Ditto(Strategy):
     name = "Ditto"
 
     def __init__(self, model, lr=0.1, lr_personal=None, *, lam=0.5, weight_decay=1e-4):
-        self.model = model
+        self.model = _model_iv(model)
         self.lr = check_positive_scalar(lr, "lr")
         self.lr_personal = (self.lr if lr_personal is None
                             else check_positive_scalar(lr_personal, "lr_personal"))
@@ -316,14 +329,14 @@ class PFedMe(Strategy):
 
     def __init__(self, model, lr=0.2, lr_personal=0.1, *, lam=0.5, inner_steps=3, beta=1.0,
                  weight_decay=1e-4, train_idle=False):
-        self.model = model
+        self.model = _model_iv(model)
         self.lr = check_positive_scalar(lr, "lr")
         self.lr_personal = check_positive_scalar(lr_personal, "lr_personal")
         self.lam = check_positive_scalar(lam, "lam")
         self.inner_steps = check_int_scalar(inner_steps, "inner_steps", minimum=1)
         self.beta = check_positive_scalar(beta, "beta")
         self.weight_decay = check_nonnegative_scalar(weight_decay, "weight_decay")
-        self.train_idle = bool(train_idle)
+        self.train_idle = check_bool(train_idle, "train_idle")
 
     def config(self):
         return {"name": self.name, "lr": self.lr, "lr_personal": self.lr_personal,
@@ -411,7 +424,7 @@ class PerFedAvg(_BoundData, Strategy):
 
     def __init__(self, model, lr=0.075, alpha=0.001, *, weight_decay=1e-4, adapt_batch=None,
                  data=None):
-        self.model = model
+        self.model = _model_iv(model)
         self.adapt_batch = (None if adapt_batch is None else
                             check_int_scalar(adapt_batch, "adapt_batch", minimum=1))
         self.lr = check_positive_scalar(lr, "lr")
@@ -502,7 +515,7 @@ class QuPeDFP(_TwoModels):
     name = "QuPeD-FP"
 
     def __init__(self, model, lr_theta=0.1, lr_global=0.1, *, lam_p=0.25, weight_decay=1e-4):
-        self.model = model
+        self.model = _model_iv(model)
         self.lr_theta = check_positive_scalar(lr_theta, "lr_theta")
         self.lr_global = check_positive_scalar(lr_global, "lr_global")
         self.lam_p = check_nonnegative_scalar(lam_p, "lam_p")
@@ -555,7 +568,7 @@ class FML(_TwoModels):
 
     def __init__(self, model, lr=0.1, lr_meme=None, *, alpha=0.25, beta=0.25,
                  weight_decay=1e-4):
-        self.model = model
+        self.model = _model_iv(model)
         self.lr = check_positive_scalar(lr, "lr")
         self.lr_meme = self.lr if lr_meme is None else check_positive_scalar(lr_meme, "lr_meme")
         self.alpha = check_probability(alpha, "alpha")
@@ -631,7 +644,7 @@ class FedEM(Strategy):
     name = "FedEM"
 
     def __init__(self, model, lr=0.2, *, n_components=2, weight_decay=1e-4, init_seed=0):
-        self.model = model
+        self.model = _model_iv(model)
         self.lr = check_positive_scalar(lr, "lr")
         self.n_components = check_int_scalar(n_components, "n_components", minimum=1)
         self.weight_decay = check_nonnegative_scalar(weight_decay, "weight_decay")
@@ -705,6 +718,7 @@ class FedEM(Strategy):
         Tensor (m, n, classes)
             ``log sum_c pi_ic softmax(h_c(x_ij))``.
         """
+        chunk = check_int_scalar(chunk, "chunk", minimum=1)
         comps, pi = state["components"], state["pi"]
         dtype = _dtype(comps)
         m, n = x.shape[:2]

@@ -2,35 +2,77 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from ebfl._validation import INT64_MAX, check_counts, check_int_scalar
+
 __all__ = ["FederatedDataset"]
 
 
-def _stack(xs, ys, name):
+#: Largest |feature| accepted: the tensors are float32, which overflows beyond 3.4e38.
+MAX_FEATURE = float(np.finfo(np.float32).max)
+
+
+def _client_list(items, name):
+    if isinstance(items, str | bytes) or not isinstance(items, Iterable):
+        raise TypeError(f"{name} must be a list with one array per client, got "
+                        f"{type(items).__name__}")
+    return list(items)
+
+
+def _features_iv(x, name):
+    """One client's features, checked without a float64 copy (MNIST is 440 MB as float64)."""
+    try:
+        arr = np.asarray(x)
+    except (TypeError, ValueError) as exc:  # ragged nested sequences
+        raise TypeError(f"{name} must be an array of real numbers") from exc
+    if arr.dtype.kind == "c":
+        raise TypeError(f"{name} must hold real numbers, got complex values")
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"{name} must be an array of real numbers, got dtype {arr.dtype}")
+    if arr.ndim == 0:
+        raise ValueError(f"{name} must have one row per sample, got a scalar")
+    if arr.size and arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be finite; it has NaN or infinite values")
+    if arr.size and float(np.max(np.abs(arr))) > MAX_FEATURE:  # float16 cannot hold 3.4e38
+        raise ValueError(f"{name} must lie in [-{MAX_FEATURE:g}, {MAX_FEATURE:g}] (float32)")
+    return arr
+
+
+def _labels_iv(y, name):
+    try:
+        return check_counts(y, name, minimum=0)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{name} must hold class labels, non-negative integers: {exc}") from None
+
+
+def _stack(xs, ys, part):
+    """Pad one part's clients (``part`` is "train" or "test") into stacked tensors."""
+    xname, yname = f"x_{part}", f"y_{part}"
+    xs, ys = _client_list(xs, xname), _client_list(ys, yname)
     if len(xs) != len(ys) or not xs:
-        raise ValueError(f"{name}: x and y must be non-empty lists of the same length")
-    shape = np.asarray(xs[0]).shape[1:]
-    counts = np.array([len(y) for y in ys])
+        raise ValueError(f"{xname} and {yname} must be non-empty lists of the same length, got "
+                         f"{len(xs)} and {len(ys)}")
+    xs = [_features_iv(x, f"{xname}[{i}]") for i, x in enumerate(xs)]
+    ys = [_labels_iv(y, f"{yname}[{i}]") for i, y in enumerate(ys)]
+    shape = xs[0].shape[1:]
+    counts = np.array([y.size for y in ys])
     if np.any(counts == 0):
-        raise ValueError(f"{name}: every client needs at least one sample; empty clients: "
+        raise ValueError(f"{part}: every client needs at least one sample; empty clients: "
                          f"{np.flatnonzero(counts == 0)[:10].tolist()}")
     X = np.zeros((len(xs), counts.max(), *shape), np.float32)
     Y = np.zeros((len(xs), counts.max()), np.int64)
     for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
-        x, y = np.asarray(x), np.asarray(y)
-        if x.shape != (len(y), *shape):
-            raise ValueError(f"{name}: client {i} has x of shape {x.shape}, expected "
-                             f"({len(y)}, {', '.join(map(str, shape))})")
-        if not np.all(np.isfinite(x)):
-            raise ValueError(f"{name}: client {i} has NaN or inf features")
-        if y.size and (not np.issubdtype(y.dtype, np.integer) or y.min() < 0):
-            raise ValueError(f"{name}: labels must be non-negative integers (client {i})")
-        X[i, : len(y)] = x
-        Y[i, : len(y)] = y
+        if x.shape != (y.size, *shape):
+            raise ValueError(f"{xname}[{i}] has shape {x.shape}, expected "
+                             f"({y.size}, {', '.join(map(str, shape))}) (one row per label "
+                             f"of {yname}[{i}], features shaped as {xname}[0]'s)")
+        X[i, : y.size] = x
+        Y[i, : y.size] = y
     return torch.from_numpy(X), torch.from_numpy(Y), torch.from_numpy(counts)
 
 
@@ -59,18 +101,27 @@ class FederatedDataset:
 
     @classmethod
     def from_clients(cls, x_train, y_train, x_test, y_test, *, n_classes=None):
-        """Build from per-client lists of numpy arrays (features (n_i, ...), labels (n_i,))."""
-        xtr, ytr, ntr = _stack(list(x_train), list(y_train), "train")
-        xte, yte, nte = _stack(list(x_test), list(y_test), "test")
+        """Build from per-client lists of numpy arrays (features (n_i, ...), labels (n_i,)).
+
+        Features must be finite with |value| <= 3.4e38 (they are stored as
+        float32); labels are integers in 0..n_classes-1.
+        """
+        xtr, ytr, ntr = _stack(x_train, y_train, "train")
+        xte, yte, nte = _stack(x_test, y_test, "test")
         if xtr.shape[0] != xte.shape[0] or xtr.shape[2:] != xte.shape[2:]:
-            raise ValueError(f"train and test disagree on clients or feature shape: "
+            raise ValueError(f"x_train and x_test disagree on clients or feature shape: "
                              f"{tuple(xtr.shape)} vs {tuple(xte.shape)}")
         top = int(max(ytr.max(), yte.max())) + 1
         if n_classes is None:
             n_classes = top
-        elif n_classes < top:
-            raise ValueError(f"n_classes must be > the largest label {top - 1}, got {n_classes}")
-        return cls(xtr, ytr, ntr, xte, yte, nte, int(n_classes))
+        else:
+            try:
+                n_classes = check_int_scalar(n_classes, "n_classes", minimum=top,
+                                             maximum=INT64_MAX)
+            except ValueError:
+                raise ValueError(f"n_classes must be > the largest label {top - 1}, got "
+                                 f"{n_classes}") from None
+        return cls(xtr, ytr, ntr, xte, yte, nte, n_classes)
 
     @property
     def n_clients(self) -> int:

@@ -16,17 +16,30 @@ as the uninterrupted run.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from ebfl._validation import check_int_scalar, check_positive_scalar, check_probability
+from ebfl._validation import (
+    check_bool,
+    check_int_scalar,
+    check_probability,
+    check_real_scalar,
+)
 from ebfl.learning.torch.data import FederatedDataset
 from ebfl.learning.torch.functional import client_forward, fresh_params
 
 __all__ = ["TrainResult", "evaluate", "evaluate_strategy", "flush_denormals", "train"]
+
+#: Seeds of a torch.Generator lie in [0, 2^64 - 1].
+MAX_SEED = 2**64 - 1
+#: What the engine calls on every strategy (optional ones come from ``Strategy``).
+STRATEGY_METHODS = ("config", "init_state", "broadcast", "local_step", "idle_step", "aggregate",
+                    "personal", "summary")
 
 
 @contextlib.contextmanager
@@ -71,6 +84,9 @@ def evaluate(model, stack, data, *, chunk=16, frozen=None):
     ``frozen``: parameters shared by all clients and absent from ``stack``
     (see :func:`~ebfl.learning.torch.functional.client_forward`).
     """
+    if not isinstance(data, FederatedDataset):
+        raise TypeError(f"data must be a FederatedDataset, got {type(data).__name__}")
+    chunk = check_int_scalar(chunk, "chunk", minimum=1)
     m = data.n_clients
     logits = torch.cat([client_forward(model, {k: v[lo:lo + chunk] for k, v in stack.items()},
                                        data.x_test[lo:lo + chunk], frozen=frozen)
@@ -91,6 +107,8 @@ def evaluate_strategy(strategy, state, data):
     Strategies whose predictor is not one model per client (FedEM's mixture)
     provide ``personal_logits(state, x_test) -> (m, n, classes)``.
     """
+    if not isinstance(data, FederatedDataset):
+        raise TypeError(f"data must be a FederatedDataset, got {type(data).__name__}")
     if hasattr(strategy, "personal_logits"):
         return _accuracy(strategy.personal_logits(state, data.x_test), data)
     frozen = strategy.frozen(state) if hasattr(strategy, "frozen") else None
@@ -121,11 +139,12 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, sam
         so that an epoch is ``iters_per_epoch`` iterations, as in the paper).
     iters_per_epoch : int
     lr_decay : float
-        Learning-rate factor per epoch (paper: 0.99).
+        Learning-rate factor per epoch, in (0, 1] (paper: 0.99).
     eval_every : int
         Record test accuracy every this many rounds (and after the last).
     seed : int
-        Seeds the one generator behind initialization, sampling and batches.
+        Seeds the one generator behind initialization, sampling and batches
+        (in [0, 2^64 - 1]).
     checkpoint : path-like, optional
         File to save the run to every ``checkpoint_every`` rounds (and at the
         end); if it exists, the run resumes from it, to the same state and
@@ -136,7 +155,8 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, sam
         Default: ``eval_every``.
     init_params : dict, optional
         Initial parameters of one model, shared by all clients (default: a fresh
-        initialization of the strategy's model drawn from ``seed``).
+        initialization of the strategy's model drawn from ``seed``); names and
+        shapes as in ``strategy.model.named_parameters()``.
     progress : bool
         Progress bar with the latest mean accuracy.
 
@@ -145,14 +165,21 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, sam
     TrainResult
     """
     if not isinstance(data, FederatedDataset):
-        raise TypeError("data must be a FederatedDataset")
+        raise TypeError(f"data must be a FederatedDataset, got {type(data).__name__}")
+    _strategy_iv(strategy, data)
     rounds = check_int_scalar(rounds, "rounds", minimum=0)
     local_steps = check_int_scalar(local_steps, "local_steps", minimum=1)
     iters_per_epoch = check_int_scalar(iters_per_epoch, "iters_per_epoch", minimum=1)
     eval_every = check_int_scalar(eval_every, "eval_every", minimum=1)
     checkpoint_every = (eval_every if checkpoint_every is None else
                         check_int_scalar(checkpoint_every, "checkpoint_every", minimum=1))
-    lr_decay = check_positive_scalar(lr_decay, "lr_decay")
+    lr_decay = check_real_scalar(lr_decay, "lr_decay", low=0.0, high=1.0, low_open=True)
+    seed = check_int_scalar(seed, "seed", minimum=0, maximum=MAX_SEED)
+    if checkpoint is not None and not isinstance(checkpoint, str | os.PathLike):
+        raise TypeError(f"checkpoint must be a path, got {type(checkpoint).__name__}")
+    if init_params is not None:
+        _init_params_iv(init_params, strategy.model)
+    progress = check_bool(progress, "progress")
     m = data.n_clients
     if sampling_ratio is not None:
         if clients_per_round is not None:
@@ -233,6 +260,58 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, sam
     if acc is None:
         acc = evaluate_strategy(strategy, state, data)
     return TrainResult(state, acc, history, time.perf_counter() - t0)
+
+
+def _strategy_iv(strategy, data):
+    """The strategy implements the protocol and its model fits the data's inputs and classes."""
+    missing = [n for n in STRATEGY_METHODS if not callable(getattr(strategy, n, None))]
+    if missing:
+        raise TypeError(f"strategy must implement the protocol of ebfl.learning.torch.strategies "
+                        f"(derive from Strategy); {type(strategy).__name__} lacks {missing}")
+    model = getattr(strategy, "model", None)
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"strategy.model must be a torch.nn.Module, got {type(model).__name__}")
+    _model_fits(model, data)
+
+
+@torch.no_grad()
+def _model_fits(model, data):
+    """One forward pass on one training sample, so that a model built for other inputs or
+    another number of classes fails here with its sizes named, not deep inside vmap."""
+    features = tuple(data.x_train.shape[2:])
+    was_training = model.training
+    model.eval()  # no batch-norm statistics are updated by the check
+    try:
+        out = model(data.x_train[0, :1])
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        raise ValueError(f"model does not accept the data's inputs: a batch of B samples of "
+                         f"shape {features}, i.e. (B, {', '.join(map(str, features))}) "
+                         f"(torch: {exc})") from None
+    finally:
+        model.train(was_training)
+    if tuple(out.shape) != (1, data.n_classes):
+        raise ValueError(f"model must return (B, n_classes) = (B, {data.n_classes}) logits for "
+                         f"the data's {data.n_classes} classes, got shape {tuple(out.shape)} for "
+                         "B = 1")
+
+
+def _init_params_iv(init_params, model):
+    """Initial parameters: a dict of finite tensors named and shaped as the model's."""
+    if not isinstance(init_params, Mapping):
+        raise TypeError(f"init_params must be a dict name -> Tensor, got "
+                        f"{type(init_params).__name__}")
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    for name, value in init_params.items():
+        if name not in shapes:
+            raise ValueError(f"init_params has {name!r}, which is not a parameter of model "
+                             f"(it has {sorted(shapes)})")
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            raise TypeError(f"init_params[{name!r}] must be a floating-point Tensor")
+        if tuple(value.shape) != shapes[name]:
+            raise ValueError(f"init_params[{name!r}] must have shape {shapes[name]}, got "
+                             f"{tuple(value.shape)}")
+        if not bool(torch.isfinite(value).all()):
+            raise ValueError(f"init_params[{name!r}] must be finite")
 
 
 def _save(path, payload):

@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
+import numbers
+
 from torch import nn
 
+from ebfl._validation import check_int_scalar
+
 __all__ = ["CNN5", "MLP", "LogisticModel"]
+
+
+#: Largest layer width accepted (a weight matrix of MAX_WIDTH^2 floats is 4 TB).
+MAX_WIDTH = 2**20
+
+
+def _size_iv(value, name):
+    return check_int_scalar(value, name, minimum=1, maximum=MAX_WIDTH)
+
+
+def _hidden_iv(hidden):
+    """Hidden widths: a sequence of ints (a bare int is one layer)."""
+    if isinstance(hidden, numbers.Integral) and not isinstance(hidden, bool):
+        hidden = (hidden,)
+    if isinstance(hidden, str | bytes) or not hasattr(hidden, "__iter__"):
+        raise TypeError(f"hidden must be a sequence of layer widths, got {hidden!r}")
+    return [_size_iv(h, f"hidden[{i}]") for i, h in enumerate(hidden)]
 
 
 class CNN5(nn.Module):
@@ -18,6 +39,8 @@ class CNN5(nn.Module):
 
     def __init__(self, n_classes=10, in_channels=1):
         super().__init__()
+        n_classes = _size_iv(n_classes, "n_classes")
+        in_channels = _size_iv(in_channels, "in_channels")
         self.features = nn.Sequential(
             nn.Conv2d(in_channels, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten())
@@ -32,12 +55,17 @@ class CNN5(nn.Module):
 
 
 class MLP(nn.Module):
-    """Fully connected network: ``in_features`` -> hidden (ReLU) ... -> ``n_classes`` logits."""
+    """Fully connected network: ``in_features`` -> hidden (ReLU) ... -> ``n_classes`` logits.
+
+    ``hidden`` is a sequence of layer widths (an int means one hidden layer).
+    """
 
     def __init__(self, in_features, n_classes, hidden=(200, 200)):
         super().__init__()
+        in_features = _size_iv(in_features, "in_features")
+        n_classes = _size_iv(n_classes, "n_classes")
         layers, width = [nn.Flatten()], in_features
-        for h in hidden:
+        for h in _hidden_iv(hidden):
             layers += [nn.Linear(width, h), nn.ReLU()]
             width = h
         layers.append(nn.Linear(width, n_classes))
@@ -52,7 +80,9 @@ class LogisticModel(nn.Module):
 
     def __init__(self, in_features, n_classes):
         super().__init__()
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(in_features, n_classes))
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(_size_iv(in_features, "in_features"),
+                                                         _size_iv(n_classes, "n_classes")))
 
     def forward(self, x):
         return self.net(x)
+

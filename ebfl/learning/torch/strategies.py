@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import torch
 
-from ebfl._validation import check_nonnegative_scalar, check_positive_scalar
+from ebfl._validation import check_bool, check_nonnegative_scalar, check_positive_scalar
 from ebfl.learning.torch.functional import (
     client_forward,
     client_grad,
@@ -64,6 +64,15 @@ __all__ = ["AdaPeD", "DPAdaPeD", "FedAvg", "GaussianRelease", "Local", "Strategy
 
 def _ce_loss(forward, params, x, y):
     return cross_entropy(forward(params, x), y)
+
+
+def _model_iv(model):
+    """The architecture every strategy calls through ``functional_call``."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not any(True for _ in model.parameters()):
+        raise ValueError("model must have trainable parameters")
+    return model
 
 
 class Strategy:
@@ -97,7 +106,7 @@ class _PlainSGD(Strategy):
     """Shared by FedAvg and Local: one learning rate and weight decay."""
 
     def __init__(self, model, lr=0.1, *, weight_decay=1e-4):
-        self.model = model
+        self.model = _model_iv(model)
         self.lr = check_positive_scalar(lr, "lr")
         self.weight_decay = check_nonnegative_scalar(weight_decay, "weight_decay")
 
@@ -188,7 +197,7 @@ class AdaPeD(Strategy):
 
     def __init__(self, model, lr_theta=0.1, lr_mu=0.1, lr_psi=3e-2, *, psi0=4.0, psi_floor=0.5,
                  weight_decay=1e-4, fine_tune=False):
-        self.model = model
+        self.model = _model_iv(model)
         self.lr_theta = check_positive_scalar(lr_theta, "lr_theta")
         self.lr_mu = check_positive_scalar(lr_mu, "lr_mu")
         self.lr_psi = check_nonnegative_scalar(lr_psi, "lr_psi")
@@ -197,7 +206,7 @@ class AdaPeD(Strategy):
         if self.psi0 < self.psi_floor:
             raise ValueError(f"psi0 must be >= psi_floor {psi_floor}, got {psi0}")
         self.weight_decay = check_nonnegative_scalar(weight_decay, "weight_decay")
-        self.fine_tune = bool(fine_tune)
+        self.fine_tune = check_bool(fine_tune, "fine_tune")
         if self.fine_tune:
             self.name = "AdaPeD-FT"
 
@@ -345,7 +354,7 @@ class DPAdaPeD(GaussianRelease, AdaPeD):
         self.name = "DP-AdaPeD" + ("-FT" if self.fine_tune else "")
         self.clip_mu = check_positive_scalar(clip_mu, "clip_mu")
         self.noise_mu = check_nonnegative_scalar(noise_mu, "noise_mu")
-        self.concatenate = self.joint_release = bool(concatenate)
+        self.concatenate = self.joint_release = check_bool(concatenate, "concatenate")
         if self.concatenate:
             if clip_psi is not None or noise_psi is not None:
                 raise ValueError("concatenate=True uses clip_mu and noise_mu for [h; k]; "

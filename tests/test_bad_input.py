@@ -1,0 +1,1177 @@
+"""Contract test: every public callable refuses bad input by name and mutates nothing.
+
+Each :class:`Case` is one public callable with a minimal valid call (a factory
+of fresh keyword arguments) and the kinds of its arguments. From those the
+tests derive, per argument:
+
+* bad variants (complex, text, NaN/inf, a string where an array or a list is
+  expected, wrong shape, out of range, wrong type), which must raise
+  ValueError or TypeError whose message names the argument;
+* dtype variants (float16, big-endian, narrower integers) of the valid call,
+  which must work and give exactly the float64 / int64 result (the valid
+  inputs are chosen exactly representable in float16);
+* extreme but legal values, which must either give finite results or be
+  refused with a ValueError naming the argument.
+
+Every call, good or bad, is checked not to modify its inputs. Inputs are tiny,
+so the whole file runs in seconds; the torch cases are in their own section
+and skip without torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import re
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import pytest
+
+from ebfl import BetaBernoulliPopulation, GaussianPopulation, Ragged
+from ebfl.demo import run_demo
+from ebfl.eb import (
+    BetaPrior,
+    NormalPrior,
+    discrete_mixture_eb,
+    discrete_posterior,
+    expected_posterior_variance,
+    lemma1_radius,
+    npmle_binomial,
+    npmle_normal,
+)
+from ebfl.learning import (
+    DiscreteMixtureLinear,
+    FedAvgLinear,
+    FedAvgLogistic,
+    GaussianMixtureLinear,
+    LaplaceLinear,
+    LinearEM,
+    LinearGD,
+    LogisticEM,
+    LogisticGD,
+    RegressionData,
+    finetune_linear,
+    finetune_logistic,
+    laplace_objective,
+    linear_objective,
+    local_least_squares,
+    logistic_map,
+    logistic_objective,
+    marginal_loglik,
+    posterior_regression,
+    run_federated,
+    sample_clients,
+)
+from ebfl.learning.partition import dirichlet, natural, pathological, train_test_split_per_client
+from ebfl.privacy import GaussianMechanism, StochasticQuantizer
+from ebfl.validation import judge, make_result, run_replicates, validate
+from ebfl.validation.sweeps import plot_sweeps, run_sweep
+
+NAN, INF = float("nan"), float("inf")
+NO_SNAPSHOT = object()
+
+
+# ----------------------------------------------------------------- machinery
+
+@dataclasses.dataclass
+class Case:
+    """One public callable: a valid call and the kinds of its arguments."""
+
+    id: str
+    func: Callable
+    make: Callable[[], dict]  # fresh keyword arguments of a minimal valid call
+    real: tuple = ()  # real-array arguments
+    containers: tuple = ()  # real arrays that may hold NaN (checked by their consumers)
+    counts: tuple = ()  # integer-array arguments
+    scalars: Mapping = dataclasses.field(default_factory=dict)  # argument -> scalar kind
+    bad: tuple = ()  # further (argument, value, exception[, message pattern])
+    extreme: tuple = ()  # (argument, value): finite results, or a ValueError naming it
+    valid: bool = True  # False: too slow to run, only its refusals are tested
+    finite: bool = True  # the valid call's results are all finite
+    result: Callable = staticmethod(lambda out: out)  # what to compare between calls
+
+    def __str__(self):
+        return self.id
+
+
+#: Bad values of each kind of scalar argument: (label, value, exception).
+SCALAR_BAD = {
+    "positive": [("complex", 1 + 1j, TypeError), ("text", "1.0", TypeError),
+                 ("bool", True, TypeError), ("nan", NAN, ValueError), ("inf", INF, ValueError),
+                 ("zero", 0.0, ValueError), ("negative", -1.0, ValueError)],
+    "nonnegative": [("complex", 1 + 1j, TypeError), ("text", "1.0", TypeError),
+                    ("bool", True, TypeError), ("nan", NAN, ValueError),
+                    ("inf", INF, ValueError), ("negative", -1.0, ValueError)],
+    # Step sizes and penalties: huge values make an algorithm diverge (it warns),
+    # so only their refusals are tested.
+    "rate": [("complex", 1 + 1j, TypeError), ("text", "1.0", TypeError),
+             ("bool", True, TypeError), ("nan", NAN, ValueError), ("inf", INF, ValueError),
+             ("zero", 0.0, ValueError), ("negative", -1.0, ValueError)],
+    "rate0": [("complex", 1 + 1j, TypeError), ("text", "1.0", TypeError),
+              ("nan", NAN, ValueError), ("inf", INF, ValueError),
+              ("negative", -1.0, ValueError)],
+    "probability": [("complex", 0.5 + 1j, TypeError), ("text", "0.5", TypeError),
+                    ("nan", NAN, ValueError), ("above", 1.5, ValueError),
+                    ("negative", -0.1, ValueError)],
+    "open_unit": [("complex", 0.5 + 1j, TypeError), ("text", "0.5", TypeError),
+                  ("nan", NAN, ValueError), ("zero", 0.0, ValueError), ("one", 1.0, ValueError),
+                  ("above", 1.5, ValueError)],
+    # An iteration count: huge values are legal (and slow), so none is tried.
+    "count": [("float", 2.5, TypeError), ("text", "3", TypeError), ("bool", True, TypeError),
+              ("nan", NAN, TypeError), ("complex", 2 + 1j, TypeError),
+              ("zero", 0, ValueError), ("negative", -1, ValueError)],
+    # A size that ends up in an array: beyond int64 it must be refused.
+    "size": [("float", 2.5, TypeError), ("text", "3", TypeError), ("bool", True, TypeError),
+             ("nan", NAN, TypeError), ("zero", 0, ValueError), ("negative", -1, ValueError),
+             ("huge", 10**30, ValueError)],
+    "bool": [("int", 1, TypeError), ("text", "yes", TypeError), ("none", None, TypeError)],
+    "rng": [("text", "seed", TypeError), ("negative", -1, ValueError),
+            ("float", 1.5, TypeError), ("bool", True, TypeError),
+            ("legacy", np.random.RandomState(0), TypeError)],
+    "callable": [("text", "kmeans", TypeError), ("number", 3, TypeError)],
+}
+
+#: Extreme but legal values of each kind: computed with finite results or refused by name.
+SCALAR_EXTREME = {"positive": (1e308, 5e-324, 1e-200, 1e200),
+                  "nonnegative": (1e308, 5e-324, 1e200)}
+
+
+def _complex(a):
+    return np.asarray(a, float) + 1j
+
+
+def _with_first(a, value):
+    out = np.array(a, dtype=float)
+    out.flat[0] = value
+    return out
+
+
+def _object_text(a):
+    """An object array whose first entry is the text "1.0" (float() would parse it)."""
+    out = np.array(a, dtype=object)
+    out.flat[0] = "1.0"
+    return out
+
+
+CONTAINER_BAD = [("complex", _complex, TypeError),
+                 ("text", lambda a: np.asarray(a).astype(str), TypeError),
+                 ("object-text", _object_text, TypeError),
+                 ("string", lambda a: "0.5", (TypeError, ValueError))]
+REAL_BAD = CONTAINER_BAD + [("nan", lambda a: _with_first(a, NAN), ValueError),
+                            ("inf", lambda a: _with_first(a, -INF), ValueError)]
+REAL_OK = [("float16", lambda a: np.asarray(a).astype(np.float16)),
+           ("big-endian", lambda a: np.asarray(a).astype(">f8")),
+           ("list", lambda a: np.asarray(a).tolist())]
+COUNT_BAD = [("complex", _complex, TypeError),
+             ("text", lambda a: np.asarray(a).astype(str), TypeError),
+             ("fraction", lambda a: np.asarray(a) + 0.5, (TypeError, ValueError)),
+             ("nan", lambda a: _with_first(a, NAN), (TypeError, ValueError)),
+             ("string", lambda a: "3", (TypeError, ValueError))]
+COUNT_OK = [("big-endian", lambda a: np.asarray(a).astype(">i8")),
+            ("int16", lambda a: np.asarray(a).astype(np.int16)),
+            ("list", lambda a: np.asarray(a).tolist())]
+
+
+def _snapshot(kwargs):
+    try:
+        return copy.deepcopy(kwargs)
+    except Exception:  # noqa: BLE001 - objects that cannot be copied are not compared
+        return NO_SNAPSHOT
+
+
+def _same(a, b, path="value"):
+    """Assert that a and b are equal, recursively (NaN equals NaN; dtypes must agree)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.shape == b.shape, f"{path}: shape {a.shape} != {b.shape}"
+        assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} != {b.dtype}"
+        nan_ok = a.dtype.kind in "fc"
+        assert np.array_equal(a, b, equal_nan=nan_ok), f"{path}: values differ"
+    elif _is_tensor(a):
+        assert a.dtype == b.dtype and a.shape == b.shape, path
+        assert bool((a == b).all() or (a.isnan() & b.isnan()).any()), f"{path}: values differ"
+    elif isinstance(a, np.random.RandomState):
+        _same(a.get_state(legacy=False), b.get_state(legacy=False), path)
+    elif isinstance(a, np.random.Generator):
+        _same(a.bit_generator.state, b.bit_generator.state, path)
+    elif isinstance(a, Mapping):
+        assert set(a) == set(b), f"{path}: keys differ"
+        for k in a:
+            _same(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), f"{path}: length differs"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same(x, y, f"{path}[{i}]")
+    elif dataclasses.is_dataclass(a) and not isinstance(a, type):
+        for f in dataclasses.fields(a):
+            _same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert a == b or (math.isnan(a) and math.isnan(b)), f"{path}: {a} != {b}"
+    elif _is_module(a):
+        _same(a.state_dict(), b.state_dict(), path)
+    elif callable(a) or a is None or isinstance(a, str | int | bool | complex):
+        assert a is b or a == b, f"{path}: {a!r} != {b!r}"
+    elif hasattr(a, "__dict__"):
+        _same(vars(a), vars(b), path)
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def _is_tensor(x):
+    torch = __import__("sys").modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _is_module(x):
+    torch = __import__("sys").modules.get("torch")
+    return torch is not None and isinstance(x, torch.nn.Module)
+
+
+def _finite(obj, path="result"):
+    """Assert that every float in obj (arrays, floats, nested containers) is finite."""
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.kind in "fc":
+            assert np.all(np.isfinite(obj)), f"{path} has non-finite values"
+    elif _is_tensor(obj):
+        if obj.is_floating_point():
+            assert bool(obj.isfinite().all()), f"{path} has non-finite values"
+    elif isinstance(obj, float | np.floating):
+        assert math.isfinite(obj), f"{path} = {obj}"
+    elif isinstance(obj, Mapping):
+        for k, v in obj.items():
+            _finite(v, f"{path}[{k!r}]")
+    elif isinstance(obj, list | tuple):
+        for i, v in enumerate(obj):
+            _finite(v, f"{path}[{i}]")
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            _finite(getattr(obj, f.name), f"{path}.{f.name}")
+
+
+def _call(case, kwargs):
+    """Call ``case`` and check that the arguments are unchanged afterwards."""
+    before = _snapshot(kwargs)
+    try:
+        return case.func(**kwargs)
+    finally:
+        if before is not NO_SNAPSHOT:
+            _same(kwargs, before, "arguments")
+
+
+def _expect_refusal(case, arg, value, exc, pattern=None):
+    kwargs = case.make()
+    kwargs[arg] = value
+    with pytest.raises(exc, match=pattern or re.escape(arg)):
+        _call(case, kwargs)
+
+
+def _variants(cases):
+    """(case, argument, label, value-maker, exception, pattern) for every bad variant."""
+    out = []
+    for case in cases:
+        for arg in case.real:
+            out += [(case, arg, lab, f, exc, None) for lab, f, exc in REAL_BAD]
+        for arg in case.containers:
+            out += [(case, arg, lab, f, exc, None) for lab, f, exc in CONTAINER_BAD]
+        for arg in case.counts:
+            out += [(case, arg, lab, f, exc, None) for lab, f, exc in COUNT_BAD]
+        for arg, kind in case.scalars.items():
+            out += [(case, arg, lab, (lambda _, v=v: v), exc, None)
+                    for lab, v, exc in SCALAR_BAD[kind]]
+        for arg, value, exc, *pattern in case.bad:
+            out.append((case, arg, "specific", (lambda _, v=value: copy.deepcopy(v)), exc,
+                        pattern[0] if pattern else None))
+    return out
+
+
+def _dtype_variants(cases):
+    out = []
+    for case in (c for c in cases if c.valid):
+        for arg in case.real + case.containers:
+            out += [(case, arg, lab, f) for lab, f in REAL_OK]
+        for arg in case.counts:
+            out += [(case, arg, lab, f) for lab, f in COUNT_OK]
+    return out
+
+
+def _extremes(cases):
+    out = []
+    for case in (c for c in cases if c.valid):
+        for arg, kind in case.scalars.items():
+            out += [(case, arg, v) for v in SCALAR_EXTREME.get(kind, ())]
+        out += [(case, arg, v) for arg, v in case.extreme]
+    return out
+
+
+def _ids(params):
+    return [f"{p[0]}-{p[1]}-{p[2]}" if isinstance(p[2], str) else f"{p[0]}-{p[1]}-{p[2]!r}"
+            for p in params]
+
+
+_REFERENCE = {}
+
+
+def _reference(case):
+    """The result of the valid call, computed once per case."""
+    if case.id not in _REFERENCE:
+        _REFERENCE[case.id] = case.result(case.func(**case.make()))
+    return _REFERENCE[case.id]
+
+
+def check_valid(case):
+    kwargs = case.make()
+    out = case.result(_call(case, kwargs))
+    if case.finite:
+        _finite(out)
+    _same(_reference(case), out, "repeated call")  # deterministic (seeded)
+
+
+def check_refusal(case, arg, value_of, exc, pattern):
+    _expect_refusal(case, arg, value_of(case.make().get(arg)), exc, pattern)
+
+
+def check_dtype(case, arg, convert):
+    ref = _reference(case)
+    kwargs = case.make()
+    kwargs[arg] = convert(kwargs[arg])
+    _same(case.result(_call(case, kwargs)), ref, f"result with converted {arg}")
+
+
+def check_extreme(case, arg, value):
+    kwargs = case.make()
+    kwargs[arg] = value
+    try:
+        out = case.result(_call(case, kwargs))
+    except ValueError as exc:
+        assert arg in str(exc), f"refusal of {arg}={value!r} does not name it: {exc}"
+        return
+    _finite(out)
+
+
+def _table_tests(cases, section):
+    """Define this section's table-driven tests (those with any parameters) in the module."""
+    valid = [c for c in cases if c.valid]
+    bad, ok, ext = _variants(cases), _dtype_variants(cases), _extremes(cases)
+    tests = {}
+    if valid:
+        @pytest.mark.parametrize("case", valid, ids=str)
+        def test_valid_call(case):
+            check_valid(case)
+
+        tests["valid_call"] = test_valid_call
+    if bad:
+        @pytest.mark.parametrize(("case", "arg", "label", "value_of", "exc", "pattern"), bad,
+                                 ids=_ids(bad))
+        def test_refused_by_name(case, arg, label, value_of, exc, pattern):
+            check_refusal(case, arg, value_of, exc, pattern)
+
+        tests["refused_by_name"] = test_refused_by_name
+    if ok:
+        @pytest.mark.parametrize(("case", "arg", "label", "convert"), ok, ids=_ids(ok))
+        def test_other_dtypes_give_the_same_result(case, arg, label, convert):
+            check_dtype(case, arg, convert)
+
+        tests["other_dtypes_give_the_same_result"] = test_other_dtypes_give_the_same_result
+    if ext:
+        @pytest.mark.parametrize(("case", "arg", "value"), ext, ids=_ids(ext))
+        def test_extremes_compute_or_are_refused_by_name(case, arg, value):
+            check_extreme(case, arg, value)
+
+        tests["extremes_compute_or_are_refused_by_name"] = (
+            test_extremes_compute_or_are_refused_by_name)
+    for name, test in tests.items():
+        globals()[f"test_{section}_{name}"] = test
+
+
+# ------------------------------------------------------------------- inputs
+# Multiples of 1/4 in [-2, 2]: exact in float16, so converted inputs give
+# bit-identical results.
+
+def _quarters(shape, seed):
+    return np.random.default_rng(seed).integers(-8, 9, shape) / 4.0
+
+
+def _X():
+    return _quarters((4, 3, 2), 0)
+
+
+def _Y():
+    return _quarters((4, 3), 1)
+
+
+def _Ybin():
+    return np.random.default_rng(2).integers(0, 2, (4, 3)).astype(float)
+
+
+def _data():
+    return RegressionData.from_arrays(_X(), _Y())
+
+
+def _bindata():
+    return RegressionData.from_arrays(_X(), _Ybin())
+
+
+def _halves(points, k, rng):
+    """A tiny deterministic clustering: k groups by rank of the first coordinate."""
+    order = np.argsort(points[:, 0], kind="stable")
+    labels = np.empty(len(points), np.int64)
+    for lab, idx in enumerate(np.array_split(order, k)):
+        labels[idx] = lab
+    centres = np.stack([points[labels == lab].mean(axis=0) for lab in range(k)])
+    return centres, labels
+
+
+def _bad_cluster_shape(points, k, rng):
+    return np.zeros((k + 1, points.shape[1])), np.zeros(len(points), np.int64)
+
+
+def _bad_cluster_labels(points, k, rng):
+    return np.zeros((k, points.shape[1])), np.full(len(points), k, np.int64)
+
+
+# ------------------------------------------------------ estimation: ebfl, ebfl.eb
+
+def _beta_prior(alpha, beta):
+    g = BetaPrior(alpha, beta)
+    return g.mean, g.variance
+
+
+def _beta_from_moments(mean, variance):
+    g = BetaPrior.from_moments(mean, variance)
+    return g.alpha, g.beta, g.mean, g.variance
+
+
+def _gaussian_sample(mean, sigma_theta, sigma_x, n_clients, n, rng):
+    s = GaussianPopulation(mean, sigma_theta, sigma_x).sample(n_clients, n, rng=rng)
+    return s.theta, s.data.values, s.data.offsets
+
+
+def _gaussian_sufficient(mean, sigma_theta, sigma_x, n_clients, n, rng):
+    return GaussianPopulation(mean, sigma_theta, sigma_x).sample_sufficient(n_clients, n,
+                                                                            rng=rng)
+
+
+def _beta_sample(alpha, beta, n_clients, n, rng):
+    s = BetaBernoulliPopulation(alpha, beta).sample(n_clients, n, rng=rng)
+    return s.theta, s.data.values, s.data.offsets
+
+
+def _npmle_methods(x, threshold, t):
+    fit = npmle_normal(x, 1.0, n_grid=10)
+    return fit.support(threshold), fit.prior_cdf(t)
+
+
+def _ragged_item(values, counts, i):
+    return Ragged.from_counts(values, counts)[i]
+
+
+ESTIMATION = [
+    Case("BetaPrior", _beta_prior, lambda: dict(alpha=2.0, beta=3.0),
+         scalars={"alpha": "positive", "beta": "positive"}),
+    Case("BetaPrior.from_moments", _beta_from_moments, lambda: dict(mean=0.25, variance=0.0625),
+         scalars={"mean": "open_unit"},
+         bad=(("variance", 0.2, ValueError), ("variance", 0.0, ValueError),
+              ("variance", "0.1", TypeError), ("variance", NAN, ValueError),
+              ("variance", 1 + 1j, TypeError)),
+         extreme=(("variance", 1e-320), ("mean", 1e-300))),
+    Case("NormalPrior", NormalPrior, lambda: dict(mean=np.array([0.5, -1.25]), sd=0.5),
+         real=("mean",), scalars={"sd": "nonnegative"},
+         bad=(("mean", np.zeros((2, 2)), ValueError),)),
+    Case("discrete_posterior", discrete_posterior,
+         lambda: dict(x=np.array([-1.25, 0.25, 2.75]), s=np.array([0.5, 1.0, 0.5]),
+                      atoms=np.array([-1.0, 0.0, 3.0]), probs=np.array([0.25, 0.5, 0.25])),
+         real=("x", "s", "atoms", "probs"),
+         bad=(("s", np.array([0.5, 1.0]), ValueError), ("s", 0.0, ValueError),
+              ("s", 1e-200, ValueError), ("x", np.array([1e200, 0.0, 0.0]), ValueError),
+              ("atoms", np.array([-1.0, 0.0, 1e200]), ValueError),
+              ("probs", np.array([0.5, 0.5]), ValueError),
+              ("probs", np.array([0.5, 0.75, -0.25]), ValueError),
+              ("probs", np.array([0.25, 0.25, 0.25]), ValueError),
+              ("x", np.zeros((3, 2)), ValueError, "dimension"),
+              ("x", np.zeros((3, 0)), ValueError), ("x", np.zeros(0), ValueError)),
+         extreme=(("s", 1e-150), ("s", 1e150), ("x", np.array([1e150, -1e150, 0.0])))),
+    Case("expected_posterior_variance", expected_posterior_variance,
+         lambda: dict(atoms=np.array([-1.0, 1.0]), probs=np.array([0.25, 0.75]), sigma_x=1.0,
+                      n=4, n_samples=50, rng=0),
+         real=("atoms", "probs"),
+         scalars={"sigma_x": "positive", "n": "size", "n_samples": "size", "rng": "rng"},
+         bad=(("n_samples", 1, ValueError),)),
+    Case("lemma1_radius", lemma1_radius, lambda: dict(d=2, sigma_x=1.0, n=10, m=100, r=2.0),
+         scalars={"d": "size", "sigma_x": "positive", "n": "size", "m": "size",
+                  "r": "nonnegative"}),
+    Case("discrete_mixture_eb", discrete_mixture_eb,
+         lambda: dict(xbar=np.array([-2.0, -1.75, 0.25, 0.5, 2.0, 2.25]), n=4, sigma_x=1.0,
+                      n_atoms=2, n_iter=2, cluster=_halves, rng=0),
+         real=("xbar",),
+         scalars={"sigma_x": "positive", "n": "size", "n_atoms": "size", "n_iter": "count",
+                  "rng": "rng", "cluster": "callable"},
+         bad=(("n_atoms", 7, ValueError), ("n", np.array([4, 4]), ValueError),
+              ("n", np.array([4, 4, 4, 4, 4, 0]), ValueError),
+              ("n", np.array([4.5] * 6), ValueError), ("xbar", np.full(6, 1e200), ValueError),
+              ("mechanism", "gaussian", TypeError),
+              ("mechanism", StochasticQuantizer(4, 3.0), ValueError, "radius"),
+              ("mechanism", GaussianMechanism(1.0, 1e-5, 3.0, d=2, calibration="l2"),
+               ValueError),
+              ("radius", 3.0, ValueError), ("radius", -1.0, ValueError, "radius"),
+              ("delta_total", 1e-5, ValueError),
+              ("cluster", _bad_cluster_shape, ValueError),
+              ("cluster", _bad_cluster_labels, ValueError),
+              ("cluster", lambda points, k, rng: None, TypeError)),
+         extreme=(("sigma_x", 1e-150), ("n", 10**18))),
+    Case("discrete_mixture_eb-private", discrete_mixture_eb,
+         lambda: dict(xbar=np.array([-2.0, -1.75, 0.25, 0.5, 2.0, 2.25]), n=4, sigma_x=1.0,
+                      n_atoms=2, n_iter=2, cluster=_halves, rng=0,
+                      mechanism=GaussianMechanism(1.0, 1e-5, 3.0), radius=3.0,
+                      delta_total=1e-4),
+         scalars={"radius": "positive", "delta_total": "open_unit"},
+         result=lambda fit: (fit.estimate, fit.privacy)),
+    Case("discrete_mixture_eb-kmeans", discrete_mixture_eb,
+         lambda: dict(xbar=np.array([[-2.0, 1.0], [-1.75, 1.25], [2.0, 0.0], [2.25, 0.25]]),
+                      n=np.array([4, 4, 2, 2]), sigma_x=1.0, n_atoms=2, n_iter=1, rng=0),
+         real=("xbar",), counts=("n",)),
+    Case("npmle_normal", npmle_normal,
+         lambda: dict(x=np.array([-1.5, -1.0, 0.25, 1.75, 2.0]), s=np.array([1.0, 0.5, 1.0,
+                                                                           0.5, 1.0]),
+                      n_grid=12),
+         real=("x", "s"),
+         scalars={"n_grid": "size", "tol": "positive", "max_iter": "count"},
+         bad=(("s", 1e-200, ValueError), ("s", np.ones(4), ValueError),
+              ("x", np.full(5, 1e200), ValueError), ("grid", np.zeros((2, 2)), ValueError),
+              ("grid", "0.5", TypeError), ("grid", np.array([0.0, NAN]), ValueError),
+              ("bins", 1, ValueError), ("bins", 2.5, TypeError)),
+         extreme=(("x", np.array([-1e150, 0.0, 1e150, 3.0, 1.0])),)),
+    Case("npmle_normal-grid", npmle_normal,
+         lambda: dict(x=np.array([-1.5, -1.0, 0.25, 1.75]), s=1.0,
+                      grid=np.array([-2.0, -1.0, 0.0, 1.0, 2.0])),
+         real=("grid",)),
+    Case("npmle_binomial", npmle_binomial,
+         lambda: dict(successes=np.array([0, 3, 5, 2]), trials=np.array([5, 5, 6, 4]),
+                      n_grid=12),
+         counts=("successes", "trials"),
+         scalars={"n_grid": "size", "tol": "positive", "max_iter": "count"},
+         bad=(("successes", np.array([6, 3, 5, 2]), ValueError),
+              ("trials", np.array([5, 5, 6]), ValueError),
+              ("trials", np.array([5, 5, 6, 2**64 - 1], np.uint64), ValueError),
+              ("successes", np.array([0, 3, 5, -2]), ValueError),
+              ("grid", np.array([0.5, 1.5]), ValueError)),
+         extreme=(("trials", np.array([5, 5, 6, 10**15])),)),
+    Case("NPMLEResult.support/prior_cdf", _npmle_methods,
+         lambda: dict(x=np.array([-1.0, 0.5, 2.0]), threshold=1e-3, t=np.array([0.0, 1.5])),
+         real=("t",), scalars={"threshold": "positive"}),
+    Case("GaussianPopulation.sample", _gaussian_sample,
+         lambda: dict(mean=np.array([0.5, -1.0]), sigma_theta=0.5, sigma_x=1.0, n_clients=3,
+                      n=np.array([2, 1, 3]), rng=0),
+         real=("mean",), counts=("n",),
+         scalars={"sigma_theta": "nonnegative", "sigma_x": "positive", "n_clients": "size",
+                  "rng": "rng"},
+         bad=(("n", np.array([2, 0, 3]), ValueError), ("n", np.array([2, 1]), ValueError),
+              ("n", 0, ValueError), ("n", 2.5, TypeError), ("mean", np.zeros((2, 2)),
+                                                               ValueError)),
+         extreme=(("mean", np.array([1e300, -1e300])), ("mean", np.array([1e308, 0.0])))),
+    Case("GaussianPopulation.sample_sufficient", _gaussian_sufficient,
+         lambda: dict(mean=0.5, sigma_theta=0.5, sigma_x=1.0, n_clients=3, n=4, rng=0),
+         scalars={"sigma_theta": "nonnegative", "sigma_x": "positive", "n_clients": "size",
+                  "n": "size", "rng": "rng"}),
+    Case("BetaBernoulliPopulation.sample", _beta_sample,
+         lambda: dict(alpha=2.0, beta=0.5, n_clients=3, n=np.array([2, 1, 3]), rng=0),
+         counts=("n",),
+         scalars={"alpha": "positive", "beta": "positive", "n_clients": "size", "rng": "rng"}),
+    Case("Ragged", Ragged,
+         lambda: dict(values=np.array([0.5, 1.0, -2.0, 0.25]), offsets=np.array([0, 3, 4])),
+         containers=("values",), counts=("offsets",),
+         bad=(("values", np.zeros((4, 1, 1)), ValueError),
+              ("offsets", np.array([1, 3, 4]), ValueError),
+              ("offsets", np.array([0, 3, 2, 4]), ValueError),
+              ("offsets", np.array([0.0, 3.0, 4.0]), TypeError))),
+    Case("Ragged.from_counts", Ragged.from_counts,
+         lambda: dict(values=np.array([0.5, 1.0, -2.0, 0.25]), counts=np.array([3, 1])),
+         containers=("values",), counts=("counts",),
+         bad=(("counts", np.array([3, 2]), ValueError), ("counts", np.array([5, -1]),
+                                                         ValueError))),
+    Case("Ragged.from_lists", Ragged.from_lists,
+         lambda: dict(clients=[np.array([0.5, 1.0]), np.array([-2.0])]),
+         bad=(("clients", "ab", TypeError), ("clients", [], ValueError),
+              ("clients", [[1 + 1j], [0.5]], TypeError),
+              ("clients", [np.zeros((2, 2)), np.zeros(3)], ValueError),
+              ("clients", 3, TypeError))),
+    Case("Ragged.__getitem__", _ragged_item,
+         lambda: dict(values=np.array([0.5, 1.0, -2.0]), counts=np.array([2, 1]), i=-1),
+         bad=(("i", 2, IndexError, "client 2"), ("i", 0.5, TypeError),
+              ("i", slice(0, 1), TypeError))),
+]
+
+_table_tests(ESTIMATION, "estimation")
+
+
+def test_extreme_beta_shapes_have_their_exact_moments():
+    big = BetaPrior(1e308, 1e308)
+    assert big.mean == 0.5 and big.variance == 0.0  # true value 1.25e-309: below double range
+    tiny = BetaPrior(5e-324, 5e-324)
+    assert tiny.mean == 0.5 and tiny.variance == 0.25  # the limit of a symmetric Beta
+
+
+def test_discrete_posterior_with_far_atoms_puts_all_mass_on_the_nearest():
+    # |x - mu|^2 / (2 s^2) overflows for every atom; the exact posterior is a
+    # point mass on the nearest atom (the others are ~1e306 nats less likely).
+    post = discrete_posterior([1e5, -3.0, 1e149], 1e-150, [0.0, 1.0, -1.0], [0.25, 0.5, 0.25])
+    np.testing.assert_array_equal(post.mean, [1.0, -1.0, 1.0])
+    np.testing.assert_array_equal(post.var, [0.0, 0.0, 0.0])
+
+
+def test_npmle_refuses_a_grid_out_of_reach_of_the_data_by_name():
+    # (x - u)^2 / s^2 would overflow for every grid point u: the likelihood is 0.
+    with pytest.raises(ValueError, match=r"x\[0\].*grid"):
+        npmle_normal([0.0, 1.0], 1e-20, grid=[1e140, 2e140])
+
+
+def test_lemma1_radius_scales_linearly_in_sigma_x_without_overflow():
+    base = lemma1_radius(3, 1.0, 10, 100, 0.0)
+    assert lemma1_radius(3, 1e200, 10, 100, 0.0) == pytest.approx(1e200 * base, rel=1e-14)
+
+
+def test_valid_gaussian_population_with_huge_mean_is_finite():
+    theta, values, _ = _gaussian_sample(np.array([1e300]), 1e300, 1e300, 3, 2, 0)
+    assert np.all(np.isfinite(theta)) and np.all(np.isfinite(values))
+
+
+# ------------------------------------------------------- learning (numpy)
+
+def _run(algorithm, data, **kw):
+    res = run_federated(algorithm, data, 2, rng=0, **kw)
+    return res.theta
+
+
+def _linear_gd(data, **kw):
+    return _run(LinearGD(0.01, **kw), data)
+
+
+def _linear_em(data, **kw):
+    return _run(LinearEM(**kw), data)
+
+
+def _logistic_gd(data, **kw):
+    return _run(LogisticGD(0.05, **kw), data)
+
+
+def _logistic_em(data, **kw):
+    return _run(LogisticEM(**kw), data)
+
+
+def _fedavg_linear(data, lr, local_steps):
+    return _run(FedAvgLinear(lr, local_steps=local_steps), data)
+
+
+def _fedavg_logistic(data, lr, local_steps, l2):
+    return _run(FedAvgLogistic(lr, local_steps=local_steps, l2=l2), data)
+
+
+def _dm_linear(data, k, sigma_x2, cluster):
+    return _run(DiscreteMixtureLinear(k, sigma_x2, cluster=cluster), data)
+
+
+def _gm_linear(data, k, lr, sigma_x2, min_var, cluster):
+    return _run(GaussianMixtureLinear(k, lr, sigma_x2, min_var=min_var, cluster=cluster), data)
+
+
+def _laplace(data, lr, sigma_x2, **kw):
+    return _run(LaplaceLinear(lr, sigma_x2, **kw), data)
+
+
+def _federated(algorithm, data, rounds, **kw):
+    res = run_federated(algorithm, data, rounds, **kw)
+    return res.theta, res.history
+
+
+def _regression_data(X, Y, mask):
+    return RegressionData(X, Y, mask)
+
+
+def _subset_predict(clients, theta):
+    data = _data()
+    return data.subset(clients).X, data.predict(theta, clients)
+
+
+class _NoRound:
+    def init(self, data, rng):
+        return {}
+
+
+LEARNING = [
+    Case("RegressionData", _regression_data, lambda: dict(X=_X(), Y=_Y(), mask=np.ones((4, 3))),
+         real=("X", "Y", "mask"),
+         bad=(("mask", np.full((4, 3), 0.5), ValueError), ("Y", np.zeros((4, 2)), ValueError),
+              ("X", np.full((4, 3, 2), 1e200), ValueError), ("X", np.zeros((4, 3)), ValueError),
+              ("mask", np.zeros((4, 3)), ValueError, "sample"))),
+    Case("RegressionData.from_arrays", RegressionData.from_arrays,
+         lambda: dict(X=_X(), Y=_Y()), real=("X", "Y")),
+    Case("RegressionData.from_lists", RegressionData.from_lists,
+         lambda: dict(Xs=[_X()[0], _X()[1, :2]], Ys=[_Y()[0], _Y()[1, :2]]),
+         bad=(("Xs", "ab", TypeError), ("Ys", [np.zeros(3)], ValueError),
+              ("Xs", [np.zeros(3), np.zeros(2)], ValueError),
+              ("Xs", [np.zeros((3, 2)), np.zeros((2, 3))], ValueError),
+              ("Ys", [np.zeros(3) + 1j, np.zeros(2)], TypeError),
+              ("Xs", [], ValueError))),
+    Case("RegressionData.subset/predict", _subset_predict,
+         lambda: dict(clients=np.array([0, 2]), theta=_quarters((2, 2), 5)),
+         real=("theta",), counts=("clients",),
+         bad=(("clients", np.array([0, 4]), ValueError), ("clients", np.array([], int),
+                                                          ValueError),
+              ("theta", np.zeros((3, 2)), ValueError))),
+    Case("run_federated", _federated,
+         lambda: dict(algorithm=LinearEM(), data=_data(), rounds=2, rng=0),
+         scalars={"rng": "rng", "record_every": "count", "progress": "bool"},
+         bad=(("rounds", -1, ValueError), ("rounds", 1.5, TypeError), ("rounds", "2", TypeError),
+              ("data", _X(), TypeError), ("algorithm", None, TypeError),
+              ("sampling", "some", ValueError), ("sampling", ["full"], TypeError),
+              ("clients_per_round", 2, ValueError), ("rate", 0.5, ValueError),
+              ("truth", np.zeros((4, 3)), ValueError), ("truth", _complex(np.zeros((4, 2))),
+                                                        TypeError),
+              ("truth", np.full((4, 2), NAN), ValueError), ("evaluate", "acc", TypeError),
+              ("evaluate", lambda theta: 0.5, TypeError))),
+    Case("run_federated-fixed", _federated,
+         lambda: dict(algorithm=LinearEM(), data=_data(), rounds=2, rng=0, sampling="fixed",
+                      clients_per_round=2, truth=_quarters((4, 2), 3)),
+         real=("truth",), scalars={"clients_per_round": "size"},
+         bad=(("clients_per_round", 5, ValueError), ("rate", 0.5, ValueError))),
+    Case("run_federated-poisson", _federated,
+         lambda: dict(algorithm=LinearEM(), data=_data(), rounds=2, rng=0, sampling="poisson",
+                      rate=0.5),
+         scalars={"rate": "probability"}, bad=(("clients_per_round", 2, ValueError),)),
+    Case("sample_clients", sample_clients,
+         lambda: dict(m=5, rng=0, sampling="fixed", clients_per_round=2),
+         scalars={"m": "size", "rng": "rng", "clients_per_round": "size"},
+         bad=(("clients_per_round", 6, ValueError), ("sampling", "most", ValueError),
+              ("rate", 0.5, ValueError))),
+    Case("LinearGD", _linear_gd,
+         lambda: dict(data=_data(), mu0=np.array([0.5, -0.25]), sigma_theta2_0=0.5),
+         real=("mu0",),
+         scalars={"lr_mu": "rate", "lr_var": "rate", "local_steps": "count",
+                  "floor": "positive", "sigma_theta2_0": "rate", "sigma_x2_0": "rate"},
+         bad=(("mu0", np.zeros(3), ValueError), ("mu0", np.zeros((2, 2)), ValueError),
+              ("data", "data", TypeError), ("sigma_x2_0", 1e200, ValueError))),
+    Case("LinearEM", _linear_em, lambda: dict(data=_data(), mu0=np.array([0.5, -0.25])),
+         real=("mu0",),
+         scalars={"sigma_theta2_0": "positive", "sigma_x2_0": "positive", "floor": "positive"},
+         bad=(("mu0", np.zeros(3), ValueError),)),
+    Case("LogisticGD", _logistic_gd, lambda: dict(data=_bindata(), mu0=0.25),
+         real=("mu0",),
+         scalars={"lr_mu": "rate", "lr_var": "rate", "floor": "positive",
+                  "sigma_theta2_0": "rate", "learn_prior": "bool"},
+         bad=(("rule", "sometimes", ValueError), ("mu0", np.zeros(5), ValueError))),
+    Case("LogisticEM", _logistic_em, lambda: dict(data=_bindata(), mu0=np.array([0.5, 0.0])),
+         real=("mu0",),
+         scalars={"newton_steps": "count", "sigma_theta2_0": "positive", "floor": "positive"},
+         bad=(("data", _data(), ValueError, r"data\.Y"),)),
+    Case("FedAvgLinear", _fedavg_linear, lambda: dict(data=_data(), lr=0.1, local_steps=2),
+         scalars={"lr": "rate", "local_steps": "count"}),
+    Case("FedAvgLogistic", _fedavg_logistic,
+         lambda: dict(data=_bindata(), lr=0.1, local_steps=2, l2=0.5),
+         scalars={"lr": "rate", "local_steps": "count", "l2": "rate0"}),
+    Case("DiscreteMixtureLinear", _dm_linear,
+         lambda: dict(data=_data(), k=2, sigma_x2=0.5, cluster=_halves),
+         scalars={"k": "size", "sigma_x2": "positive", "cluster": "callable"},
+         bad=(("k", 5, ValueError), ("cluster", _bad_cluster_shape, ValueError))),
+    Case("GaussianMixtureLinear", _gm_linear,
+         lambda: dict(data=_data(), k=2, lr=0.01, sigma_x2=0.5, min_var=1e-3, cluster=_halves),
+         scalars={"k": "size", "lr": "rate", "sigma_x2": "rate", "min_var": "positive",
+                  "cluster": "callable"},
+         bad=(("k", 5, ValueError),)),
+    Case("LaplaceLinear", _laplace,
+         lambda: dict(data=_data(), lr=0.01, sigma_x2=0.5, mu0=np.array([0.25, 0.5])),
+         real=("mu0",),
+         scalars={"lr": "rate", "sigma_x2": "rate", "b0": "rate", "floor": "positive",
+                  "learn_prior": "bool"},
+         bad=(("mu0", np.zeros(3), ValueError),)),
+    Case("linear_objective", linear_objective,
+         lambda: dict(data=_data(), theta=_quarters((4, 2), 3), mu=np.array([0.5, 0.0]),
+                      sigma_theta2=0.5, sigma_x2=0.25),
+         real=("theta", "mu"), scalars={"sigma_theta2": "positive", "sigma_x2": "positive"},
+         bad=(("theta", np.zeros((3, 2)), ValueError), ("mu", np.zeros(3), ValueError),
+              ("data", _X(), TypeError))),
+    Case("logistic_objective", logistic_objective,
+         lambda: dict(data=_bindata(), theta=_quarters((4, 2), 3), mu=0.5, sigma_theta2=0.5),
+         real=("theta",), scalars={"sigma_theta2": "positive"},
+         bad=(("theta", np.zeros(2), ValueError),)),
+    Case("laplace_objective", laplace_objective,
+         lambda: dict(data=_data(), theta=_quarters((4, 2), 3), mu=np.array([0.5, 0.0]),
+                      b=0.5, sigma_x2=0.25),
+         real=("theta", "mu"), scalars={"b": "positive", "sigma_x2": "positive"}),
+    Case("finetune_linear", finetune_linear,
+         lambda: dict(data=_data(), theta0=np.array([0.25, -0.5]), steps=2, lr=0.1),
+         real=("theta0",), scalars={"lr": "rate"},
+         bad=(("theta0", np.zeros(3), ValueError), ("data", "d", TypeError),
+              ("steps", -1, ValueError), ("steps", 1.5, TypeError))),
+    Case("finetune_logistic", finetune_logistic,
+         lambda: dict(data=_bindata(), theta0=_quarters((4, 2), 4), steps=2, lr=0.1),
+         real=("theta0",), scalars={"lr": "rate"},
+         bad=(("theta0", np.zeros((3, 2)), ValueError),)),
+    Case("posterior_regression", posterior_regression,
+         lambda: dict(data=_data(), mu=np.array([0.5, 0.0]), sigma_theta2=0.5, sigma_x2=0.25),
+         real=("mu",), scalars={"sigma_theta2": "positive", "sigma_x2": "positive"},
+         bad=(("form", "x", ValueError), ("form", ["n"], TypeError),
+              ("mu", np.zeros(5), ValueError))),
+    Case("local_least_squares", local_least_squares,
+         lambda: dict(data=_data(), sigma_x2=0.25),
+         scalars={"sigma_x2": "positive"},
+         bad=(("rcond", -1.0, ValueError), ("rcond", "1e-12", TypeError),
+              ("data", _X(), TypeError))),
+    Case("marginal_loglik", marginal_loglik,
+         lambda: dict(data=_data(), mu=np.array([0.5, 0.0]), sigma_theta2=0.5, sigma_x2=0.25),
+         real=("mu",), scalars={"sigma_theta2": "positive", "sigma_x2": "positive"}),
+    Case("logistic_map", logistic_map,
+         lambda: dict(data=_bindata(), mu=np.array([0.5, 0.0]), sigma_theta2=0.5,
+                      theta0=_quarters((4, 2), 6), steps=3),
+         real=("mu", "theta0"),
+         scalars={"sigma_theta2": "positive", "steps": "count", "tol": "positive"},
+         bad=(("theta0", np.zeros((5, 2)), ValueError), ("data", _data(), ValueError,
+                                                          r"data\.Y"))),
+    Case("pathological", pathological,
+         lambda: dict(labels=np.repeat(np.arange(3), 4), n_clients=3, classes_per_client=2,
+                      rng=0),
+         counts=("labels",),
+         scalars={"n_clients": "size", "classes_per_client": "size", "rng": "rng"},
+         bad=(("n_clients", 13, ValueError), ("classes_per_client", 4, ValueError),
+              ("labels", np.array([0.5, 1.0]), TypeError))),
+    Case("dirichlet", dirichlet,
+         lambda: dict(labels=np.repeat(np.arange(3), 4), n_clients=3, alpha=0.5, min_size=1,
+                      rng=0),
+         counts=("labels",),
+         scalars={"n_clients": "size", "alpha": "positive", "max_tries": "count", "rng": "rng"},
+         bad=(("alpha", 1e101, ValueError), ("min_size", 5, ValueError),
+              ("min_size", -1, ValueError)),
+         extreme=(("alpha", 1e100), ("alpha", 1e-300))),
+    Case("natural", natural, lambda: dict(groups=np.array(["b", "a", "b"])),
+         bad=(("groups", np.array([1 + 1j, 2]), TypeError), ("groups", np.array([1.0, NAN]),
+                                                            ValueError),
+              ("groups", np.zeros((2, 2)), ValueError), ("groups", [], ValueError))),
+    Case("train_test_split_per_client", train_test_split_per_client,
+         lambda: dict(labels=np.array([0, 0, 1, 1, 1, 0]),
+                      client_indices=[np.array([0, 1, 2]), np.array([3, 4, 5])],
+                      test_fraction=0.5, rng=0),
+         counts=("labels",), scalars={"test_fraction": "open_unit", "rng": "rng"},
+         bad=(("client_indices", "ab", TypeError), ("client_indices", np.arange(3), TypeError),
+              ("client_indices", [np.array([0, 9])], ValueError),
+              ("client_indices", [np.array([0.5])], TypeError))),
+]
+
+_table_tests(LEARNING, "learning")
+
+
+def test_an_algorithm_without_the_protocol_is_refused_by_name():
+    with pytest.raises(TypeError, match="algorithm must implement"):
+        run_federated(_NoRound(), _data(), 1)
+
+
+def test_a_diverging_algorithm_warns():
+    with np.errstate(all="ignore"), pytest.warns(RuntimeWarning, match="diverged"):
+        run_federated(LinearGD(1e300), _data(), 3, rng=0)
+
+
+# ------------------------------------------- validation, demo and experiments
+
+def _step(rng, k):
+    return {"x": rng.standard_normal(k)}
+
+
+VALIDATION = [
+    Case("validate", validate, lambda: dict(names="known_beta", reps=5, rng=0),
+         scalars={"reps": "count", "quick": "bool", "progress": "bool"},
+         bad=(("names", "thm99", ValueError, "unknown check"), ("names", [1], TypeError),
+              ("names", 3, TypeError), ("rng", -1, ValueError), ("rng", "0", TypeError),
+              ("reps", 1, ValueError)),
+         result=lambda report: report.to_dicts()),
+    Case("judge", judge,
+         lambda: dict(kind="exact", estimate=1.0, se=0.25, formula=1.5, z=4.0, atol=0.0),
+         scalars={"z": "positive", "atol": "nonnegative"},
+         bad=(("kind", "equal", ValueError), ("kind", ["exact"], TypeError),
+              ("estimate", "1.0", TypeError), ("se", -1.0, ValueError),
+              ("se", 1 + 1j, TypeError), ("formula", None, TypeError))),
+    Case("make_result", make_result,
+         lambda: dict(name="demo", label="row", statement="eq. (1)", kind="upper", formula=1.0,
+                      values=np.array([0.5, 0.75, 1.25]), params={"m": 3}),
+         bad=(("values", np.array([0.5, 1j]), TypeError), ("values", "0.5", TypeError),
+              ("values", np.zeros((2, 2)), ValueError), ("values", np.zeros(0), ValueError),
+              ("name", 3, TypeError), ("params", [1], TypeError), ("se", "0.1", TypeError),
+              ("kind", "lower-ish", ValueError), ("z", 0.0, ValueError),
+              ("extra", 1.0, TypeError))),
+    Case("run_replicates", run_replicates, lambda: dict(step=_step, reps=5, rng=0, chunk=2),
+         scalars={"reps": "count", "chunk": "count", "rng": "rng", "progress": "bool"},
+         bad=(("reps", 1, ValueError), ("step", "f", TypeError),
+              ("step", lambda rng, k: [1.0] * k, TypeError),
+              ("step", lambda rng, k: {"x": np.zeros(k + 1)}, ValueError),
+              ("desc", 3, TypeError))),
+    Case("run_sweep", run_sweep, lambda: dict(name="thm1_vs_sigma_theta", reps=5, rng=0),
+         valid=False,
+         bad=(("name", "thm9", ValueError), ("name", ["thm1_vs_sigma_theta"], TypeError),
+              ("reps", 1, ValueError), ("quick", "yes", TypeError), ("rng", "0", TypeError))),
+    Case("plot_sweeps", plot_sweeps,
+         lambda: dict(directory="unused", names="thm1_vs_sigma_theta", reps=5), valid=False,
+         bad=(("names", "thm9", ValueError), ("names", [3], TypeError),
+              ("directory", 3, TypeError), ("reps", 0, ValueError))),
+    Case("run_demo", run_demo, lambda: dict(n_clients=5, rng=0),
+         scalars={"n_clients": "size", "rng": "rng"},
+         bad=(("n_clients", 2, ValueError),), finite=False),
+]
+
+_table_tests(VALIDATION, "validation")
+
+
+def test_validate_takes_a_bare_name_as_one_check():
+    report = validate("known_beta", reps=5, rng=0)
+    assert {row.name for row in report.results} == {"known_beta"}
+    assert report.to_dicts() == validate(["known_beta"], reps=5, rng=0).to_dicts()
+
+
+def _e3_data(m, d, rng, n):
+    data, theta, mu = __import__("ebfl.experiments.regression",
+                                 fromlist=["e3_data"]).e3_data(m, d, rng, n)
+    return data.X, theta, mu
+
+
+def _e3(**kw):
+    from ebfl.experiments.regression import e3_regression
+
+    return e3_regression(**kw)
+
+
+def _hapt_clients(**kw):
+    from ebfl.experiments.hapt import hapt_clients
+
+    return hapt_clients(**kw)
+
+
+def _hapt_logistic(**kw):
+    from ebfl.experiments.hapt import hapt_logistic
+
+    return hapt_logistic(**kw)
+
+
+EXPERIMENTS = [
+    Case("e3_data", _e3_data, lambda: dict(m=3, d=2, rng=0, n=4),
+         scalars={"m": "size", "d": "size", "n": "size", "rng": "rng"}),
+    Case("e3_regression", _e3, lambda: dict(dims=(50,), m=10, runs=1), valid=False,
+         bad=(("dims", "50", TypeError), ("dims", (20,), ValueError), ("dims", (), ValueError),
+              ("dims", (50.5,), TypeError), ("m", 0, ValueError), ("runs", "1", TypeError),
+              ("em_rounds", 0, ValueError), ("gd_rounds", 1.5, TypeError),
+              ("rng", "seed", TypeError), ("progress", "no", TypeError))),
+    Case("hapt_clients", _hapt_clients, lambda: dict(windows=None, positive="SITTING"),
+         valid=False,
+         bad=(("positive", "FLYING", ValueError), ("positive", ["SITTING"], TypeError),
+              ("windows", "windows.csv", TypeError))),
+    Case("hapt_logistic", _hapt_logistic, lambda: dict(positive="SITTING"), valid=False,
+         bad=(("positive", "FLYING", ValueError), ("quick", "yes", TypeError),
+              ("progress", 1, TypeError))),
+]
+
+_table_tests(EXPERIMENTS, "experiments")
+
+
+def _adaped(name):
+    def call(**kw):
+        pytest.importorskip("torch")  # the experiments build torch models
+        from ebfl.experiments import adaped
+
+        return getattr(adaped, name)(**kw)
+
+    return call
+
+
+ADAPED_BAD = [
+    Case("load_clients", _adaped("load_clients"), lambda: dict(dataset="mnist"), valid=False,
+         bad=(("dataset", "cifar", ValueError), ("seed", -1, ValueError),
+              ("seed", "0", TypeError), ("test_fraction", 1.0, ValueError),
+              ("femnist_root", 3, TypeError))),
+    Case("table1", _adaped("table1"), lambda: dict(dataset="mnist", quick=True), valid=False,
+         bad=(("dataset", "cifar", ValueError), ("methods", "SCAFFOLD", ValueError),
+              ("methods", [3], TypeError), ("seeds", "0", TypeError), ("seeds", (), ValueError),
+              ("seeds", (-1,), ValueError), ("eval_every", 0, ValueError),
+              ("quick", "yes", TypeError))),
+    Case("dp_sweep", _adaped("dp_sweep"), lambda: dict(dataset="hapt", quick=True),
+         valid=False,
+         bad=(("noise_multipliers", (0.0,), ValueError), ("noise_multipliers", "1", TypeError),
+              ("noise_multipliers", (1 + 1j,), TypeError), ("clip", 0.0, ValueError),
+              ("delta", 1.0, ValueError), ("concatenate", "no", TypeError),
+              ("fine_tune", 1, TypeError), ("seed", 2.5, TypeError))),
+    Case("fedem_comparison", _adaped("fedem_comparison"), lambda: dict(dataset="hapt"),
+         valid=False,
+         bad=(("noise_multipliers", (NAN,), ValueError), ("noise_multipliers", ("1",), TypeError),
+              ("seeds", (), ValueError), ("seeds", (0.5,), TypeError), ("delta", 0.0, ValueError),
+              ("dataset", "cifar", ValueError))),
+]
+
+_table_tests(ADAPED_BAD, "adaped")
+
+
+# -------------------------------------------------------------------- torch
+# Kept last and importorskip'ed inside each test: the rest runs without torch.
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def _fed_lists():
+    """Two clients, 4 features, 3 classes: per-client feature and label lists."""
+    x = [_quarters((3, 4), 10).astype(np.float32), _quarters((2, 4), 11).astype(np.float32)]
+    y = [np.array([0, 1, 2]), np.array([2, 0])]
+    return x, y
+
+
+def _fed_data():
+    from ebfl.learning.torch import FederatedDataset
+
+    x, y = _fed_lists()
+    return FederatedDataset.from_clients(x, y, x, y, n_classes=3)
+
+
+def _from_clients(**kw):
+    from ebfl.learning.torch import FederatedDataset
+
+    data = FederatedDataset.from_clients(**kw)
+    return data.x_train, data.y_train, data.n_train, data.n_classes
+
+
+def _train(model="logistic", strategy="fedavg", **kw):
+    torch = _torch()
+    from ebfl.learning.torch import MLP, FedAvg, LogisticModel, train
+
+    models = {"logistic": lambda: LogisticModel(4, 3), "wide": lambda: LogisticModel(5, 3),
+              "classes": lambda: LogisticModel(4, 5), "mlp": lambda: MLP(4, 2, hidden=(3,))}
+    net = models[model]() if isinstance(model, str) else model
+    torch.manual_seed(0)
+    strat = FedAvg(net, 0.1) if strategy == "fedavg" else strategy
+    res = train(strat, _fed_data(), **{"rounds": 1, "local_steps": 1, "batch_size": 2, **kw})
+    return res.accuracy
+
+
+def _strategy(name):
+    def call(model=None, **kw):
+        from ebfl.learning.torch import LogisticModel
+        from ebfl.learning.torch import baselines as b
+        from ebfl.learning.torch import strategies as s
+
+        cls = {**{n: getattr(s, n) for n in ("AdaPeD", "DPAdaPeD", "FedAvg", "Local")},
+               **{n: getattr(b, n) for n in ("Ditto", "FedAvgFT", "FedEM", "DPFedEM", "FML",
+                                             "PFedMe", "PerFedAvg", "QuPeDFP")}}[name]
+        return cls(LogisticModel(4, 3) if model is None else model, **kw).config()
+
+    return call
+
+
+def _model(name):
+    def call(**kw):
+        from ebfl.learning.torch import models
+
+        return sum(p.numel() for p in getattr(models, name)(**kw).parameters())
+
+    return call
+
+
+def _steps(name):
+    def call(**kw):
+        from ebfl.learning.torch import LogisticModel
+        from ebfl.learning.torch.baselines import full_batch_steps, minibatch_steps
+        from ebfl.learning.torch.functional import fresh_params, replicate
+
+        model = LogisticModel(4, 3)
+        stack = replicate(fresh_params(model, 0), 2)
+        fn = full_batch_steps if name == "full" else minibatch_steps
+        out = fn(model, stack, kw.pop("data", _fed_data()), **kw)
+        return {k: v.detach().numpy() for k, v in out.items()}
+
+    return call
+
+
+TORCH = [
+    Case("FederatedDataset.from_clients", _from_clients,
+         lambda: dict(x_train=_fed_lists()[0], y_train=_fed_lists()[1],
+                      x_test=_fed_lists()[0], y_test=_fed_lists()[1], n_classes=3),
+         scalars={"n_classes": "size"},
+         bad=(("x_train", "ab", TypeError),
+              ("x_train", [np.zeros((3, 4)) + 1j, np.zeros((2, 4))], TypeError),
+              ("x_train", [np.full((3, 4), NAN), np.zeros((2, 4))], ValueError),
+              ("x_train", [np.full((3, 4), 1e300), np.zeros((2, 4))], ValueError),
+              ("x_train", [np.zeros((3, 4)).astype(str), np.zeros((2, 4))], TypeError),
+              ("x_train", [np.zeros((3, 4)), np.zeros((2, 5))], ValueError),
+              ("x_test", [np.zeros((3, 4))], ValueError),
+              ("y_train", [np.array([0, 1, -2]), np.array([2, 0])], ValueError),
+              ("y_train", [np.array([0.5, 1, 2]), np.array([2, 0])], ValueError),
+              ("y_train", [np.array([0, 1]), np.array([2, 0])], ValueError),
+              ("n_classes", 2, ValueError), ("n_classes", "3", TypeError))),
+    Case("train", _train, lambda: dict(seed=0),
+         scalars={"local_steps": "count", "iters_per_epoch": "count",
+                  "eval_every": "count", "batch_size": "count", "progress": "bool"},
+         bad=(("rounds", -1, ValueError), ("rounds", 1.5, TypeError), ("rounds", "1", TypeError),
+              ("model", "wide", ValueError, r"model does not accept.*\(B, 4\)"),
+              ("model", "classes", ValueError, r"model must return .*\(B, 3\)"),
+              ("model", "mlp", ValueError, "model"), ("seed", -1, ValueError),
+              ("seed", "0", TypeError), ("seed", 2**64, ValueError),
+              ("lr_decay", 1.5, ValueError), ("lr_decay", 0.0, ValueError),
+              ("sampling_ratio", 0.0, ValueError), ("clients_per_round", 3, ValueError),
+              ("checkpoint", 3, TypeError), ("init_params", [1], TypeError),
+              ("init_params", {"net.1.weight": np.zeros((3, 4))}, TypeError),
+              ("strategy", "fedavg-ish", TypeError, "strategy"))),
+    Case("AdaPeD", _strategy("AdaPeD"), lambda: dict(),
+         bad=(("model", "net", TypeError), ("fine_tune", "yes", TypeError),
+              ("psi0", 0.1, ValueError), ("lr_theta", 0.0, ValueError))),
+    Case("DPAdaPeD", _strategy("DPAdaPeD"),
+         lambda: dict(clip_mu=1.0, noise_mu=0.5, concatenate=True),
+         scalars={"clip_mu": "positive", "noise_mu": "nonnegative", "concatenate": "bool"}),
+    Case("FedAvg", _strategy("FedAvg"), lambda: dict(lr=0.1),
+         scalars={"lr": "positive", "weight_decay": "nonnegative"},
+         bad=(("model", 3, TypeError),)),
+    Case("PFedMe", _strategy("PFedMe"), lambda: dict(),
+         scalars={"inner_steps": "count", "train_idle": "bool", "lam": "positive"}),
+    Case("FedEM", _strategy("FedEM"), lambda: dict(), scalars={"n_components": "count"},
+         bad=(("model", [1.0], TypeError),)),
+    Case("FML", _strategy("FML"), lambda: dict(), scalars={"alpha": "probability"}),
+    Case("MLP", _model("MLP"), lambda: dict(in_features=4, n_classes=3, hidden=(5,)),
+         scalars={"in_features": "size", "n_classes": "size"},
+         bad=(("hidden", "64", TypeError), ("hidden", (5, 0), ValueError),
+              ("hidden", (2.5,), TypeError))),
+    Case("LogisticModel", _model("LogisticModel"), lambda: dict(in_features=4, n_classes=3),
+         scalars={"in_features": "size", "n_classes": "size"}),
+    Case("CNN5", _model("CNN5"), lambda: dict(n_classes=3, in_channels=1),
+         scalars={"n_classes": "size", "in_channels": "size"}),
+    Case("full_batch_steps", _steps("full"), lambda: dict(steps=2, lr=0.1, chunk=1),
+         scalars={"lr": "rate", "weight_decay": "rate0", "chunk": "count"},
+         bad=(("steps", -1, ValueError), ("data", "d", TypeError))),
+    Case("minibatch_steps", _steps("mini"), lambda: dict(steps=2, lr=0.1, batch_size=2),
+         scalars={"batch_size": "count"}, bad=(("seed", -1, ValueError),)),
+]
+
+@pytest.mark.parametrize("case", [c for c in TORCH if c.valid], ids=str)
+def test_torch_valid_call(case):
+    _torch()
+    check_valid(case)
+
+
+_TORCH_BAD = _variants(TORCH)
+
+
+@pytest.mark.parametrize(("case", "arg", "label", "value_of", "exc", "pattern"), _TORCH_BAD,
+                         ids=_ids(_TORCH_BAD))
+def test_torch_refused_by_name(case, arg, label, value_of, exc, pattern):
+    _torch()
+    check_refusal(case, arg, value_of, exc, pattern)
+
+
+_TORCH_EXT = _extremes(TORCH)
+
+
+@pytest.mark.parametrize(("case", "arg", "value"), _TORCH_EXT, ids=_ids(_TORCH_EXT))
+def test_torch_extreme_values_compute_or_are_refused_by_name(case, arg, value):
+    _torch()
+    check_extreme(case, arg, value)
+
+
+def test_torch_features_in_other_dtypes_give_the_same_data():
+    _torch()
+    x, y = _fed_lists()
+    ref = _from_clients(x_train=x, y_train=y, x_test=x, y_test=y)
+    for convert in (lambda a: a.astype(np.float16), lambda a: a.astype(">f8"),
+                    lambda a: a.astype(np.float64)):
+        xs = [convert(a) for a in x]
+        ys = [a.astype(">i8") for a in y]
+        _same(_from_clients(x_train=xs, y_train=ys, x_test=xs, y_test=ys), ref)
