@@ -151,3 +151,74 @@ def naive_linear_gd_clients(X, Y, mask, theta, active, mu, st, sx, lr, local_ste
         r = r0 if step == 0 else (Y - np.einsum("mnd,md->mn", X, th)) * mask
         th = th + lr * (np.einsum("mnd,mn->md", X, r) / sx + (mu - th) / st)
     return th, np.sum(r0**2, axis=1), np.sum((mu - th0) ** 2, axis=1), mask.sum(axis=1)
+
+
+def naive_beta_binomial_loglik(z, n, alpha, beta):
+    """Beta-binomial log-likelihood from the product form of the pmf, client by client
+    (clients with equal (n, z) computed once and multiplied by their number).
+
+    P(z | n) = C(n, z) prod_{j<z} (alpha + j) prod_{j<n-z} (beta + j)
+               / prod_{j<n} (alpha + beta + j).
+    ``alpha`` and ``beta`` may be arrays (broadcast together): one log-likelihood each.
+    """
+    from math import lgamma
+
+    alpha, beta = np.broadcast_arrays(np.asarray(alpha, float), np.asarray(beta, float))
+    total = np.zeros(alpha.shape)
+    z, n = np.asarray(z, np.int64), np.asarray(n, np.int64)
+    base = int(n.max()) + 1
+    keys, counts = np.unique(n * base + z, return_counts=True)
+    for key, c in zip(keys.tolist(), counts.tolist(), strict=True):
+        ni, zi = divmod(key, base)
+        log_binom = lgamma(ni + 1) - lgamma(zi + 1) - lgamma(ni - zi + 1)
+        ll = (np.log(alpha[..., None] + np.arange(zi)).sum(axis=-1)
+              + np.log(beta[..., None] + np.arange(ni - zi)).sum(axis=-1)
+              - np.log((alpha + beta)[..., None] + np.arange(ni)).sum(axis=-1))
+        total += c * (ll + log_binom)
+    return total
+
+
+def naive_normal_profile_loglik(tau2, x, s, *, mean=None, restricted=False):
+    """Log-likelihood of x_i ~ N(mu, (tau2 + s_i^2) I_d) at each tau2 (1-D array), literally.
+
+    mu is the known ``mean`` or, for every tau2, the precision-weighted mean (its MLE).
+    ``restricted``: metafor's REML log-likelihood summed over coordinates,
+    -1/2 [(m-1) log 2 pi - log m + sum log v_i + log sum 1/v_i + sum (x_ij - mu_j)^2 / v_i].
+    """
+    x2 = x if x.ndim == 2 else x[:, None]
+    m, d = x2.shape
+    v = np.atleast_1d(tau2)[:, None] + s[None, :] ** 2  # (grid, m)
+    w = 1.0 / v
+    mu = (w @ x2) / w.sum(axis=1, keepdims=True) if mean is None else np.broadcast_to(mean, (1, d))
+    quad = np.sum((x2[None, :, :] - mu[:, None, :]) ** 2, axis=2) / v
+    if restricted:
+        per_coord = ((m - 1) * np.log(2 * np.pi) - np.log(m) + np.sum(np.log(v), axis=1)
+                     + np.log(w.sum(axis=1)))
+        return -0.5 * (d * per_coord + quad.sum(axis=1))
+    return -0.5 * np.sum(d * np.log(2 * np.pi * v) + quad, axis=1)
+
+
+def naive_normal_profile_max(x, s, *, mean=None, restricted=False, per_decade=100):
+    """Brute-force maximum over tau2 >= 0: a dense log grid, then bounded Brent around its best.
+
+    The grid runs from 1e-8 min s^2 to 100 (squared range of x + max s^2), with tau2 = 0
+    added. Returns (tau2, log-likelihood).
+    """
+    from scipy import optimize
+
+    x2 = x if x.ndim == 2 else x[:, None]
+    span = float(np.sum(np.ptp(x2, axis=0) ** 2)) + float(np.max(s) ** 2)
+    if mean is not None:
+        span += float(np.max(np.sum((x2 - mean) ** 2, axis=1)))
+    lo, hi = 1e-8 * float(np.min(s)) ** 2, 100.0 * span
+    grid = np.r_[0.0, np.geomspace(lo, hi, int(per_decade * np.log10(hi / lo)) + 2)]
+    values = naive_normal_profile_loglik(grid, x, s, mean=mean, restricted=restricted)
+    j = int(np.argmax(values))
+    best_t, best = float(grid[j]), float(values[j])
+    a, b = grid[max(j - 1, 0)], grid[min(j + 1, grid.size - 1)]
+    opt = optimize.minimize_scalar(
+        lambda t: -naive_normal_profile_loglik(t, x, s, mean=mean, restricted=restricted)[0],
+        bounds=(a, b), method="bounded", options={"xatol": 1e-13 * b})
+    if -opt.fun > best:
+        best_t, best = float(opt.x), float(-opt.fun)
+    return best_t, best

@@ -12,7 +12,6 @@ from ebfl.eb.discrete import discrete_posterior
 from ebfl.eb.gaussian_mixture import (
     EMPTY_COUNT,
     GaussianMixturePrior,
-    _profile_neg_q,
     _update_component,
     gaussian_mixture_eb,
     gaussian_mixture_posterior,
@@ -45,6 +44,14 @@ def _naive_loglik(x, s, weights, means, sds):
     terms = np.stack([np.log(w) + stats.norm.logpdf(x2, mu[l], np.sqrt(sds[l] ** 2 + s**2)[:, None])
                       .sum(axis=1) for l, w in enumerate(weights)], axis=1)
     return float(special.logsumexp(terms, axis=1).sum()), terms
+
+
+def _naive_neg_profile_q(tau, x2, s2, r):
+    """-Q_l(mu_l(tau^2), tau^2) up to a constant, with mu_l the r/(tau^2 + s^2)-weighted mean."""
+    v = tau**2 + s2
+    w = r / v
+    mu = w @ x2 / w.sum()
+    return 0.5 * float(r @ (x2.shape[1] * np.log(v) + np.sum((x2 - mu) ** 2, axis=1) / v))
 
 
 def _naive_posterior(x, s, weights, means, sds):
@@ -123,7 +130,7 @@ def test_equal_s_tau_update_is_closed_form(spread, min_sd, case):
 def test_heteroskedastic_tau_update_maximizes_profile_q():
     """Unequal s_i: the update beats a fine grid of tau and keeps mu = sum r w x / sum r w.
 
-    From tau = 5 the profile is convex (P'' > 0), so the Brent fallback runs; from
+    From tau = 5 the profile is convex (P'' > 0), so the global search runs; from
     tau = 0.5 Newton alone finds the same maximizer.
     """
     rng = np.random.default_rng(21)
@@ -132,14 +139,64 @@ def test_heteroskedastic_tau_update_maximizes_profile_q():
     x2 = rng.normal(0.0, 1.3, size=(m, d)) + s[:, None] * rng.standard_normal((m, d))
     r = rng.uniform(0.0, 1.0, size=m)
     mu, tau2 = _update_component(x2, s**2, r, 5.0, 0.0, 20.0)
-    best = _profile_neg_q(np.sqrt(tau2), x2, s**2, r)
-    grid = [_profile_neg_q(t, x2, s**2, r) for t in np.linspace(0.0, 20.0, 4001)]
+    best = _naive_neg_profile_q(np.sqrt(tau2), x2, s**2, r)
+    grid = [_naive_neg_profile_q(t, x2, s**2, r) for t in np.linspace(0.0, 20.0, 4001)]
     assert best <= min(grid) + 1e-9
     w = r / (tau2 + s**2)
     np.testing.assert_allclose(mu, w @ x2 / w.sum(), rtol=1e-12)
     mu_newton, tau2_newton = _update_component(x2, s**2, r, 0.5, 0.0, 20.0)
     assert tau2_newton == pytest.approx(tau2, rel=1e-8)
     np.testing.assert_allclose(mu_newton, mu, rtol=1e-8)
+
+
+# Two precise, close clients beside three imprecise, distant ones: the profile of
+# tau^2 has a local maximum at 383.5 (loglik -22.878) and the global one at 0.005826
+# (loglik -18.647). Newton from tau = 10 climbs to the local one.
+TWO_PEAKS_X = np.array([-0.1889, -0.0295, -59.0, -36.0, -37.0])
+TWO_PEAKS_S = np.array([0.023, 0.023, 18.0, 18.0, 18.0])
+
+
+def test_tau_update_finds_the_global_maximum_among_several():
+    x2, s2 = TWO_PEAKS_X[:, None], TWO_PEAKS_S**2
+    r = np.ones(5)
+    upper = 2 * np.max(np.abs(TWO_PEAKS_X - TWO_PEAKS_X.mean()))
+    grid = np.r_[0.0, np.geomspace(1e-8, upper, 20001)]
+    naive = [-_naive_neg_profile_q(t, x2, s2, r) for t in grid]
+    assert 0.075 < grid[np.argmax(naive)] < 0.078  # tau, i.e. tau^2 ~ 0.0058
+    _, local = _update_component(x2, s2, r, 10.0, 0.0, upper)
+    assert local == pytest.approx(383.53, rel=1e-4)  # Newton alone: the local maximum
+    for start in (0.0, 1.0, 10.0, 20.0):
+        mu, tau2 = _update_component(x2, s2, r, start, 0.0, upper, exhaustive=True)
+        assert tau2 == pytest.approx(0.005825746767735, rel=1e-9)
+        assert -_naive_neg_profile_q(np.sqrt(tau2), x2, s2, r) >= max(naive) - 1e-12
+
+
+def test_weighted_tau_update_beats_brute_force_with_several_local_maxima():
+    """Responsibilities r != 1: the exhaustive update is at least the best of a fine grid."""
+    rng = np.random.default_rng(22)
+    for _ in range(20):
+        s = np.r_[10 ** rng.uniform(-4, -1, 3), rng.uniform(5, 25, 6)]
+        x = np.r_[s[:3] * rng.normal(0, 3, 3), rng.uniform(10, 40) + s[3:] * rng.normal(0, 1, 6)]
+        r = rng.uniform(0.2, 1.0, size=9)
+        x2, s2 = x[:, None], s**2
+        upper = 2 * np.max(np.abs(x - x.mean()))
+        mu, tau2 = _update_component(x2, s2, r, 10.0, 0.0, upper, exhaustive=True)
+        grid = np.r_[0.0, np.geomspace(1e-6 * s2.min(), upper**2, 4001)]
+        best = min(_naive_neg_profile_q(np.sqrt(t), x2, s2, r) for t in grid)
+        assert _naive_neg_profile_q(np.sqrt(tau2), x2, s2, r) <= best + 1e-10 * (1 + abs(best))
+        w = r / (tau2 + s2)
+        np.testing.assert_allclose(mu, w @ x2 / w.sum(), rtol=1e-10)
+
+
+def test_one_component_fit_is_the_global_mle_with_several_local_maxima():
+    """k = 1 from the k-means start (tau^2 = 335.5): EM's M-step must not stop at the local
+    maximum 383.5 (as a Newton-only update did), but reach gaussian_eb's global MLE."""
+    res = gaussian_mixture_eb(TWO_PEAKS_X, TWO_PEAKS_S, 1, rng=0)
+    ref = gaussian_eb(TWO_PEAKS_X, TWO_PEAKS_S)
+    assert ref.log_likelihood == pytest.approx(-18.64656572632692, rel=1e-12)
+    assert res.converged
+    assert res.log_likelihood == pytest.approx(ref.log_likelihood, rel=1e-12)
+    assert res.prior.sds[0] ** 2 == pytest.approx(ref.prior.sd**2, rel=1e-8)
 
 
 # --------------------------------------------------------------------------- EM
@@ -338,6 +395,36 @@ def test_min_sd_is_respected():
     assert 0 in res.diagnostics["sd_at_min"] and 2 in res.diagnostics["sd_at_min"]
 
 
+@pytest.mark.parametrize("scale", [1e-140, 1e140])
+def test_fit_is_scale_equivariant_down_to_tiny_standard_errors(scale):
+    """x -> c x, s -> c s (from the scaled start): means and sds scale by c, weights and
+    responsibilities stay, the log-likelihood drops by m d log c. With s_i ~ 1e-141 the
+    M-step's 1/v_i^3 would overflow unless computed in units of t + min s_i^2."""
+    _, _, x, s = _simulate(300, 85)
+    start = GaussianMixturePrior(TRUE_WEIGHTS, TRUE_MEANS + 0.3, TRUE_SDS * 1.5)
+    scaled_start = GaussianMixturePrior(TRUE_WEIGHTS, scale * start.means, scale * start.sds)
+    ref = gaussian_mixture_eb(x, s, 3, init=start)
+    res = gaussian_mixture_eb(scale * x, scale * s, 3, init=scaled_start)
+    assert res.converged and ref.converged
+    np.testing.assert_allclose(res.prior.weights, ref.prior.weights, rtol=1e-6)
+    np.testing.assert_allclose(res.prior.means, scale * ref.prior.means, rtol=1e-6)
+    np.testing.assert_allclose(res.prior.sds, scale * ref.prior.sds, rtol=1e-6)
+    assert res.log_likelihood == pytest.approx(ref.log_likelihood - 600 * np.log(scale),
+                                               rel=1e-9)
+    post = gaussian_mixture_posterior(scale * x, scale * s, res.prior)
+    np.testing.assert_allclose(post.mean, scale * ref.posterior.mean, rtol=1e-5)
+
+
+def test_tiny_standard_errors_and_huge_sds_are_refused_clearly():
+    g = GaussianMixturePrior([1.0], [0.0], [1.0])
+    with pytest.raises(ValueError, match=r"s must lie in \[1e-150, 1e\+150\].*entry 2"):
+        gaussian_mixture_eb([0.0, 1.0, 2.0], [1.0, 1.0, 1e-200], 1)
+    with pytest.raises(ValueError, match=r"s must lie in \[1e-150"):
+        gaussian_mixture_posterior([0.0], 1e-160, g)
+    with pytest.raises(ValueError, match=r"min_sd must lie in \[0, 1e\+150\]"):
+        gaussian_mixture_eb([0.0, 1.0, 2.0], 1.0, 1, min_sd=1e200)
+
+
 # --------------------------------------------------------------------------- prior object
 
 
@@ -368,7 +455,9 @@ def test_prior_validation_and_frozen():
     with pytest.raises(ValueError, match="read-only"):
         g.means[0, 0] = 5.0
     for args, match in [(([0.5, 0.6], [0.0, 1.0], [1.0, 1.0]), "sum to 1"),
-                        (([0.5, 0.5], [0.0, 1.0], [1.0, -1.0]), "sds must be >= 0"),
+                        (([0.5, 0.5], [0.0, 1.0], [1.0, -1.0]), r"sds must lie in \[0, 1e\+150\]"),
+                        (([0.5, 0.5], [0.0, 1.0], [1.0, 1e200]), "squares must be finite"),
+                        (([1.0], [1e200], [1.0]), r"means must lie in \[-1e\+150, 1e\+150\]"),
                         (([0.5, 0.5], [0.0, 1.0, 2.0], [1.0, 1.0]), "one entry per component"),
                         (([1.0], [np.nan], [1.0]), "means must be finite")]:
         with pytest.raises(ValueError, match=match):
@@ -425,8 +514,8 @@ def test_reproducible_with_same_seed(init):
     ({"x": [1.0, np.nan, 2.0]}, ValueError, "x must be finite"),
     ({"x": [[[1.0]]]}, ValueError, "ndim"),
     ({"x": np.ones((3, 0))}, ValueError, "at least one coordinate"),
-    ({"s": [1.0, 0.0, 1.0]}, ValueError, "s must be > 0"),
-    ({"s": -1.0}, ValueError, "s must be > 0"),
+    ({"s": [1.0, 0.0, 1.0]}, ValueError, r"s must lie in \[1e-150, 1e\+150\]"),
+    ({"s": -1.0}, ValueError, r"s must lie in \[1e-150, 1e\+150\]"),
     ({"s": [1.0, np.inf, 1.0]}, ValueError, "s must be finite"),
     ({"s": [1.0, 1.0]}, ValueError, r"s must be a scalar or have shape \(3,\)"),
     ({"n_components": 0}, ValueError, "n_components must be an integer >= 1"),
@@ -456,5 +545,5 @@ def test_bad_input_posterior():
         gaussian_mixture_posterior([0.0], 1.0, {"weights": [1.0]})
     with pytest.raises(ValueError, match="dimension d=2"):
         gaussian_mixture_posterior([[0.0, 1.0]], 1.0, g)
-    with pytest.raises(ValueError, match="s must be > 0"):
+    with pytest.raises(ValueError, match=r"s must lie in \[1e-150"):
         gaussian_mixture_posterior([0.0], 0.0, g)

@@ -6,6 +6,10 @@ x_i ~ N(theta_i, s_i^2 I_d), with s_i = sigma_x / sqrt(n_i) for n_i samples.
 
 from __future__ import annotations
 
+import math
+import warnings
+from dataclasses import dataclass
+
 import numpy as np
 from scipy import optimize
 
@@ -15,6 +19,7 @@ from ebfl._validation import (
     check_finite_array,
     check_nonnegative_scalar,
     check_positive_scalar,
+    check_standard_errors,
 )
 from ebfl.eb import _kernels
 from ebfl.eb.priors import NormalPrior
@@ -23,7 +28,22 @@ from ebfl.ragged import Ragged
 
 __all__ = ["gaussian_eb", "gaussian_eb_samples", "personalized_gaussian"]
 
-METHODS = ("mle", "moments")
+METHODS = ("mle", "reml", "dl", "moments")
+
+_LOG_2PI = math.log(2.0 * math.pi)
+_EPS = float(np.finfo(np.float64).eps)
+
+#: Largest known prior_sd accepted: its square must be finite.
+_MAX_SD = 1e150
+#: Largest |x| and |prior_mean| accepted: squared distances stay finite.
+_MAX_ABS = 1e150
+
+#: Log-spaced grid points per decade of t = sigma_theta^2 in the global search.
+GRID_PER_DECADE = 8
+#: The grid starts at this fraction of min_i s_i^2 (or of the upper bound, if smaller).
+GRID_FLOOR = 1e-3
+#: Largest number of (grid point, client group) pairs evaluated in one numpy pass.
+_BLOCK = 1 << 20
 
 
 def personalized_gaussian(xbar, n, *, sigma_theta, sigma_x, shared=None, sigma_q=0.0):
@@ -82,8 +102,10 @@ def personalized_gaussian(xbar, n, *, sigma_theta, sigma_x, shared=None, sigma_q
             raise ValueError(f"shared must have the shape of xbar {xbar.shape}, "
                              f"got {shared_arr.shape}")
     mu_hat = shared_arr.mean(axis=0)
-    het = sigma_theta**2 + sigma_q**2 / (m - 1)
-    a = het / (het + sigma_x**2 / n) if het > 0 else np.zeros_like(n)
+    # in units of the largest scale, so that no square under- or overflows
+    scale = max(sigma_theta, sigma_q, sigma_x)
+    het = (sigma_theta / scale) ** 2 + (sigma_q / scale) ** 2 / (m - 1)
+    a = het / (het + (sigma_x / scale) ** 2 / n) if het > 0 else np.zeros_like(n)
     a_col = a[:, None] if (xbar.ndim == 2 and np.ndim(a)) else a
     estimate = a_col * xbar + (1.0 - a_col) * mu_hat
     weight = float(a) if np.ndim(a) == 0 else a
@@ -102,31 +124,88 @@ def gaussian_eb(x, s, *, method="mle", prior_mean=None, prior_sd=None):
     Parameters
     ----------
     x : array_like, shape (m,) or (m, d)
-        Client means.
+        Client means, in [-1e150, 1e150].
     s : float or array_like, shape (m,)
-        Standard errors of the client means (per coordinate), > 0; with n_i
-        samples of noise sd sigma_x, s_i = sigma_x / sqrt(n_i).
-    method : {"mle", "moments"}, default="mle"
-        How an unknown sigma_theta is fitted: maximum marginal likelihood
-        (as R's ebnm does for its normal prior), or moments,
-        sigma_theta^2 = max(0, mean_i |x_i - mu_hat|^2/d - mean_i s_i^2).
+        Standard errors of the client means (per coordinate), in [1e-150, 1e150]
+        (so that s_i^2 is a normal float); with n_i samples of noise sd sigma_x,
+        s_i = sigma_x / sqrt(n_i).
+    method : {"mle", "reml", "dl", "moments"}, default="mle"
+        How an unknown sigma_theta is fitted:
+
+        - ``"mle"``: maximum marginal likelihood (as R's ebnm does for its
+          normal prior and metafor's ``rma(method="ML")``), globally over
+          sigma_theta^2 >= 0 (see Notes).
+        - ``"reml"``: restricted maximum likelihood (metafor's default
+          ``"REML"``): the likelihood with mu integrated out under a flat
+          prior, which removes the downward bias of the ML variance.
+        - ``"dl"``: the DerSimonian-Laird moment estimator (metafor's ``"DL"``),
+          sigma_theta^2 = max(0, (Q - d(m-1)) / (d (sum w - sum w^2 / sum w)))
+          with w_i = 1/s_i^2 and Q = sum_i w_i |x_i - xbar_w|^2, xbar_w the
+          w-weighted mean. For d > 1 the coordinates are pooled: Q sums over
+          them and its expectation is d(m-1) + d sigma_theta^2 (sum w - sum w^2/sum w).
+        - ``"moments"``: sigma_theta^2 = max(0, sum_i |x_i - xbar|^2 / (d (m-1))
+          - mean_i s_i^2) with xbar the plain mean (unbiased for equal s_i).
     prior_mean : float or array_like of shape (d,), optional
-        Known mu. If None, mu is estimated: by the precision-weighted mean
-        sum_i w_i x_i / sum_i w_i, w_i = 1/(sigma_theta^2 + s_i^2) (its MLE), or
-        by the plain mean for ``method="moments"``.
+        Known mu. If None, mu is estimated by the precision-weighted mean
+        sum_i w_i x_i / sum_i w_i, w_i = 1/(sigma_theta^2 + s_i^2) (its MLE, and
+        the mean metafor reports for every method), or by the plain mean for
+        ``method="moments"``. When given, ``"moments"`` divides by d m instead of
+        d(m-1), ``"dl"`` uses sigma_theta^2 = max(0, (Q_0 - d m) / (d sum w)) with
+        Q_0 = sum_i w_i |x_i - mu|^2, and ``"reml"`` is the same as ``"mle"``
+        (there is no mean to integrate out).
     prior_sd : float, optional
-        Known sigma_theta >= 0. If None, it is estimated by ``method``.
+        Known sigma_theta, in [0, 1e150]. If None, it is estimated by ``method``.
 
     Returns
     -------
     GaussianEBResult
+        ``log_likelihood`` is always the marginal log-likelihood
+        sum_i log N(x_i; mu, (sigma_theta^2 + s_i^2) I_d) at the fitted prior.
+        ``diagnostics`` holds, for ``"mle"`` and ``"reml"``: ``converged``,
+        ``at_zero`` (sigma_theta = 0), ``at_upper`` (the search's upper end,
+        never expected) and ``n_local_maxima`` (of the profile over
+        sigma_theta^2 >= 0, the boundary 0 included); for ``"reml"`` also
+        ``restricted_log_likelihood`` (see Notes); for ``"dl"``
+        ``q_statistic`` (Q, or Q_0) and ``variance_floored``; for
+        ``"moments"`` ``variance_floored``.
+
+    Warns
+    -----
+    RuntimeWarning
+        If the maximization over sigma_theta did not converge (``"mle"``, ``"reml"``).
 
     Notes
     -----
+    Global maximization: with unequal s_i the profile log-likelihood of
+    sigma_theta^2 can have several local maxima (a few precise, tightly
+    clustered clients beside imprecise, distant ones). It is scanned on a
+    log-spaced grid (8 points per decade) from 1e-3 min_i s_i^2 up to a bound
+    beyond which it provably decreases, every sign change of its slope is
+    refined by Brent's root finder, and the best of these maxima and
+    sigma_theta^2 = 0 is kept. Clients with equal s_i are pooled first (exact),
+    so each evaluation costs O(d x number of distinct s_i).
+
+    Restricted log-likelihood (``"reml"``), in metafor's convention, summed over
+    the d coordinates (each with its own mean):
+
+    .. math:: \ell_R = \ell(\hat\mu, \sigma_\theta^2) + \frac d2 \Big[\log(2\pi)
+              + \log m - \log \sum_i \frac{1}{\sigma_\theta^2 + s_i^2}\Big],
+
+    with :math:`\ell` the marginal log-likelihood at the weighted mean
+    :math:`\hat\mu`; on the BCG vaccine trials it reproduces metafor's REML
+    ``logLik`` (-12.2024). With ``prior_mean`` given it equals ``log_likelihood``.
+
     With ``prior_sd`` known and equal s_i this is exactly the Theorem 1
     estimator (mu_hat is then the plain average, its MLE). With both prior
     parameters known it is the oracle posterior mean, whose risk is the
     lower bound (46).
+
+    References
+    ----------
+    R. DerSimonian and N. Laird (1986), "Meta-analysis in clinical trials",
+    Controlled Clinical Trials 7(3). W. Viechtbauer (2005), "Bias and efficiency
+    of meta-analytic variance estimators in the random-effects model", Journal
+    of Educational and Behavioral Statistics 30(3).
 
     Examples
     --------
@@ -137,6 +216,9 @@ def gaussian_eb(x, s, *, method="mle", prior_mean=None, prior_sd=None):
     >>> res = gaussian_eb(x, 0.5)
     >>> bool(abs(res.prior.sd - 0.5) < 0.05), bool(abs(res.prior.mean - 1.0) < 0.05)
     (True, True)
+    >>> reml = gaussian_eb(x, 0.5, method="reml")
+    >>> bool(reml.prior.sd > res.prior.sd), reml.diagnostics["converged"]
+    (True, True)
     """
     x_arr, s_arr, mean_known, sd_known = _gaussian_iv(x, s, prior_mean, prior_sd)
     check_choice(method, "method", METHODS)
@@ -146,30 +228,31 @@ def gaussian_eb(x, s, *, method="mle", prior_mean=None, prior_sd=None):
     diagnostics = {}
     if sd_known is not None:
         tau2 = sd_known**2
-        if mean_known is not None:
-            mu, fitted = mean_known, "fixed"
-        elif method == "moments":
-            mu, fitted = x2.mean(axis=0), "moments"
-        else:
-            mu, fitted = _weighted_mean(x2, s2, tau2), "mle"
     elif method == "moments":
-        mu = mean_known if mean_known is not None else x2.mean(axis=0)
-        dof = m if mean_known is not None else m - 1
-        if dof < 1:
-            raise ValueError("estimating prior_sd by moments needs at least 2 clients")
-        raw = float(np.sum((x2 - mu) ** 2) / (d * dof) - np.mean(s2))
-        tau2 = max(raw, 0.0)
-        diagnostics["variance_floored"] = raw < 0
-        fitted = "moments"
+        tau2, diagnostics = _moments_tau2(x2, s2, mean_known)
+    elif method == "dl":
+        tau2, diagnostics = _dersimonian_laird_tau2(x2, s2, mean_known)
     else:
         if m < 2:
-            raise ValueError("estimating prior_sd by maximum likelihood needs at least 2 clients")
-        tau2, info = _profile_mle_tau2(x2, s2, mean_known)
-        mu = mean_known if mean_known is not None else _weighted_mean(x2, s2, tau2)
-        diagnostics.update(info)
-        fitted = "mle"
+            raise ValueError(f"estimating prior_sd by method={method!r} needs at least 2 clients")
+        restricted = method == "reml" and mean_known is None
+        tau2, diagnostics = _profile_fit_tau2(x2, s2, mean_known, restricted)
+        if not diagnostics["converged"]:
+            warnings.warn(f"gaussian_eb(method={method!r}): the maximization over sigma_theta "
+                          f"did not converge (diagnostics: {diagnostics})", RuntimeWarning,
+                          stacklevel=2)
+    if mean_known is not None:
+        mu = mean_known
+    elif method == "moments":
+        mu = x2.mean(axis=0)
+    else:
+        mu = _weighted_mean(x2, s2, tau2)
+    fitted = "fixed" if (sd_known is not None and mean_known is not None) else method
     post_mean, post_var, a = _kernels._normal_posterior(x2, s2, np.asarray(mu, float), tau2)
     loglik = _normal_loglik(x2, s2, mu, tau2)
+    if method == "reml" and fitted != "fixed":
+        diagnostics["restricted_log_likelihood"] = (
+            loglik if mean_known is not None else _restricted_loglik(loglik, s2, tau2, d))
     prior = NormalPrior(mu if x_arr.ndim == 2 else float(np.asarray(mu).reshape(-1)[0]),
                         np.sqrt(tau2))
     posterior = NormalPosterior(post_mean if x_arr.ndim == 2 else post_mean[:, 0], post_var)
@@ -190,7 +273,8 @@ def gaussian_eb_samples(data, *, sigma_x=None, **kwargs):
     data : Ragged
         Samples of m clients, values of shape (N,) or (N, d).
     sigma_x : float, optional
-        Known data standard deviation. If None it is estimated, which needs at
+        Known data standard deviation, > 0, such that every sigma_x / sqrt(n_i)
+        lies in [1e-150, 1e150]. If None it is estimated, which needs at
         least one client with two or more samples.
     **kwargs
         ``method``, ``prior_mean``, ``prior_sd``: see :func:`gaussian_eb`.
@@ -200,6 +284,14 @@ def gaussian_eb_samples(data, *, sigma_x=None, **kwargs):
     GaussianEBResult
         ``diagnostics["sigma_x"]`` holds the sigma_x used and
         ``diagnostics["sigma_x_estimated"]`` whether it was estimated.
+
+    Examples
+    --------
+    >>> from ebfl import Ragged
+    >>> data = Ragged.from_counts(np.array([1.0, 1.2, 0.8, 3.0, 3.4, 2.6]), np.array([3, 3]))
+    >>> res = gaussian_eb_samples(data)
+    >>> round(res.diagnostics["sigma_x"], 6), res.s.round(6).tolist()
+    (0.316228, [0.182574, 0.182574])
     """
     if not isinstance(data, Ragged):
         raise TypeError(f"data must be a ebfl.Ragged, got {type(data).__name__}")
@@ -225,14 +317,20 @@ def gaussian_eb_samples(data, *, sigma_x=None, **kwargs):
         sigma_x_used = float(np.sqrt(np.sum(ssd) / (d * dof)))
         if sigma_x_used == 0.0:
             raise ValueError("all clients' samples are constant: sigma_x estimate is 0")
+        s_name = "s = (estimated sigma_x) / sqrt(n_i)"
     else:
         sigma_x_used = check_positive_scalar(sigma_x, "sigma_x")
+        s_name = "s = sigma_x / sqrt(n_i)"
+    s = check_standard_errors(sigma_x_used / np.sqrt(counts), s_name, counts.size)
     x = mean if values.ndim == 2 else mean[:, 0]
-    res = gaussian_eb(x, sigma_x_used / np.sqrt(counts), **kwargs)
+    res = gaussian_eb(x, s, **kwargs)
     diagnostics = dict(res.diagnostics, sigma_x=sigma_x_used,
                        sigma_x_estimated=sigma_x is None)
     return GaussianEBResult(res.method, res.prior, res.posterior, res.shrinkage, res.s,
                             res.log_likelihood, diagnostics)
+
+
+# --------------------------------------------------------------------------- validation
 
 
 def _n_iv(n, m):
@@ -249,29 +347,85 @@ def _n_iv(n, m):
 
 
 def _gaussian_iv(x, s, prior_mean, prior_sd):
-    x_arr = check_finite_array(x, "x", ndim=(1, 2), min_len=1)
+    # |x| <= 1e150 keeps every squared distance finite
+    x_arr = check_finite_array(x, "x", ndim=(1, 2), min_len=1, max_abs=_MAX_ABS)
     m = x_arr.shape[0]
-    s_arr = check_finite_array(s, "s", ndim=(0, 1))
-    if s_arr.ndim == 0:
-        s_arr = np.full(m, float(s_arr))
-    elif s_arr.shape != (m,):
-        raise ValueError(f"s must be a scalar or have shape ({m},), got {s_arr.shape}")
-    if np.any(s_arr <= 0):
-        raise ValueError("s must be > 0 (standard errors of the client means)")
+    s_arr = check_standard_errors(s, "s", m)
     mean_known = None
     if prior_mean is not None:
         d = 1 if x_arr.ndim == 1 else x_arr.shape[1]
-        mean_known = check_finite_array(prior_mean, "prior_mean", ndim=(0, 1))
+        mean_known = check_finite_array(prior_mean, "prior_mean", ndim=(0, 1), max_abs=_MAX_ABS)
         mean_known = np.broadcast_to(mean_known, (d,)) if mean_known.ndim == 0 else mean_known
         if mean_known.shape != (d,):
             raise ValueError(f"prior_mean must be a scalar or have shape ({d},), "
                              f"got {mean_known.shape}")
     sd_known = None if prior_sd is None else check_nonnegative_scalar(prior_sd, "prior_sd")
+    # A tiny prior_sd may underflow when squared: the prior is then a point mass, which
+    # changes every a_i by less than prior_sd^2 / s_i^2 < 1e-10. A huge one would overflow.
+    if sd_known is not None and sd_known > _MAX_SD:
+        raise ValueError(f"prior_sd must lie in [0, {_MAX_SD:g}] (its square must be finite), "
+                         f"got {sd_known!r}")
     return x_arr, s_arr, mean_known, sd_known
 
 
+# --------------------------------------------------------------------------- estimators of tau^2
+
+
+def _moments_tau2(x2, s2, mean_known):
+    m, d = x2.shape
+    mu = mean_known if mean_known is not None else x2.mean(axis=0)
+    dof = m if mean_known is not None else m - 1
+    if dof < 1:
+        raise ValueError("estimating prior_sd by moments needs at least 2 clients")
+    raw = float(np.sum((x2 - mu) ** 2) / (d * dof) - np.mean(s2))
+    return max(raw, 0.0), {"variance_floored": raw < 0}
+
+
+def _dersimonian_laird_tau2(x2, s2, mean_known):
+    """DerSimonian-Laird: tau^2 = max(0, (Q - E_0 Q) / (d c)), coordinates pooled.
+
+    The precisions w_i = 1/s_i^2 enter through u_i = w_i / max_j w_j <= 1, so
+    that sum w^2 cannot overflow for s_i near 1e-150; (Q - dof) / (d c) is the
+    same ratio with both terms multiplied by min_j s_j^2.
+    """
+    m, d = x2.shape
+    s2_min = float(s2.min())
+    u = s2_min / s2
+    total = float(u.sum())
+    if mean_known is None:
+        if m < 2:
+            raise ValueError("estimating prior_sd by method='dl' needs at least 2 clients")
+        centre = (u @ x2) / total
+        dof = d * (m - 1)
+        # c = sum u - sum u^2 / sum u = sum_i u_i (sum_{j != i} u_j) / sum u, with the
+        # largest weight's "others" summed directly (sum u - u_max would cancel).
+        top = int(np.argmax(u))
+        others = total - u
+        others[top] = float(np.sum(np.delete(u, top)))
+        c_u = float(u @ others) / total
+    else:
+        centre = mean_known
+        dof = d * m
+        c_u = total
+    if c_u == 0.0:
+        raise ValueError("method='dl' cannot weigh these s: their squares span more than the "
+                         "float range (ratio of largest to smallest s above ~1e150)")
+    q_u = float(u @ np.sum((x2 - centre) ** 2, axis=1))
+    raw = (q_u - dof * s2_min) / (d * c_u)
+    return max(raw, 0.0), {"q_statistic": q_u / s2_min, "variance_floored": raw < 0}
+
+
+def _profile_fit_tau2(x2, s2, mean_known, restricted):
+    groups = _group_by_variance(x2, s2)
+    upper = _stationary_bound(x2, s2, mean_known, restricted)
+    tau2, info = _maximize_profile(groups, upper, mean=mean_known, restricted=restricted)
+    info["at_zero"] = tau2 == 0.0
+    return tau2, info
+
+
 def _weighted_mean(x2, s2, tau2):
-    w = 1.0 / (tau2 + s2)
+    """sum_i w_i x_i / sum_i w_i, w_i = 1/(tau2 + s_i^2), with w scaled to max 1 (no overflow)."""
+    w = (tau2 + s2.min()) / (tau2 + s2)
     return (w @ x2) / w.sum()
 
 
@@ -282,21 +436,161 @@ def _normal_loglik(x2, s2, mu, tau2):
     return float(-0.5 * np.sum(d * np.log(2 * np.pi * v) + rss / v))
 
 
-def _profile_mle_tau2(x2, s2, mean_known):
-    """Maximize the marginal likelihood over tau = sigma_theta >= 0 (mu profiled out)."""
-    def negloglik(tau):
-        tau2 = tau * tau
-        mu = mean_known if mean_known is not None else _weighted_mean(x2, s2, tau2)
-        return -_normal_loglik(x2, s2, mu, tau2)
+def _restricted_loglik(loglik, s2, tau2, d):
+    """metafor's REML log-likelihood from the ML one at the weighted mean (see gaussian_eb)."""
+    m = s2.size
+    v_min = tau2 + float(s2.min())
+    log_w = math.log(float(np.sum(v_min / (tau2 + s2)))) - math.log(v_min)  # log sum 1/v_i
+    return loglik + 0.5 * d * (_LOG_2PI + math.log(m) - log_w)
 
-    spread = float(np.sqrt(np.mean((x2 - x2.mean(axis=0)) ** 2)))
-    upper = 10.0 * spread + 10.0 * float(np.sqrt(s2.max()))
-    opt = optimize.minimize_scalar(negloglik, bounds=(0.0, upper), method="bounded",
-                                   options={"xatol": 1e-10 * max(upper, 1e-300)})
-    tau = float(opt.x)
-    at_zero = negloglik(0.0) <= opt.fun
-    if at_zero:
-        tau = 0.0
-    info = {"converged": bool(opt.success), "at_zero": bool(at_zero),
-            "at_upper": bool(np.isclose(tau, upper))}
-    return tau * tau, info
+
+# --------------------------------------------------------------------------- global profile search
+#
+# The profile log-likelihood of t = tau^2 (mu at its weighted-mean maximizer, or known),
+#   l(t) = -1/2 sum_i [d log(2 pi v_i) + |x_i - mu(t)|^2 / v_i],   v_i = t + s_i^2,
+# has slope l'(t) = 1/2 sum_i (|x_i - mu(t)|^2 - d v_i) / v_i^2 (envelope theorem). The
+# restricted version adds d/2 [log 2 pi + log m - log W(t)], W = sum_i 1/v_i, whose slope
+# is d/2 sum_i v_i^-2 / W. The same code serves the mixture's M-step, where client i
+# counts with its responsibility r_i (a weighted profile, same formulas).
+
+
+@dataclass(frozen=True)
+class _VarianceGroups:
+    """Clients pooled by equal s_i^2, the only data a normal profile likelihood needs.
+
+    With n_g clients (or total weight) at variance s2_g, weighted mean ``mean_g`` and
+    within-group sum of squares ``ss_g``, sum_{i in g} r_i |x_i - mu|^2 =
+    ss_g + n_g |mean_g - mu|^2 for every mu, so pooling is exact.
+    """
+
+    count: np.ndarray  # (G,)
+    s2: np.ndarray  # (G,) ascending
+    mean: np.ndarray  # (G, d)
+    ss: np.ndarray  # (G,)
+
+
+def _group_by_variance(x2, s2, weights=None):
+    order = np.argsort(s2, kind="stable")
+    s2_sorted = s2[order]
+    starts = np.flatnonzero(np.r_[True, s2_sorted[1:] != s2_sorted[:-1]])
+    w = np.ones(s2.size) if weights is None else weights[order]
+    xs = x2[order]
+    count = np.add.reduceat(w, starts)
+    mean = np.add.reduceat(w[:, None] * xs, starts, axis=0) / count[:, None]
+    sizes = np.diff(np.r_[starts, s2.size])
+    resid = xs - np.repeat(mean, sizes, axis=0)  # two passes: no cancellation in ss
+    ss = np.add.reduceat(w * np.einsum("ij,ij->i", resid, resid), starts)
+    return _VarianceGroups(count, s2_sorted[starts], mean, ss)
+
+
+def _profile(t, groups, mean=None, restricted=False):
+    """Profile log-likelihood at each t (1-D array) and c(t) l'(t), c(t) = t + min_i s_i^2 > 0.
+
+    The slope is returned multiplied by c(t) (same sign, same roots) and computed
+    from a_i = c(t) / v_i in (0, 1], so nothing overflows even when s_i^2 ~ 1e-300.
+    """
+    t = np.asarray(t, dtype=np.float64)
+    values = np.empty(t.size)
+    slopes = np.empty(t.size)
+    n_groups = groups.s2.size
+    step = max(1, _BLOCK // n_groups)
+    for lo in range(0, t.size, step):
+        block = slice(lo, lo + step)
+        values[block], slopes[block] = _profile_block(t[block], groups, mean, restricted)
+    return values, slopes
+
+
+def _profile_block(t, groups, mean, restricted):
+    n, xm, d = groups.count, groups.mean, groups.mean.shape[1]
+    c = t[:, None] + groups.s2[0]
+    v = t[:, None] + groups.s2[None, :]
+    a = c / v
+    na = n * a
+    na_sum = na.sum(axis=1)
+    mu = (na @ xm) / na_sum[:, None] if mean is None else np.broadcast_to(mean, (t.size, d))
+    dist2 = np.zeros_like(v)
+    for j in range(d):  # one coordinate at a time: no (T, G, d) temporary
+        dist2 += (xm[None, :, j] - mu[:, j, None]) ** 2
+    q = (groups.ss + n * dist2) / v
+    values = -0.5 * (d * (np.log(v) @ n + _LOG_2PI * n.sum()) + q.sum(axis=1))
+    slopes = 0.5 * (np.einsum("tg,tg->t", q, a) - d * na_sum)
+    if restricted:
+        log_w = np.log(na_sum) - np.log(c[:, 0])
+        values += 0.5 * d * (_LOG_2PI + math.log(n.sum()) - log_w)
+        slopes += 0.5 * d * np.sum(na * a, axis=1) / na_sum
+    return values, slopes
+
+
+def _stationary_bound(x2, s2, mean, restricted):
+    """A t above which the profile decreases strictly, so that no maximum lies beyond it.
+
+    ML: |x_i - mu(t)|^2 <= D^2 (mu(t) lies in the bounding box of the x_i, D its
+    diagonal), so every term of l'(t) is negative once d t >= D^2. Known mu: the
+    same with max_i |x_i - mu|^2. REML: with r_i = |x_i - mu|^2, sum_i r_i <= S =
+    sum_i |x_i - xbar|^2 + m R^2 (R = max_i |x_i - xbar|), sum v^-2 / W <= 1/(t + min s^2),
+    and d sum_i 1/v_i - d max_i 1/v_i >= d (m-1) / (t + max s^2), so l_R'(t) < 0 once
+    t >= max(max s^2, 2 S / (d (m-1))).
+    """
+    m, d = x2.shape
+    if mean is not None:
+        return float(np.max(np.sum((x2 - mean) ** 2, axis=1))) / d
+    if not restricted:
+        return float(np.sum(np.ptp(x2, axis=0) ** 2)) / d
+    resid = np.sum((x2 - x2.mean(axis=0)) ** 2, axis=1)
+    spread = float(resid.sum() + m * resid.max())
+    return max(float(s2.max()), 2.0 * spread / (d * (m - 1)))
+
+
+def _tau2_grid(lower, upper, s2_min):
+    """Log-spaced grid of [lower, upper] with GRID_PER_DECADE points per decade.
+
+    Below GRID_FLOOR min_i s_i^2 no further points are needed: every term of the
+    profile is analytic in t for |t| < min_i s_i^2, with Taylor coefficients shrinking
+    like (t / s_i^2)^k, so on [0, 1e-3 min s^2] the slope is affine to within about 1e-3
+    of its terms and the interval [lower, first point] holds at most one stationary point.
+    """
+    start = max(lower, GRID_FLOOR * min(s2_min, upper))
+    n = max(2, int(math.ceil(GRID_PER_DECADE * math.log10(upper / start))) + 1)
+    grid = np.geomspace(start, upper, n)
+    return grid if start == lower else np.concatenate(([lower], grid))
+
+
+def _maximize_profile(groups, upper, *, mean=None, restricted=False, lower=0.0):
+    """Global maximum of the profile log-likelihood over t = tau^2 in [lower, upper].
+
+    ``upper`` must bound every stationary point (see :func:`_stationary_bound`). Scans
+    the grid, finds each interval where the slope turns from positive to non-positive
+    (a local maximum), refines it by Brent's root finder on the slope, and compares the
+    roots and t = lower (which wins ties). Returns (t, info) with info = converged,
+    at_upper, n_local_maxima.
+    """
+    info = {"converged": True, "at_upper": False, "n_local_maxima": 1}
+    if not upper > lower:
+        return lower, info
+    grid = _tau2_grid(lower, upper, float(groups.s2[0]))
+    values, slopes = _profile(grid, groups, mean, restricted)
+
+    def slope(t):
+        return _profile(np.array([t]), groups, mean, restricted)[1][0]
+
+    best_t, best_value, best_ok = lower, values[0], True
+    n_max = int(slopes[0] <= 0.0)
+    for j in np.flatnonzero((slopes[:-1] > 0.0) & (slopes[1:] <= 0.0)):
+        a, b = float(grid[j]), float(grid[j + 1])
+        root, status = optimize.brentq(slope, a, b, xtol=1e-12 * b, rtol=4 * _EPS,
+                                       full_output=True, disp=False)
+        value = _profile(np.array([root]), groups, mean, restricted)[0][0]
+        n_max += 1
+        if value > best_value:
+            best_t, best_value, best_ok = root, value, bool(status.converged)
+    # Safety net, never expected to fire: the upper end still rising (the bound is
+    # exact, so only rounding could do it), or a grid point above every refined
+    # maximum, would mean the search missed the maximum: report it, unconverged.
+    top = int(np.argmax(values))
+    if slopes[-1] > 0.0 and values[-1] > best_value:
+        best_t, best_value, best_ok = float(grid[-1]), values[-1], False
+    if values[top] > best_value + 1e-10 * (1.0 + abs(best_value)):
+        best_t, best_value, best_ok = float(grid[top]), values[top], False
+    info.update(converged=best_ok, at_upper=bool(best_t == grid[-1]), n_local_maxima=n_max)
+    return float(best_t), info
+

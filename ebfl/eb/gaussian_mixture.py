@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import numpy as np
-from scipy import optimize, special
+from scipy import special
 
 from ebfl._validation import (
     as_generator,
@@ -29,7 +29,7 @@ from ebfl._validation import (
     check_int_scalar,
     check_nonnegative_scalar,
 )
-from ebfl.eb.gaussian import _gaussian_iv
+from ebfl.eb.gaussian import _gaussian_iv, _group_by_variance, _maximize_profile
 from ebfl.eb.results import _freeze
 
 __all__ = [
@@ -49,6 +49,9 @@ EMPTY_COUNT = 1e-8
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
+#: Largest component sd, min_sd and |mean| accepted: their squares must stay finite.
+_MAX_SD = 1e150
+
 
 def _as_2d(x):
     return x if x.ndim == 2 else x[:, None]
@@ -63,10 +66,10 @@ class GaussianMixturePrior:
     weights : array_like, shape (k,)
         Mixture weights p_l >= 0, summing to 1 (to 1e-9; stored renormalized).
     means : array_like, shape (k,) or (k, d)
-        Component means mu_l; shape (k,) is a one-dimensional prior.
+        Component means mu_l, in [-1e150, 1e150]; shape (k,) is a one-dimensional prior.
     sds : array_like, shape (k,)
-        Component standard deviations tau_l >= 0; tau_l = 0 is a point mass
-        (the discrete prior of spec C.8).
+        Component standard deviations tau_l in [0, 1e150] (tau_l^2 must be
+        finite); tau_l = 0 is a point mass (the discrete prior of Theorem 5).
 
     Examples
     --------
@@ -83,7 +86,7 @@ class GaussianMixturePrior:
 
     def __post_init__(self):
         weights = check_finite_array(self.weights, "weights", ndim=1)
-        means = check_finite_array(self.means, "means", ndim=(1, 2))
+        means = check_finite_array(self.means, "means", ndim=(1, 2), max_abs=_MAX_SD)
         sds = check_finite_array(self.sds, "sds", ndim=1)
         k = weights.shape[0]
         if means.shape[0] != k or sds.shape != (k,):
@@ -93,8 +96,8 @@ class GaussianMixturePrior:
             raise ValueError("means must have at least one coordinate")
         if np.any(weights < 0) or not math.isclose(weights.sum(), 1.0, rel_tol=1e-9):
             raise ValueError("weights must be >= 0 and sum to 1")
-        if np.any(sds < 0):
-            raise ValueError("sds must be >= 0")
+        if np.any(sds < 0) or np.any(sds > _MAX_SD):
+            raise ValueError(f"sds must lie in [0, {_MAX_SD:g}] (their squares must be finite)")
         weights = weights / weights.sum()
         means = means.copy()
         sds = sds.copy()
@@ -314,9 +317,9 @@ def gaussian_mixture_posterior(x, s, prior):
     Parameters
     ----------
     x : array_like, shape (m,) or (m, d)
-        Client means.
+        Client means, in [-1e150, 1e150].
     s : float or array_like, shape (m,)
-        Their standard errors (per coordinate), > 0.
+        Their standard errors (per coordinate), in [1e-150, 1e150].
     prior : GaussianMixturePrior
         The prior g, of dimension d.
 
@@ -367,10 +370,11 @@ def gaussian_mixture_eb(x, s, n_components, *, rng=None, n_init=5, max_iter=1000
     Parameters
     ----------
     x : array_like, shape (m,) or (m, d)
-        Client means.
+        Client means, in [-1e150, 1e150].
     s : float or array_like, shape (m,)
-        Standard errors of the client means (per coordinate), > 0; with n_i
-        samples of noise sd sigma_x, s_i = sigma_x / sqrt(n_i).
+        Standard errors of the client means (per coordinate), in [1e-150, 1e150]
+        (so that s_i^2 is a normal float); with n_i samples of noise sd sigma_x,
+        s_i = sigma_x / sqrt(n_i).
     n_components : int
         k, the number of mixture components, 1 <= k <= m.
     rng : None, int, SeedSequence or Generator
@@ -384,7 +388,8 @@ def gaussian_mixture_eb(x, s, n_components, *, rng=None, n_init=5, max_iter=1000
     tol : float, default=1e-8
         A start stops (``converged``) when an iteration raises the
         log-likelihood by less than ``tol`` per client, (l_t - l_{t-1}) / m < tol
-        (a rounding-level decrease also stops it). >= 0.
+        (a rounding-level decrease counts too), and so does the one after it,
+        whose M-step maximizes every tau_l globally (see Notes). >= 0.
     init : {"kmeans", "random"} or GaussianMixturePrior, default="kmeans"
         "kmeans": scikit-learn's ``KMeans`` (k-means++, one run per start) on
         the x_i; "random": k distinct clients' x_i as centres, every client
@@ -393,7 +398,7 @@ def gaussian_mixture_eb(x, s, n_components, *, rng=None, n_init=5, max_iter=1000
         - mean_{S_l} s_i^2). A prior (e.g. an earlier fit's) is used as the
         single start, its sds raised to ``min_sd``.
     min_sd : float, default=0
-        Lower bound on every tau_l, >= 0. Not needed for a bounded likelihood
+        Lower bound on every tau_l, in [0, 1e150]. Not needed for a bounded likelihood
         (see Notes); 0 allows point-mass components.
 
     Returns
@@ -414,20 +419,24 @@ def gaussian_mixture_eb(x, s, n_components, *, rng=None, n_init=5, max_iter=1000
     maximized in mu for fixed t = tau^2 by
     mu_l(t) = sum_i r_il w_il x_i / sum_i r_il w_il, w_il = 1/(t + s_i^2).
     The profile P_l(t) = Q_l(mu_l(t), t) has no closed-form maximizer when the
-    s_i differ. It is maximized over t in [min_sd^2, U^2] by projected Newton
-    from the current tau_l, with the exact P_l' and P_l'' and step halving
-    (a few O(md) passes per component, as tau_l moves little between
-    iterations); where P_l is not locally concave, bounded Brent
-    (``scipy.optimize.minimize_scalar``) over the whole interval, polished by
-    Newton. U = max(min_sd, 2 max_i |x_i - xbar| / sqrt(d)) bounds every
+    s_i differ, and it can have several local maxima (a few precise, tightly
+    clustered clients beside imprecise, distant ones). Each iteration raises
+    it by projected Newton from the current tau_l, with the exact P_l' and
+    P_l'' and step halving (a few O(md) passes per component, as tau_l moves
+    little between iterations). Where P_l is not locally concave, and in one
+    more M-step once the ``tol`` criterion is met, P_l is maximized globally
+    over t in [min_sd^2, U^2] (the log-grid scan and root refinement of
+    :func:`ebfl.eb.gaussian.gaussian_eb`, clients weighted by r_il); EM stops
+    only when that step, too, gains less than ``tol`` per client, so that at
+    convergence every tau_l is the global maximizer of its P_l (an exact
+    M-step). U = max(min_sd, 2 max_i |x_i - xbar| / sqrt(d)) bounds every
     maximizer, because dP_l/dt < 0 once t > max_i |x_i - mu|^2/d and mu lies
     in the convex hull of the x_i. Every accepted step raises P_l and t =
     min_sd^2 is always compared, so Q never decreases and the log-likelihood
-    is non-decreasing (generalized EM; an exact M-step whenever P_l is
-    unimodal). With equal s_i the update is closed-form, tau^2 = max(min_sd^2,
-    sum_i r_il |x_i - mu_l|^2 / (d sum_i r_il) - s^2) with mu_l the r-weighted
-    mean; with k = 1 the M-step is the profile MLE of
-    :func:`ebfl.eb.gaussian.gaussian_eb`.
+    is non-decreasing (generalized EM). With equal s_i the update is
+    closed-form, tau^2 = max(min_sd^2, sum_i r_il |x_i - mu_l|^2 / (d sum_i
+    r_il) - s^2) with mu_l the r-weighted mean; with k = 1 the fit is the
+    profile MLE of :func:`ebfl.eb.gaussian.gaussian_eb`.
 
     Because every s_i > 0, each component density N(x_i; mu_l, v_il I_d) is
     at most (2 pi min_i s_i^2)^(-d/2): the likelihood is bounded and tau_l = 0
@@ -533,6 +542,9 @@ def _gaussian_mixture_iv(x, s, n_components, rng, n_init, max_iter, tol, init, m
     max_iter = check_int_scalar(max_iter, "max_iter", minimum=1)
     tol = check_nonnegative_scalar(tol, "tol")
     min_sd = check_nonnegative_scalar(min_sd, "min_sd")
+    if min_sd > _MAX_SD:
+        raise ValueError(f"min_sd must lie in [0, {_MAX_SD:g}] (its square must be finite), "
+                         f"got {min_sd!r}")
     if isinstance(init, GaussianMixturePrior):
         if init.n_components != k:
             raise ValueError(f"init prior must have n_components={k} components, "
@@ -571,39 +583,34 @@ def _e_step(x2, s2, log_w, mu, tau2):
     return float(np.sum(top[:, 0] + np.log(total[:, 0]))), shifted / total
 
 
-def _profile_mean(tau, x2, s2, r):
-    """mu_l(tau^2) = sum_i r_i w_i x_i / sum_i r_i w_i, w_i = 1/(tau^2 + s_i^2)."""
-    w = r / (tau * tau + s2)
+def _profile_mean(t, x2, s2, r):
+    """mu_l(t) = sum_i r_i w_i x_i / sum_i r_i w_i, w_i = 1/(t + s_i^2) (scaled to max 1)."""
+    w = r * ((t + s2.min()) / (t + s2))
     return (w @ x2) / w.sum()
 
 
-def _profile_neg_q(tau, x2, s2, r):
-    """-Q_l(mu_l(tau^2), tau^2), up to a constant (the objective of the Brent fallback)."""
-    v = tau * tau + s2
-    diff = x2 - _profile_mean(tau, x2, s2, r)
-    rss = np.einsum("ij,ij->i", diff, diff)
-    return 0.5 * float(r @ (x2.shape[1] * np.log(v) + rss / v))
-
-
 def _profile_q_derivatives(t, x2, s2, r):
-    """Profile P(t) = Q_l(mu_l(t), t) (up to a constant) and its first two derivatives in t.
+    """Profile P(t) = Q_l(mu_l(t), t) (up to a constant) and c P'(t), c^2 P''(t), c.
 
     P'(t) = dQ/dt at mu_l(t) (envelope theorem); P''(t) = Q_tt + |b|^2 / W, the Schur
     complement of the (mu, t) Hessian, with W = sum_i r_i / v_i and
-    b = sum_i r_i (x_i - mu) / v_i^2.
+    b = sum_i r_i (x_i - mu) / v_i^2. The derivatives are scaled by powers of
+    c = t + min_i s_i^2 and computed from a_i = c / v_i in (0, 1], so that v_i^-3 never
+    overflows when s_i^2 is as small as 1e-300; the Newton step is -c (c P') / (c^2 P'').
     """
     d = x2.shape[1]
     v = t + s2
-    w = r / v
-    total = w.sum()
-    diff = x2 - (w @ x2) / total
-    rss = np.einsum("ij,ij->i", diff, diff)
-    w2 = w / v
-    b = w2 @ diff
-    value = -0.5 * (d * float(r @ np.log(v)) + float(w @ rss))
-    grad = 0.5 * (float(w2 @ rss) - d * total)
-    hess = 0.5 * d * float(w2.sum()) - float((w2 / v) @ rss) + float(b @ b) / total
-    return value, grad, hess
+    c = t + float(s2.min())
+    ra = r * (c / v)
+    total = ra.sum()
+    diff = x2 - (ra @ x2) / total
+    q = np.einsum("ij,ij->i", diff, diff) / v  # |x_i - mu|^2 / v_i
+    a = c / v
+    beta = ((ra * a) @ diff) / math.sqrt(c)  # c^(3/2) b
+    value = -0.5 * (d * float(r @ np.log(v)) + float(r @ q))
+    grad = 0.5 * (float(ra @ q) - d * total)
+    hess = 0.5 * d * float(ra @ a) - float((ra * a) @ q) + float(beta @ beta) / total
+    return value, grad, hess, c
 
 
 def _newton_tau2(t, lo, hi, x2, s2, r, max_steps=50):
@@ -611,20 +618,19 @@ def _newton_tau2(t, lo, hi, x2, s2, r, max_steps=50):
 
     Every accepted step raises P, so the result is never worse than the start. A
     bound where P points outward (e.g. tau at min_sd with P' <= 0) is accepted.
-    Stops after a Newton step below 1e-7 (t + mean s_i^2): convergence is quadratic,
+    Stops after a Newton step below 1e-7 (t + min_i s_i^2): convergence is quadratic,
     so t is then accurate to about 1e-14 of that scale. Returns (t, P(t), ok);
     ok is False when P is not locally concave (P'' >= 0), where Newton's
     direction cannot be trusted.
     """
-    value, grad, hess = _profile_q_derivatives(t, x2, s2, r)
-    scale = float(np.mean(s2))
+    value, grad, hess, c = _profile_q_derivatives(t, x2, s2, r)
     for _ in range(max_steps):
         if (t == lo and grad <= 0.0) or (t == hi and grad >= 0.0):
             return t, value, True  # a bound satisfying the first-order (KKT) condition
         if hess >= 0.0:
             return t, value, False
-        target = min(max(t - grad / hess, lo), hi)
-        small = abs(target - t) <= 1e-7 * (t + scale)
+        target = min(max(t - c * grad / hess, lo), hi)
+        small = abs(target - t) <= 1e-7 * c  # c = t + min_i s_i^2
         for _ in range(60):
             if target == t:
                 return t, value, True  # at a bound, or the step is below rounding
@@ -636,21 +642,25 @@ def _newton_tau2(t, lo, hi, x2, s2, r, max_steps=50):
             target = t + 0.5 * (target - t)
         else:
             return t, value, True
-        t, (value, grad, hess) = target, new
+        t, (value, grad, hess, c) = target, new
         if small:
             break
     return t, value, True
 
 
-def _update_component(x2, s2, r, tau_old, lower, upper):
+def _update_component(x2, s2, r, tau_old, lower, upper, exhaustive=False):
     """Generalized-EM update of one component's (mu, tau^2) given its responsibilities r.
 
     Maximizes the profile P(t) = Q_l(mu_l(t), t) over t = tau^2 in [lower^2, upper^2]:
     safeguarded Newton from the current tau (one O(md) pass per step, a few steps as
-    tau moves little between EM iterations); where P is not locally concave, bounded
-    Brent over the whole interval, polished by Newton. The boundary t = lower^2 is
-    always a candidate (it wins ties). P never decreases, so EM stays monotone.
-    Clients with r_i = 0 are dropped (exactly: they add nothing). Returns (mu, tau^2).
+    tau moves little between EM iterations). Newton finds a local maximum only: P can
+    have several (precise, tightly clustered clients beside imprecise, distant ones).
+    So where P is not locally concave, and whenever ``exhaustive``, the global
+    maximizer of P is also computed (the grid scan and root refinement of
+    :func:`ebfl.eb.gaussian.gaussian_eb`, with clients weighted by r) and the better
+    point is kept. The boundary t = lower^2 is always a candidate (it wins ties). P
+    never decreases, so EM stays monotone. Clients with r_i = 0 are dropped (exactly:
+    they add nothing). Returns (mu, tau^2).
     """
     keep = r > 0
     x2, s2, r = x2[keep], s2[keep], r[keep]
@@ -658,18 +668,17 @@ def _update_component(x2, s2, r, tau_old, lower, upper):
     lo, hi = lower * lower, upper * upper
     start = min(max(tau_old * tau_old, lo), hi)  # guards against sqrt-then-square rounding
     t, best, ok = _newton_tau2(start, lo, hi, x2, s2, r)
-    if not ok and upper > lower:
-        opt = optimize.minimize_scalar(_profile_neg_q, bounds=(lower, upper), method="bounded",
-                                       args=(x2, s2, r), options={"xatol": 1e-10 * upper})
-        t_b, value_b, _ = _newton_tau2(float(opt.x) ** 2, lo, hi, x2, s2, r)
-        if value_b > best:
-            t, best = t_b, value_b
+    if (exhaustive or not ok) and hi > lo:
+        t_g, _ = _maximize_profile(_group_by_variance(x2, s2, r), hi, lower=lo)
+        value_g = _profile_q_derivatives(t_g, x2, s2, r)[0]
+        if value_g > best:
+            t, best = t_g, value_g
     if t != lo and _profile_q_derivatives(lo, x2, s2, r)[0] >= best:
         t = lo
-    return _profile_mean(math.sqrt(t), x2, s2, r), t
+    return _profile_mean(t, x2, s2, r), t
 
 
-def _m_step(x2, s2, resp, mu, tau2, lower, upper):
+def _m_step(x2, s2, resp, mu, tau2, lower, upper, exhaustive=False):
     m = x2.shape[0]
     counts = resp.sum(axis=0)
     weights = counts / m
@@ -679,27 +688,32 @@ def _m_step(x2, s2, resp, mu, tau2, lower, upper):
         if counts[l] < EMPTY_COUNT:
             continue  # degenerate component: keep its mean and sd (see Notes)
         mu_new[l], tau2_new[l] = _update_component(x2, s2, resp[:, l], math.sqrt(tau2[l]),
-                                                   lower, upper)
+                                                   lower, upper, exhaustive)
     return weights, mu_new, tau2_new
 
 
 def _em(x2, s2, weights, mu, tau2, lower, upper, max_iter, tol):
+    """EM from one start. When the tol criterion is first met, one more M-step maximizes
+    every P_l globally; EM stops only if that step, too, gains less than tol per client."""
     m = x2.shape[0]
     with np.errstate(divide="ignore"):
         ll, resp = _e_step(x2, s2, np.log(weights), mu, tau2)
     history = [ll]
     converged = False
+    exhaustive = False
     n_iter = 0
     while n_iter < max_iter:
         n_iter += 1
-        weights, mu, tau2 = _m_step(x2, s2, resp, mu, tau2, lower, upper)
+        weights, mu, tau2 = _m_step(x2, s2, resp, mu, tau2, lower, upper, exhaustive)
         with np.errstate(divide="ignore"):
             ll_new, resp = _e_step(x2, s2, np.log(weights), mu, tau2)
         history.append(ll_new)
-        if (ll_new - ll) / m < tol:
+        stalled = (ll_new - ll) / m < tol
+        ll = ll_new
+        if stalled and exhaustive:
             converged = True
             break
-        ll = ll_new
+        exhaustive = stalled
     return {"weights": weights, "means": mu, "tau2": tau2, "resp": resp, "history": history,
             "n_iter": n_iter, "converged": converged}
 

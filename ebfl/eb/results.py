@@ -177,7 +177,8 @@ class GaussianEBResult:
     Attributes
     ----------
     method : str
-        ``"mle"``, ``"moments"`` or ``"fixed"`` (both prior parameters given).
+        ``"mle"``, ``"reml"``, ``"dl"``, ``"moments"`` or ``"fixed"`` (both prior
+        parameters given).
     prior : NormalPrior
         Fitted (or given) population prior.
     posterior : NormalPosterior
@@ -187,9 +188,16 @@ class GaussianEBResult:
     s : ndarray of shape (m,)
         Standard errors of the client means used in the fit.
     log_likelihood : float
-        Marginal log-likelihood sum_i log N(x_i; mu, (sigma_theta^2 + s_i^2) I_d).
+        Marginal log-likelihood sum_i log N(x_i; mu, (sigma_theta^2 + s_i^2) I_d)
+        at ``prior``, whatever the method (for ``"reml"`` the restricted
+        log-likelihood is ``diagnostics["restricted_log_likelihood"]``).
     diagnostics : mapping
-        Method-specific details.
+        Method-specific details: for ``"mle"``/``"reml"`` ``converged``,
+        ``at_zero``, ``at_upper``, ``n_local_maxima``; for ``"reml"`` also
+        ``restricted_log_likelihood`` (metafor's convention); for ``"dl"``
+        ``q_statistic`` and ``variance_floored``; for ``"moments"``
+        ``variance_floored``; from raw samples ``sigma_x`` and
+        ``sigma_x_estimated`` (see :func:`ebfl.eb.gaussian.gaussian_eb`).
     """
 
     method: str
