@@ -1,5 +1,7 @@
 """Beta-Bernoulli empirical Bayes (spec C.5, C.6)."""
 
+import warnings
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -247,23 +249,166 @@ def test_no_heterogeneity_gives_strong_shrinkage():
     np.testing.assert_allclose(res.posterior.mean, z.mean() / 20, atol=0.02)
 
 
-def test_mle_derivatives_match_finite_differences():
-    """Gradient and Hessian (from the z, n-z, n margins) against scipy.stats.betabinom."""
+ISSUE_N = np.array([2, 2, 2, 3, 1, 166, 158, 370, 345, 266, 95, 242, 206])
+ISSUE_Z = np.array([0, 0, 0, 0, 0, 94, 94, 213, 185, 154, 59, 107, 106])
+
+
+def test_mle_issue_reproduction_reaches_the_interior_optimum():
+    """Tiny clients without successes used to send Newton to the alpha + beta -> inf plateau
+    (alpha 9.5e9, loglik -40.0148, converged=False without a warning)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = beta_binomial_eb(ISSUE_Z, ISSUE_N)
+    d = res.diagnostics
+    assert d["converged"] and not d["at_bound"] and d["active_bounds"] == ()
+    assert res.prior.alpha == pytest.approx(93.290, abs=5e-4)
+    assert res.prior.beta == pytest.approx(78.670, abs=5e-4)
+    assert res.log_likelihood == pytest.approx(-38.3065, abs=5e-5)
+    want = stats.betabinom.logpmf(ISSUE_Z, ISSUE_N, res.prior.alpha, res.prior.beta).sum()
+    assert res.log_likelihood == pytest.approx(want, rel=1e-13)
+    # Every start reaches the same optimum; the moments start is the one that failed before.
+    assert d["start_from"] == "moments"
+    for label, loglik, converged in d["starts"]:
+        assert converged and loglik == pytest.approx(res.log_likelihood, abs=1e-9), label
+
+
+def test_mle_keeps_the_best_start(monkeypatch):
+    """A start whose run ends lower (here: stopped after one step) does not win."""
     from ebfl.eb import beta_binomial as bb
 
-    z, n = _counts(seed=12)
+    real = bb._newton_ascent
+    calls = []
 
-    def loglik(t):
-        return stats.betabinom.logpmf(z, n, *np.exp(t)).sum()
+    def first_run_stops_early(x0, counts, tol):
+        calls.append(x0)
+        run = real(x0, counts, tol)
+        if len(calls) == 1:  # pretend the first start stalled at its starting value
+            return bb._Run(np.asarray(x0, float), bb._value(x0, counts), 1, False, 1.0)
+        return run
 
-    x0 = np.log([1.3, 3.1])
-    value, grad, hess = bb._derivatives(x0, bb._compress(z, n), bb._margins(z, n))
-    const = bb._log_binom_total(*bb._compress(z, n))
-    assert value + const == pytest.approx(loglik(x0), rel=1e-12)
-    h = 1e-5
-    eye = np.eye(2) * h
-    fd_grad = [(loglik(x0 + e) - loglik(x0 - e)) / (2 * h) for e in eye]
-    np.testing.assert_allclose(grad, fd_grad, rtol=1e-6)
-    fd_hess = [[(loglik(x0 + a + b) - loglik(x0 + a - b) - loglik(x0 - a + b)
-                 + loglik(x0 - a - b)) / (4 * h * h) for b in eye] for a in eye]
-    np.testing.assert_allclose(hess, fd_hess, rtol=1e-4)
+    monkeypatch.setattr(bb, "_newton_ascent", first_run_stops_early)
+    res = beta_binomial_eb(ISSUE_Z, ISSUE_N)
+    assert res.diagnostics["start_from"] != "moments" and res.diagnostics["converged"]
+    assert res.log_likelihood == pytest.approx(-38.3065, abs=5e-5)
+
+
+def test_mle_warns_when_not_converged(monkeypatch):
+    from ebfl.eb import beta_binomial as bb
+
+    monkeypatch.setattr(bb, "_MAX_ITER", 1)
+    with pytest.warns(RuntimeWarning, match="did not converge"):
+        res = beta_binomial_eb(ISSUE_Z, ISSUE_N)
+    assert res.diagnostics["converged"] is False
+
+
+def test_mle_no_overdispersion_is_flagged_at_the_upper_edge():
+    """Under-dispersed counts: the supremum is the binomial limit alpha + beta -> inf."""
+    z, n = np.array([5, 5, 4, 6, 5, 5, 5, 4, 6, 5]), np.full(10, 10)
+    res = beta_binomial_eb(z, n)
+    d = res.diagnostics
+    assert d["converged"] and d["at_bound"] and d["active_bounds"] == ("concentration_upper",)
+    assert res.prior.alpha + res.prior.beta == pytest.approx(1e12)
+    binomial_limit = stats.binom.logpmf(z, n, z.sum() / n.sum()).sum()
+    assert res.log_likelihood == pytest.approx(binomial_limit, abs=1e-9)
+    np.testing.assert_allclose(res.posterior.mean, 0.5, atol=1e-10)  # complete pooling
+
+
+@pytest.mark.parametrize(("z", "n", "edge"), [
+    ([0, 0, 0, 0], [3, 5, 2, 7], "mean_lower"),
+    ([3, 5, 2, 7], [3, 5, 2, 7], "mean_upper"),
+    ([0, 5, 0, 7, 1, 0], [3, 5, 2, 7, 1, 4], "concentration_lower"),
+])
+def test_mle_edges_of_the_parameter_space(z, n, edge):
+    """No successes (no failures): mean -> 0 (1); only 0 or n successes: alpha, beta -> 0."""
+    z, n = np.array(z), np.array(n)
+    res = beta_binomial_eb(z, n)
+    d = res.diagnostics
+    assert d["converged"] and d["at_bound"] and edge in d["active_bounds"]
+    if edge == "concentration_lower":  # point masses at 0 (weight 4/6) and 1 (2/6)
+        q = np.mean(z == n)
+        want = np.sum(np.where(z == n, np.log(q), np.log1p(-q)))
+        assert res.prior.mean == pytest.approx(q, rel=1e-6)
+    else:
+        want = 0.0  # every count has probability 1
+    assert res.log_likelihood == pytest.approx(want, abs=1e-6)
+
+
+@pytest.mark.parametrize("a", [1e-20, 1e-8, 0.37, 3.0, 29.5, 255.0, 1e3, 1e6, 1e10, 1e12])
+def test_rising_sums_match_mpmath(a):
+    """sum_{j<k} of log1p(j/a), j/(a+j), ja/(a+j)^2, (j/(a+j))^2: direct and Euler-Maclaurin
+    parts (k > 256) against digamma/trigamma identities at 80 digits."""
+    import mpmath as mp
+
+    from ebfl.eb import beta_binomial as bb
+
+    mp.mp.dps = 80
+    for k in (2, 3, 17, 256, 257, 300, 1000, 12345, 10**7):
+        got = bb._rising_sums(a, bb._margin(np.array([float(k)]), np.array([1.0])), True)
+        am, km = mp.mpf(a), mp.mpf(k)
+        psi = mp.digamma(am + km) - mp.digamma(am)
+        tri = mp.psi(1, am) - mp.psi(1, am + km)
+        want = (mp.loggamma(am + km) - mp.loggamma(am) - km * mp.log(am), km - am * psi,
+                am * psi - am * am * tri, km - 2 * am * psi + am * am * tri)
+        for name, g, w in zip(("log1p", "ratio", "second", "square"), got, want, strict=True):
+            assert abs(mp.mpf(g) - w) <= 4e-15 * abs(w), (name, k, g, float(w))
+
+
+@pytest.mark.parametrize("concentration", [3.0, 1e4, 1e8, 1e10, 1e12])
+def test_log_likelihood_accurate_at_large_concentration(concentration):
+    """At alpha + beta = 1e10, betaln differences lose ~1e-4; the finite-sum form does not."""
+    import mpmath as mp
+
+    mp.mp.dps = 60
+    rng = np.random.default_rng(3)
+    n = np.r_[rng.integers(1, 200, size=200), [400, 3000, 10**5]]
+    z = rng.binomial(n, 0.3)
+    prior = BetaPrior(0.3 * concentration, 0.7 * concentration)
+    res = beta_binomial_eb(z, n, prior=prior, fix_prior=True)
+    a, b = mp.mpf(prior.alpha), mp.mpf(prior.beta)
+    want = mp.fsum(mp.loggamma(ni + 1) - mp.loggamma(zi + 1) - mp.loggamma(ni - zi + 1)
+                   + mp.loggamma(zi + a) + mp.loggamma(ni - zi + b) - mp.loggamma(ni + a + b)
+                   - mp.loggamma(a) - mp.loggamma(b) + mp.loggamma(a + b)
+                   for zi, ni in zip(z.tolist(), n.tolist(), strict=True))
+    # Rounding of terms as large as n log(n) (log-gammas, log binomial coefficients)
+    # is unavoidable; betaln differences are off by 1e-5 at 1e8 and 4e-3 at 1e10 here.
+    tol = 1e-15 * np.sum(n * np.log1p(n))
+    assert abs(res.log_likelihood - want) <= tol, (res.log_likelihood, float(want))
+
+
+def test_mle_derivatives_match_mpmath():
+    """Gradient and Hessian in (logit mean, log(1 + 1/s)), up to s = 1e11 and with counts
+    beyond the direct sums, against central differences of an 60-digit log-likelihood."""
+    import mpmath as mp
+
+    from ebfl.eb import beta_binomial as bb
+
+    mp.mp.dps = 60
+    rng = np.random.default_rng(12)
+    n = np.r_[rng.integers(1, 40, size=30), [300, 1000, 5000]]
+    z = rng.binomial(n, rng.beta(2, 5, size=n.size))
+    counts = bb._counts_model(z, n)
+    pairs = [tuple(int(v) for v in p) for p in zip(*counts.pairs, strict=True)]
+
+    def loglik(t, phi):
+        s = 1 / mp.expm1(phi)
+        a = s / (1 + mp.exp(-t))
+        b = s - a
+        return mp.fsum(w * (mp.loggamma(zz + a) + mp.loggamma(nn - zz + b) - mp.loggamma(nn + s)
+                            - mp.loggamma(a) - mp.loggamma(b) + mp.loggamma(s))
+                       for nn, zz, w in pairs)
+
+    h = mp.mpf(10) ** -12
+    unit = ((h, 0), (0, h))
+    for t0, s0 in ((0.3, 5.0), (-3.0, 1e4), (1.0, 1e11), (-20.0, 0.01)):
+        x = np.array([t0, np.log1p(1 / s0)])
+        value, grad, hess = bb._derivatives(x, counts)
+        t, phi = mp.mpf(x[0]), mp.mpf(x[1])
+        assert value == pytest.approx(float(loglik(t, phi)), rel=1e-14)
+        for i, (dt, dp) in enumerate(unit):
+            fd = (loglik(t + dt, phi + dp) - loglik(t - dt, phi - dp)) / (2 * h)
+            assert grad[i] == pytest.approx(float(fd), rel=1e-12)
+            for j, (et, ep) in enumerate(unit):
+                fd2 = (loglik(t + dt + et, phi + dp + ep) - loglik(t + dt - et, phi + dp - ep)
+                       - loglik(t - dt + et, phi - dp + ep)
+                       + loglik(t - dt - et, phi - dp - ep)) / (4 * h * h)
+                assert hess[i, j] == pytest.approx(float(fd2), rel=1e-12)
