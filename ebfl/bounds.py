@@ -4,13 +4,20 @@ Plain functions of the model parameters. All Gaussian values are the total
 over d coordinates (pass ``d=1`` for per-coordinate values). Where the paper
 writes "<=" but the formula is exact (Theorem 1, the known-Beta MSEs, spec
 [!3]) the docstring says so; tests check them by Monte Carlo.
+
+Accepted ranges (outside them ``ValueError`` names the argument): standard
+deviations (sigma_theta, sigma_x, sigma_q) 0 or in [1e-100, 1e100]; counts
+m, n, d and k_bits integers up to 2^53; alpha, beta, epsilon finite and > 0
+(epsilon in [1e-150, 1e150] as for the mechanisms). The formulas are written
+so that no intermediate value leaves float64 in these ranges; a result that
+itself overflows (e.g. d sigma_x^2 / n beyond 1.8e308) raises ``ValueError``.
 """
 
 from __future__ import annotations
 
+import math
+import warnings
 from dataclasses import asdict, dataclass
-
-import numpy as np
 
 from ebfl._validation import (
     check_int_scalar,
@@ -28,6 +35,7 @@ __all__ = [
     "gaussian_bounds",
     "gaussian_global_mse",
     "gaussian_mechanism_sigma_q",
+    "gaussian_mechanism_true_delta",
     "gaussian_local_mse",
     "gaussian_oracle_mse",
     "gaussian_weight",
@@ -42,13 +50,50 @@ __all__ = [
     "theorem4_rhs",
 ]
 
+#: Accepted range of a nonzero standard deviation: its square, fourth power
+#: over counts up to 2^53 and products of two squares stay inside float64.
+SD_RANGE = (1e-100, 1e100)
+#: Largest accepted count (m, n, d, k_bits): exactly representable as a float.
+MAX_COUNT = 2**53
+
+
+def _real(check, value, name):
+    try:
+        return check(value, name)
+    except OverflowError:
+        raise ValueError(f"{name} must be a finite real number; got an integer too large "
+                         f"for float64") from None
+
+
+def _count(value, name, minimum):
+    value = check_int_scalar(value, name, minimum=minimum)
+    if value > MAX_COUNT:
+        raise ValueError(f"{name} must be an integer in [{minimum}, 2**53], got {value}")
+    return value
+
+
+def _sd(value, name, *, zero_ok):
+    value = _real(check_nonnegative_scalar if zero_ok else check_positive_scalar, value, name)
+    lo, hi = SD_RANGE
+    if value != 0.0 and not lo <= value <= hi:
+        raise ValueError(f"{name} must be {'0 or ' if zero_ok else ''}in [{lo:g}, {hi:g}], "
+                         f"got {value!r}")
+    return value
+
+
+def _finite(value, what):
+    """Refuse a result that overflows float64, saying which arguments to shrink."""
+    if not math.isfinite(value):
+        raise ValueError(f"{what} overflows float64 for these arguments")
+    return float(value)
+
 
 def _gauss_iv(m, n, sigma_theta, sigma_x, d):
-    m = check_int_scalar(m, "m", minimum=2)
-    n = check_int_scalar(n, "n", minimum=1)
-    sigma_theta = check_nonnegative_scalar(sigma_theta, "sigma_theta")
-    sigma_x = check_positive_scalar(sigma_x, "sigma_x")
-    d = check_int_scalar(d, "d", minimum=1)
+    m = _count(m, "m", 2)
+    n = _count(n, "n", 1)
+    sigma_theta = _sd(sigma_theta, "sigma_theta", zero_ok=True)
+    sigma_x = _sd(sigma_x, "sigma_x", zero_ok=False)
+    d = _count(d, "d", 1)
     return m, n, sigma_theta, sigma_x, d
 
 
@@ -64,7 +109,11 @@ def gaussian_weight(m, n, sigma_theta, sigma_x, sigma_q=0.0):
     0.375
     """
     m, n, sigma_theta, sigma_x, _ = _gauss_iv(m, n, sigma_theta, sigma_x, 1)
-    sigma_q = check_nonnegative_scalar(sigma_q, "sigma_q")
+    sigma_q = _sd(sigma_q, "sigma_q", zero_ok=True)
+    return _weight(m, n, sigma_theta, sigma_x, sigma_q)
+
+
+def _weight(m, n, sigma_theta, sigma_x, sigma_q):
     het = sigma_theta**2 + sigma_q**2 / (m - 1)
     return het / (het + sigma_x**2 / n)
 
@@ -78,8 +127,13 @@ def theorem2_mse(m, n, sigma_theta, sigma_x, sigma_q, d=1):
     every input (e.g. additive Gaussian noise); an upper bound otherwise.
     """
     m, n, sigma_theta, sigma_x, d = _gauss_iv(m, n, sigma_theta, sigma_x, d)
-    a = gaussian_weight(m, n, sigma_theta, sigma_x, sigma_q)
-    return d * sigma_x**2 / n * ((1.0 - a) / m + a)
+    sigma_q = _sd(sigma_q, "sigma_q", zero_ok=True)
+    return _theorem2(m, n, sigma_theta, sigma_x, sigma_q, d)
+
+
+def _theorem2(m, n, sigma_theta, sigma_x, sigma_q, d):
+    a = _weight(m, n, sigma_theta, sigma_x, sigma_q)
+    return _finite(d * sigma_x**2 / n * ((1.0 - a) / m + a), "the MSE d sigma_x^2/n (...)")
 
 
 def theorem1_mse(m, n, sigma_theta, sigma_x, d=1):
@@ -98,16 +152,17 @@ def theorem1_mse(m, n, sigma_theta, sigma_x, d=1):
 
 def gaussian_local_mse(n, sigma_x, d=1):
     """Risk of the local mean xbar_i: d sigma_x^2 / n (exact)."""
-    n = check_int_scalar(n, "n", minimum=1)
-    sigma_x = check_positive_scalar(sigma_x, "sigma_x")
-    d = check_int_scalar(d, "d", minimum=1)
-    return d * sigma_x**2 / n
+    n = _count(n, "n", 1)
+    sigma_x = _sd(sigma_x, "sigma_x", zero_ok=False)
+    d = _count(d, "d", 1)
+    return _finite(d * sigma_x**2 / n, "the MSE d sigma_x^2/n")
 
 
 def gaussian_global_mse(m, n, sigma_theta, sigma_x, d=1):
     """Risk of the global mean mu_hat alone: d((m-1)sigma_theta^2/m + sigma_x^2/(mn)) (exact)."""
     m, n, sigma_theta, sigma_x, d = _gauss_iv(m, n, sigma_theta, sigma_x, d)
-    return d * ((m - 1) * sigma_theta**2 / m + sigma_x**2 / (m * n))
+    return _finite(d * ((m - 1) / m * sigma_theta**2 + sigma_x**2 / m / n),
+                   "the global-mean MSE")
 
 
 def lower_bound_known_prior(n, sigma_theta, sigma_x, d=1):
@@ -116,11 +171,13 @@ def lower_bound_known_prior(n, sigma_theta, sigma_x, d=1):
     The Bayes risk with the prior fully known; attained by the oracle that
     knows mu (:func:`gaussian_oracle_mse`).
     """
-    n = check_int_scalar(n, "n", minimum=1)
-    sigma_theta = check_nonnegative_scalar(sigma_theta, "sigma_theta")
-    sigma_x = check_positive_scalar(sigma_x, "sigma_x")
-    d = check_int_scalar(d, "d", minimum=1)
-    return d * sigma_theta**2 * sigma_x**2 / (n * sigma_theta**2 + sigma_x**2)
+    n = _count(n, "n", 1)
+    sigma_theta = _sd(sigma_theta, "sigma_theta", zero_ok=True)
+    sigma_x = _sd(sigma_x, "sigma_x", zero_ok=False)
+    d = _count(d, "d", 1)
+    # sigma_theta^2 times a factor in [0, 1]: no product of two squares is formed.
+    shrink = sigma_x**2 / (n * sigma_theta**2 + sigma_x**2)
+    return _finite(d * sigma_theta**2 * shrink, "the bound d sigma_theta^2 (...)")
 
 
 def gaussian_oracle_mse(n, sigma_theta, sigma_x, d=1):
@@ -136,8 +193,9 @@ def lower_bound_estimated_mean(m, n, sigma_theta, sigma_x, d=1):
     [!19]), so treat it as a claim. The known-mu oracle legitimately beats it.
     """
     m, n, sigma_theta, sigma_x, d = _gauss_iv(m, n, sigma_theta, sigma_x, d)
-    return d * (sigma_theta**2 * sigma_x**2 + sigma_x**4 / (m * n)) / (
-        n * sigma_theta**2 + sigma_x**2)
+    # d sigma_x^2 (sigma_theta^2 + sigma_x^2/(mn)) / (n sigma_theta^2 + sigma_x^2): no sigma^4.
+    ratio = (sigma_theta**2 + sigma_x**2 / m / n) / (n * sigma_theta**2 + sigma_x**2)
+    return _finite(d * sigma_x**2 * ratio, "the bound d sigma_x^2 (...)")
 
 
 @dataclass(frozen=True)
@@ -185,11 +243,11 @@ def gaussian_bounds(m, n, sigma_theta, sigma_x, d=1, sigma_q=0.0):
     (0.006251, 0.0166667, 0.375)
     """
     m, n, sigma_theta, sigma_x, d = _gauss_iv(m, n, sigma_theta, sigma_x, d)
-    sigma_q = check_nonnegative_scalar(sigma_q, "sigma_q")
+    sigma_q = _sd(sigma_q, "sigma_q", zero_ok=True)
     return GaussianMSE(
         m=m, n=n, sigma_theta=sigma_theta, sigma_x=sigma_x, d=d, sigma_q=sigma_q,
-        weight=gaussian_weight(m, n, sigma_theta, sigma_x, sigma_q),
-        personalized=theorem2_mse(m, n, sigma_theta, sigma_x, sigma_q, d),
+        weight=_weight(m, n, sigma_theta, sigma_x, sigma_q),
+        personalized=_theorem2(m, n, sigma_theta, sigma_x, sigma_q, d),
         local=gaussian_local_mse(n, sigma_x, d),
         global_only=gaussian_global_mse(m, n, sigma_theta, sigma_x, d),
         oracle=gaussian_oracle_mse(n, sigma_theta, sigma_x, d),
@@ -201,8 +259,14 @@ def gaussian_bounds(m, n, sigma_theta, sigma_x, d=1, sigma_q=0.0):
 # ----------------------------------------------------------------- Beta-Bernoulli
 
 def _beta_iv(alpha, beta, n):
-    return (check_positive_scalar(alpha, "alpha"), check_positive_scalar(beta, "beta"),
-            check_int_scalar(n, "n", minimum=1))
+    return (_real(check_positive_scalar, alpha, "alpha"),
+            _real(check_positive_scalar, beta, "beta"), _count(n, "n", 1))
+
+
+def _beta_var_factor(alpha, beta):
+    """alpha beta / ((alpha+beta)(alpha+beta+1)) = E[p(1-p)], as a product of two ratios <= 1."""
+    s = alpha + beta
+    return (alpha / s) * (beta / (s + 1.0))
 
 
 def beta_local_mse(alpha, beta, n):
@@ -216,8 +280,7 @@ def beta_local_mse(alpha, beta, n):
     0.0142857
     """
     alpha, beta, n = _beta_iv(alpha, beta, n)
-    s = alpha + beta
-    return alpha * beta / (n * s * (s + 1.0))
+    return _beta_var_factor(alpha, beta) / n
 
 
 def beta_posterior_mse(alpha, beta, n):
@@ -231,8 +294,7 @@ def beta_posterior_mse(alpha, beta, n):
     0.0111111
     """
     alpha, beta, n = _beta_iv(alpha, beta, n)
-    s = alpha + beta
-    return alpha * beta / (s * (s + 1.0) * (s + n))
+    return _beta_var_factor(alpha, beta) / (alpha + beta + n)
 
 
 @dataclass(frozen=True)
@@ -288,33 +350,93 @@ def theorem3_rhs(mean_a2, mean_one_minus_a2, m, n, alpha, beta):
     The bound holds with probability >= 1 - 1/(mn) over the event
     |mu - mu_hat_i| <= c, |sigma^2 - sigma_hat_i^2| <= c, c^2 = 3 log(4 m^2 n)/(m-1).
     """
-    mean_a2 = check_probability(mean_a2, "mean_a2")
-    mean_one_minus_a2 = check_probability(mean_one_minus_a2, "mean_one_minus_a2")
-    m = check_int_scalar(m, "m", minimum=2)
+    mean_a2 = _real(check_probability, mean_a2, "mean_a2")
+    mean_one_minus_a2 = _real(check_probability, mean_one_minus_a2, "mean_one_minus_a2")
+    m = _count(m, "m", 2)
     alpha, beta, n = _beta_iv(alpha, beta, n)
-    s = alpha + beta
-    c2 = 3.0 * np.log(4.0 * m * m * n) / (m - 1)
-    prior_var = alpha * beta / (s * s * (s + 1.0))
+    c2 = 3.0 * math.log(4 * m * m * n) / (m - 1)     # exact integer inside the log
     return float(mean_a2 * beta_local_mse(alpha, beta, n)
-                 + mean_one_minus_a2 * (prior_var + c2))
+                 + mean_one_minus_a2 * (_prior_variance(alpha, beta) + c2))
+
+
+def _prior_variance(alpha, beta):
+    """Var(p) = alpha beta / ((alpha+beta)^2 (alpha+beta+1)), without forming alpha beta."""
+    s = alpha + beta
+    return (alpha / s) * (beta / s) / (s + 1.0)
 
 
 # ------------------------------------------------- quantized and private (Theorems 2, 4)
 
-def quantizer_sigma_q(m, n, sigma_theta, sigma_x, k_bits, r):
-    """sigma_q = b/(2^k - 1) of the k-bit quantizer with the paper's range b (spec C.3)."""
-    from ebfl.privacy.mechanisms import StochasticQuantizer, paper_clip_range
+#: Largest accepted r (bound on |mu|): keeps b and sigma_q^2 inside float64.
+MAX_R = 1e100
 
-    b = paper_clip_range(r, m, n, sigma_theta, sigma_x)
-    return float(np.sqrt(StochasticQuantizer(k_bits, b).max_variance))
+
+def _paper_b(m, n, sigma_theta, sigma_x, r):
+    from ebfl.privacy.mechanisms import paper_clip_range
+
+    m, n, sigma_theta, sigma_x, _ = _gauss_iv(m, n, sigma_theta, sigma_x, 1)
+    r = _real(check_nonnegative_scalar, r, "r")
+    if r > MAX_R:
+        raise ValueError(f"r must lie in [0, {MAX_R:g}], got {r!r}")
+    return paper_clip_range(r, m, n, sigma_theta, sigma_x)
+
+
+def _paper_gaussian(m, n, sigma_theta, sigma_x, epsilon, delta, r, d=1):
+    """The paper's Gaussian mechanism for this setting, its PrivacyWarning silenced on purpose.
+
+    The bounds reproduce the paper's Theorem 2 with the paper's calibration;
+    :func:`gaussian_mechanism_true_delta` reports the delta it really gives.
+    """
+    from ebfl.privacy.mechanisms import GaussianMechanism, PrivacyWarning
+
+    b = _paper_b(m, n, sigma_theta, sigma_x, r)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrivacyWarning)
+        return GaussianMechanism(epsilon, delta, b, d=_count(d, "d", 1), calibration="paper")
+
+
+def quantizer_sigma_q(m, n, sigma_theta, sigma_x, k_bits, r):
+    """sigma_q = b/(2^k - 1) of the k-bit quantizer with the paper's range b (spec C.3).
+
+    Computed as b 2^-k / (1 - 2^-k), so any k_bits up to 2^53 works (the
+    quantizer object itself stops at 52 bits).
+
+    Examples
+    --------
+    >>> round(quantizer_sigma_q(10_000, 15, 0.1, 0.5, 2, 1.0), 6)
+    0.684359
+    """
+    b = _paper_b(m, n, sigma_theta, sigma_x, r)
+    k_bits = _count(k_bits, "k_bits", 1)
+    return math.ldexp(b, -k_bits) / -math.expm1(-k_bits * math.log(2.0))
 
 
 def gaussian_mechanism_sigma_q(m, n, sigma_theta, sigma_x, epsilon, delta, r):
-    """sigma_q = (b/epsilon) sqrt(8 log(2/delta)) of the paper's Gaussian mechanism (spec C.4)."""
-    from ebfl.privacy.mechanisms import GaussianMechanism, paper_clip_range
+    """sigma_q = (b/epsilon) sqrt(8 log(2/delta)) of the paper's Gaussian mechanism (spec C.4).
 
-    b = paper_clip_range(r, m, n, sigma_theta, sigma_x)
-    return GaussianMechanism(epsilon, delta, b).sigma
+    The paper's calibration, used on purpose: it does not always deliver
+    (epsilon, delta)-LDP (see :func:`gaussian_mechanism_true_delta`).
+    """
+    return _paper_gaussian(m, n, sigma_theta, sigma_x, epsilon, delta, r).sigma
+
+
+def gaussian_mechanism_true_delta(m, n, sigma_theta, sigma_x, epsilon, delta, r, d=1):
+    r"""The delta the paper's Gaussian mechanism really gives at ``epsilon`` for a d-vector.
+
+    With sigma = (b/epsilon) sqrt(8 log(2/delta)) per coordinate and L2
+    sensitivity 2b sqrt(d), the release is (epsilon, delta')-LDP with delta'
+    from the analytic Gaussian formula (Balle & Wang 2018, Theorem 8;
+    :func:`ebfl.privacy.mechanisms.analytic_gaussian_delta`), and no smaller
+    delta. The paper's claim holds when delta' <= delta.
+
+    Examples
+    --------
+    >>> f"{gaussian_mechanism_true_delta(10_000, 15, 0.1, 0.5, 0.5, 1e-5, 1.0, d=4):.2g}"
+    '0.00057'
+    >>> gaussian_mechanism_true_delta(10_000, 15, 0.1, 0.5, 0.5, 1e-5, 1.0) < 1e-5
+    True
+    """
+    return _paper_gaussian(m, n, sigma_theta, sigma_x, epsilon, delta, r, d).true_delta
 
 
 def theorem2_quantizer_mse(m, n, sigma_theta, sigma_x, k_bits, r, d=1):
@@ -328,23 +450,27 @@ def theorem2_quantizer_mse(m, n, sigma_theta, sigma_x, k_bits, r, d=1):
     >>> [round(theorem2_quantizer_mse(10_000, 15, 0.1, 0.5, k, 1.0), 7) for k in (1, 2, 8)]
     [0.0064131, 0.0062693, 0.006251]
     """
+    m, n, sigma_theta, sigma_x, d = _gauss_iv(m, n, sigma_theta, sigma_x, d)
     sigma_q = quantizer_sigma_q(m, n, sigma_theta, sigma_x, k_bits, r)
-    return theorem2_mse(m, n, sigma_theta, sigma_x, sigma_q, d)
+    return _theorem2(m, n, sigma_theta, sigma_x, sigma_q, d)
 
 
 def theorem2_gaussian_mse(m, n, sigma_theta, sigma_x, epsilon, delta, r, d=1):
-    r"""Theorem 2, part 2: the paper's (epsilon, delta)-LDP Gaussian mechanism on [-b, b].
+    r"""Theorem 2, part 2: the paper's Gaussian mechanism on [-b, b] (its own calibration).
 
     Exact up to the (rare) clipping, since the noise variance does not depend
-    on the input. The paper claims it for epsilon in (0, 1) only (spec [!4]).
+    on the input. The paper claims (epsilon, delta)-LDP for epsilon in (0, 1);
+    for d > 1 or large epsilon its sigma gives only the delta of
+    :func:`gaussian_mechanism_true_delta`.
 
     Examples
     --------
     >>> round(theorem2_gaussian_mse(10_000, 15, 0.1, 0.5, 1.0, 1e-5, 1.0), 6)
     0.012572
     """
+    m, n, sigma_theta, sigma_x, d = _gauss_iv(m, n, sigma_theta, sigma_x, d)
     sigma_q = gaussian_mechanism_sigma_q(m, n, sigma_theta, sigma_x, epsilon, delta, r)
-    return theorem2_mse(m, n, sigma_theta, sigma_x, sigma_q, d)
+    return _theorem2(m, n, sigma_theta, sigma_x, sigma_q, d)
 
 
 def theorem4_rhs(mean_a2, mean_one_minus_a2, m, n, alpha, beta, epsilon):
@@ -359,14 +485,19 @@ def theorem4_rhs(mean_a2, mean_one_minus_a2, m, n, alpha, beta, epsilon):
     As epsilon -> infinity the last term tends to log(4m^2 n)/(3(m-1)), 9 times
     smaller than Theorem 3's non-private 3 log(4m^2 n)/(m-1) (spec [!5]e).
     """
-    mean_a2 = check_probability(mean_a2, "mean_a2")
-    mean_one_minus_a2 = check_probability(mean_one_minus_a2, "mean_one_minus_a2")
-    m = check_int_scalar(m, "m", minimum=2)
+    from ebfl.privacy.mechanisms import EPSILON_RANGE
+
+    mean_a2 = _real(check_probability, mean_a2, "mean_a2")
+    mean_one_minus_a2 = _real(check_probability, mean_one_minus_a2, "mean_one_minus_a2")
+    m = _count(m, "m", 2)
     alpha, beta, n = _beta_iv(alpha, beta, n)
-    epsilon = check_positive_scalar(epsilon, "epsilon")
-    s = alpha + beta
-    t = np.exp(-epsilon)  # (e^eps + 1)/(e^eps - 1) = (1 + t)/(1 - t), no overflow
-    cp2 = ((1.0 + t) / (1.0 - t)) ** 2 * np.log(4.0 * m * m * n) / (3.0 * (m - 1))
-    prior_var = alpha * beta / (s * s * (s + 1.0))
+    epsilon = _real(check_positive_scalar, epsilon, "epsilon")
+    if not EPSILON_RANGE[0] <= epsilon <= EPSILON_RANGE[1]:
+        raise ValueError(f"epsilon must lie in [{EPSILON_RANGE[0]:g}, {EPSILON_RANGE[1]:g}], "
+                         f"got {epsilon!r}")
+    # (e^eps + 1)/(e^eps - 1) = coth(eps/2) = (1 + e^-eps)/(-expm1(-eps)): no overflow,
+    # no division by zero for tiny eps.
+    coth = (1.0 + math.exp(-epsilon)) / -math.expm1(-epsilon)
+    cp2 = coth**2 * math.log(4 * m * m * n) / (3.0 * (m - 1))
     return float(mean_a2 * beta_local_mse(alpha, beta, n)
-                 + mean_one_minus_a2 * (prior_var + cp2))
+                 + mean_one_minus_a2 * (_prior_variance(alpha, beta) + cp2))

@@ -142,7 +142,40 @@ def test_dp_accounting_replace_one_convention_is_pinned():
     acc = RdpAccountant([2.0], REPLACE)
     acc.compose(dpa.GaussianDpEvent(1.0))
     assert acc.rdp[0] == pytest.approx(1.0)
-    assert A._rdp_replace_one_factor() == 0.5
+    # The same reading for sampling without replacement (q = 1/2, z = 1 at order 2).
+    acc = RdpAccountant([2.0], REPLACE)
+    acc.compose(dpa.SampledWithoutReplacementDpEvent(4, 2, dpa.GaussianDpEvent(1.0)))
+    assert acc.rdp[0] == pytest.approx(_theorem27_alpha2(0.5, 1.0), rel=1e-12)
+    assert A._rdp_replace_one_factors() == {dpa.GaussianDpEvent: 0.5,
+                                            dpa.SampledWithoutReplacementDpEvent: 0.5}
+
+
+def _theorem27_alpha2(q, s):
+    """Wang-Balle-Kasiviswanathan (2019) Thm 27 at alpha = 2 for a Gaussian of std/sensitivity s.
+
+    Only the j = 2 term: log(1 + q^2 C(2,2) min(4(e^{eps(2)} - 1), e^{eps(2)} min(2, inf))),
+    eps(2) = 2/(2 s^2). Written from the paper, independently of the library.
+    """
+    e2 = 2.0 / (2.0 * s * s)
+    return math.log(1.0 + q * q * min(4.0 * (math.exp(e2) - 1.0), 2.0 * math.exp(e2)))
+
+
+@pytest.mark.parametrize("m, K, tau, clip, noise, rounds", [
+    (66, 22, 10, 1.0, 5.0, 240), (30, 6, 4, 1.0, 3.0, 25), (100, 50, 1, 0.5, 0.4, 3)])
+def test_without_replacement_rdp_is_theorem27_by_hand(m, K, tau, clip, noise, rounds):
+    """The corrected WOR path against Theorem 27 computed here (alpha = 2, replace-one).
+
+    One round releases the sum of K clipped contributions (norm <= tau C each)
+    plus noise of std noise sqrt(K tau); replacing one client moves it by at
+    most 2 tau C, so std/sensitivity = noise sqrt(K tau) / (2 tau C). A wrong
+    convention (no factor, or the factor applied twice) is off by a factor > 2.
+    """
+    acc = A.DPAdaPeDAccountant(m, orders=[2.0]).step(
+        n_sampled=K, sync_gap=tau, clip_mu=clip, noise_mu=noise, n_rounds=rounds)
+    s = noise * math.sqrt(K * tau) / (2 * tau * clip)
+    assert acc.get_rdp()[0] == pytest.approx(rounds * _theorem27_alpha2(K / m, s), rel=1e-10)
+    for wrong in (2 * s, s / 2):
+        assert abs(acc.get_rdp()[0] / (rounds * _theorem27_alpha2(K / m, wrong)) - 1) > 0.5
 
 
 def _femnist_hand_event():

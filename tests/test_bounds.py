@@ -94,3 +94,34 @@ def test_theorem4_rhs_and_constants():
     non_private = B.theorem3_rhs(0.0, 1.0, m, n, 2, 2) - 0.05
     assert non_private / limit == pytest.approx(9.0)
     assert B.theorem4_rhs(1.0, 0.0, m, n, 2, 2, 1.0) == pytest.approx(B.beta_local_mse(2, 2, n))
+
+
+def test_paper_gaussian_bounds_do_not_warn_and_report_the_true_delta():
+    """The bounds use the paper's calibration on purpose: no PrivacyWarning, and the delta
+    it really gives (analytic Gaussian formula) is available beside the paper's claim."""
+    import warnings
+
+    from ebfl.privacy.mechanisms import GaussianMechanism, PrivacyWarning, paper_clip_range
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyWarning)
+        assert B.theorem2_gaussian_mse(10_000, 15, 0.1, 0.5, 10.0, 1e-5, 1.0) == pytest.approx(
+            0.0064094, rel=5e-5)
+        sigma = B.gaussian_mechanism_sigma_q(10_000, 15, 0.1, 0.5, 10.0, 1e-5, 1.0)
+        short = B.gaussian_mechanism_true_delta(10_000, 15, 0.1, 0.5, 3.0, 1e-5, 1.0, d=4)
+        fine = B.gaussian_mechanism_true_delta(10_000, 15, 0.1, 0.5, 0.5, 1e-5, 1.0)
+    assert short == pytest.approx(0.0103, rel=0.01) and fine < 1e-5
+    b = paper_clip_range(1.0, 10_000, 15, 0.1, 0.5)
+    with pytest.warns(PrivacyWarning):
+        assert GaussianMechanism(10.0, 1e-5, b).sigma == sigma
+
+
+def test_quantizer_sigma_q_closed_form_for_any_bits():
+    """b/(2^k - 1) without forming 2^k: equal to the quantizer's for k <= 52, 0 far beyond."""
+    from ebfl.privacy.mechanisms import StochasticQuantizer, paper_clip_range
+
+    b = paper_clip_range(1.0, 10_000, 15, 0.1, 0.5)
+    for k in (1, 2, 8, 30, 52):
+        assert B.quantizer_sigma_q(10_000, 15, 0.1, 0.5, k, 1.0) == pytest.approx(
+            StochasticQuantizer(k, b).max_variance ** 0.5, rel=1e-14)
+    assert B.quantizer_sigma_q(10_000, 15, 0.1, 0.5, 100, 1.0) == pytest.approx(b * 2.0**-100)

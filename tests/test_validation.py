@@ -156,3 +156,14 @@ def test_validate_reproducible_and_independent_of_other_checks():
 def test_sweep_figure(tmp_path):
     paths = plot_sweeps(tmp_path, names=["thm1_vs_sigma_theta"], reps=5, rng=0)
     assert len(paths) == 1 and (tmp_path / "thm1_vs_sigma_theta.png").stat().st_size > 1000
+
+
+def test_paper_gaussian_calibration_rows(quick_report):
+    """The paper's sigma gives the claimed delta for one coordinate at eps0 = 0.5, not for a
+    4-vector: the exact (analytic) delta row says so, flagged, with the review's 5.7e-4."""
+    by = {(r.name, r.label): r for r in quick_report.results}
+    one = by[("thm2_ldp", "eps0=0.5 d=1: true delta <= claimed delta (exact)")]
+    four = by[("thm2_ldp", "eps0=0.5 d=4: true delta <= claimed delta (exact)")]
+    assert one.verdict == "holds" and one.estimate < 1e-5 and not one.flag
+    assert four.verdict == "violated" and "L2 sensitivity" in four.flag
+    assert four.estimate == pytest.approx(5.7e-4, rel=0.01) == four.extra["true_delta"]

@@ -15,9 +15,13 @@ the held-out target is, so both are scored:
 
 Beyond the paper:
 
-* private variants: each county releases its five-election mean through the
-  eps-LDP mechanism (7), and the paper's private estimator (Theorem 4) or the
-  corrected one (spec [!5]) is used;
+* private variants: each county releases its five-election mean through an
+  eps-LDP mechanism: mechanism (7) with the paper's private estimator
+  (Theorem 4, ``paper``), or Laplace noise with the corrected estimator, both
+  with its default rule for the estimated population variance (``corrected``,
+  ``variance="ucb"``: never shrinks beyond what an upper confidence bound on
+  the variance makes safe) and with the plug-in rule max(0, sigma_hat^2) of
+  earlier versions (``corrected plug-in``), on the same noisy messages;
 * vote-count models for the share target, with the mean of the five training
   shares as the local baseline: a beta-binomial fit with votes as trials (counties
   as clients), and a Gaussian EB fit on the training shares with s_i from each
@@ -40,6 +44,9 @@ __all__ = ["METHODS", "election_experiment", "plot_election"]
 
 METHODS = ("loo_printed", "loo_corrected", "mle")
 TARGETS = ("outcome", "share")
+#: Private variants: the paper's estimator, and the corrected one with its default
+#: (``variance="ucb"``) and plug-in rules for the population variance.
+PRIVATE = ("paper", "corrected", "corrected plug-in")
 
 
 def _gain(estimate, local, target):
@@ -70,7 +77,8 @@ def election_experiment(matrix=None, *, epsilons=(1.0, 5.0), rng=0, path=None):
     -------
     dict
         ``n_counties``, ``years``, ``paper`` (figure, ±, counties), ``gains``:
-        {target: {estimator: {"mean", "sd", "per_fold"}}}, ``private`` and
+        {target: {estimator: {"mean", "sd", "per_fold"}}}, ``private`` (keys
+        "paper eps=1", "corrected eps=1", "corrected plug-in eps=1", ...) and
         ``vote_models`` likewise, and ``reproduces_paper``: which target puts
         eq. (6)'s mean gain within the paper's ± band.
     """
@@ -81,8 +89,8 @@ def election_experiment(matrix=None, *, epsilons=(1.0, 5.0), rng=0, path=None):
     m, folds = wins.shape
     n = np.full(m, folds - 1)
     gains = {t: {meth: [] for meth in METHODS} for t in TARGETS}
-    private = {t: {f"{kind} eps={eps:g}": [] for kind in ("paper", "corrected")
-                   for eps in epsilons} for t in TARGETS}
+    private = {t: {f"{kind} eps={eps:g}": [] for kind in PRIVATE for eps in epsilons}
+               for t in TARGETS}
     votes = {"beta-binomial on votes": [], "gaussian EB on shares": []}
     for j in range(folds):
         train = np.delete(np.arange(folds), j)
@@ -94,9 +102,14 @@ def election_experiment(matrix=None, *, epsilons=(1.0, 5.0), rng=0, path=None):
             for t in TARGETS:
                 gains[t][meth].append(_gain(est, local, targets[t]))
         for eps in epsilons:
-            for kind, func in (("paper", private_bernoulli_paper),
-                               ("corrected", private_bernoulli_corrected)):
-                est = func(z, n, eps, rng=gen).estimate
+            paper = private_bernoulli_paper(z, n, eps, rng=gen).estimate
+            # Both rules see the same noisy messages (same seed): a paired before/after.
+            seed = int(gen.integers(2**63))
+            ests = {"paper": paper,
+                    "corrected": private_bernoulli_corrected(z, n, eps, rng=seed).estimate,
+                    "corrected plug-in": private_bernoulli_corrected(
+                        z, n, eps, variance="plugin", rng=seed).estimate}
+            for kind, est in ests.items():
                 for t in TARGETS:
                     private[t][f"{kind} eps={eps:g}"].append(_gain(est, local, targets[t]))
         local_share = shares[:, train].mean(axis=1)

@@ -18,6 +18,10 @@ Conventions used throughout
 * One *round* is one synchronization period of ``sync_gap`` (tau) local
   iterations; a run of T iterations has T/tau rounds, and T must be a multiple
   of tau (spec D.9.7(d)).
+* Accepted ranges: clip norms and noise standard deviations in [1e-50, 1e50],
+  counts (clients, iterations, rounds) up to 2^53, Renyi orders in (1, 1e6];
+  outside them ``ValueError`` names the argument. Inside them no intermediate
+  value leaves float64.
 * ``noise_multiplier`` follows the ``dp_accounting.GaussianDpEvent`` docstring:
   standard deviation of the noise on the released sum divided by the norm bound
   of ONE client's contribution to that sum (tau*C here). Under the
@@ -58,6 +62,18 @@ __all__ = [
 #: RDP orders used when none are given (dp-accounting's default grid, 1.1 ... 1024).
 DEFAULT_ORDERS = tuple(float(a) for a in rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
 
+#: Accepted range of clip norms and noise standard deviations: noise multipliers
+#: then stay in [1e-108, 1e108] and every RDP value below 1e240.
+SCALE_RANGE = (1e-50, 1e50)
+#: Largest count (clients, iterations, rounds): exactly representable as a float.
+MAX_COUNT = 2**53
+#: Largest Renyi order accepted (the default grid stops at 1024).
+MAX_ORDER = 1e6
+#: Accepted range of the PLD discretization interval.
+VDI_RANGE = (1e-8, 1.0)
+#: Largest PLD grid (points per round) accepted; beyond it dp-accounting runs out of memory.
+MAX_PLD_POINTS = 5e7
+
 _SAMPLINGS = ("without_replacement", "poisson")
 _TRUSTS = ("aggregator", "local")
 _ACCOUNTANTS = ("rdp", "pld")
@@ -67,18 +83,53 @@ _METHODS = ("lemma2", "classic")
 # --------------------------------------------------------------------------- validation
 
 
+def _real(check, value, name):
+    """Run a scalar check, turning a Python int too large for float64 into ValueError."""
+    try:
+        return check(value, name)
+    except OverflowError:
+        raise ValueError(f"{name} must be a finite real number; got an integer too large "
+                         f"for float64") from None
+
+
+def _count(value, name, minimum=1):
+    value = check_int_scalar(value, name, minimum=minimum)
+    if value > MAX_COUNT:
+        raise ValueError(f"{name} must be an integer in [{minimum}, 2**53], got {value}")
+    return value
+
+
+def _scale(value, name):
+    value = _real(check_positive_scalar, value, name)
+    lo, hi = SCALE_RANGE
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must lie in [{lo:g}, {hi:g}], got {value!r}")
+    return value
+
+
+def _epsilon_iv(epsilon):
+    return _real(check_positive_scalar, epsilon, "epsilon")
+
+
 def _delta_iv(delta):
-    delta = check_positive_scalar(delta, "delta")
+    delta = _real(check_positive_scalar, delta, "delta")
     if not delta < 1.0:
         raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
     return delta
 
 
 def _orders_iv(orders, *, ndim=1):
-    orders = check_finite_array(orders, "orders", ndim=ndim)
+    try:
+        orders = check_finite_array(orders, "orders", ndim=ndim)
+    except OverflowError:
+        raise ValueError("orders must be finite real numbers in (1, 1e6]; got an integer "
+                         "too large for float64") from None
     if np.any(orders <= 1.0):
         raise ValueError(f"orders must all be > 1 (Renyi orders alpha > 1); "
                          f"smallest is {float(np.min(orders))!r}")
+    if np.any(orders > MAX_ORDER):
+        raise ValueError(f"orders must lie in (1, {MAX_ORDER:g}]; largest is "
+                         f"{float(np.max(orders))!r}")
     return orders
 
 
@@ -86,6 +137,9 @@ def _rdp_iv(orders, rdp):
     orders = _orders_iv(orders)
     try:
         rdp = np.asarray(rdp, dtype=np.float64)
+    except OverflowError:
+        raise ValueError("rdp must be >= 0 (+inf allowed); got an integer too large for "
+                         "float64") from None
     except (TypeError, ValueError) as exc:
         raise TypeError("rdp must be an array of real numbers") from exc
     if rdp.shape != orders.shape:
@@ -96,8 +150,8 @@ def _rdp_iv(orders, rdp):
 
 
 def _rounds_iv(n_iterations, sync_gap):
-    n_iterations = check_int_scalar(n_iterations, "n_iterations", minimum=1)
-    sync_gap = check_int_scalar(sync_gap, "sync_gap", minimum=1)
+    n_iterations = _count(n_iterations, "n_iterations")
+    sync_gap = _count(sync_gap, "sync_gap")
     if n_iterations % sync_gap:
         raise ValueError(f"n_iterations must be a multiple of sync_gap (T/tau synchronization "
                          f"rounds), got n_iterations={n_iterations}, sync_gap={sync_gap}")
@@ -105,7 +159,7 @@ def _rounds_iv(n_iterations, sync_gap):
 
 
 def _sampled_iv(n_sampled, n_clients):
-    n_sampled = check_int_scalar(n_sampled, "n_sampled", minimum=1)
+    n_sampled = _count(n_sampled, "n_sampled")
     if n_sampled > n_clients:
         raise ValueError(f"n_sampled must be an integer in [1, n_clients={n_clients}], "
                          f"got {n_sampled}")
@@ -114,14 +168,12 @@ def _sampled_iv(n_sampled, n_clients):
 
 def _blocks_iv(clip_mu, noise_mu, clip_psi, noise_psi):
     """Return [(C, sigma), ...]: one block (concatenated variant) or two (mu and psi)."""
-    blocks = [(check_positive_scalar(clip_mu, "clip_mu"),
-               check_positive_scalar(noise_mu, "noise_mu"))]
+    blocks = [(_scale(clip_mu, "clip_mu"), _scale(noise_mu, "noise_mu"))]
     if (clip_psi is None) != (noise_psi is None):
         raise ValueError("clip_psi and noise_psi must be given together (separate clipping of "
                          "psi) or both be None (concatenated [h; k] variant, spec D.9.6)")
     if clip_psi is not None:
-        blocks.append((check_positive_scalar(clip_psi, "clip_psi"),
-                       check_positive_scalar(noise_psi, "noise_psi")))
+        blocks.append((_scale(clip_psi, "clip_psi"), _scale(noise_psi, "noise_psi")))
     return blocks
 
 
@@ -201,12 +253,13 @@ def theorem7_rdp(orders, *, n_clients, n_sampled, n_iterations, sync_gap, clip_m
     """
     scalar = np.ndim(orders) == 0
     orders = _orders_iv(orders, ndim=(0, 1))
-    n_clients = check_int_scalar(n_clients, "n_clients", minimum=1)
+    n_clients = _count(n_clients, "n_clients")
     n_sampled = _sampled_iv(n_sampled, n_clients)
     n_rounds, _ = _rounds_iv(n_iterations, sync_gap)
     blocks = _blocks_iv(clip_mu, noise_mu, clip_psi, noise_psi)
+    # (c/s)^2 rather than c^2/s^2: in the accepted ranges nothing overflows.
     per_alpha = ((n_sampled / n_clients) ** 2 * 6.0 * n_rounds
-                 * sum(c**2 / (n_sampled * s**2) for c, s in blocks))
+                 * sum((c / s) ** 2 / n_sampled for c, s in blocks))
     rdp = per_alpha * orders
     return float(rdp) if scalar else rdp
 
@@ -305,11 +358,12 @@ def rdp_to_delta(orders, rdp, epsilon):
 
     Notes
     -----
-    Delegated to ``dp_accounting.rdp.compute_delta``: its bound
+    The same computation as ``dp_accounting.rdp.compute_delta``, whose bound
     (a - 1)(r - eps + log1p(-1/a)) - log a is the logarithm of the printed
     formula (expand (1 - 1/a)^a / (a - 1)). As for :func:`rdp_to_epsilon`, it
     skips orders <= 1.01, also takes the KL bound sqrt(1 - exp(-r)), and caps
-    delta at 1.
+    delta at 1. It is written out (and tested against dp-accounting) because
+    dp-accounting fails on RDP values below 1.1e-16.
 
     Examples
     --------
@@ -321,9 +375,25 @@ def rdp_to_delta(orders, rdp, epsilon):
     (1.3182, '1e-05')
     """
     orders, rdp = _rdp_iv(orders, rdp)
-    epsilon = check_positive_scalar(epsilon, "epsilon")
-    delta, _ = rdp_privacy_accountant.compute_delta(orders, rdp, epsilon)
-    return float(delta)
+    epsilon = _epsilon_iv(epsilon)
+    return _lemma2_delta(orders, rdp, epsilon)
+
+
+def _lemma2_delta(orders, rdp, epsilon):
+    """dp-accounting's ``compute_delta``, written out so that tiny RDP values work.
+
+    Written by hand because dp-accounting 0.6 evaluates the KL bound as
+    0.5 log1p(-exp(-r)), which raises "math domain error" for 0 < r < 1.1e-16
+    (exp(-r) rounds to 1); -expm1(-r) is the same quantity without that flaw.
+    Same bounds otherwise: KL for every order, Lemma 2 for orders > 1.01,
+    minimum over orders, capped at 1.
+    """
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        kl = np.where(rdp > 0, 0.5 * np.log(-np.expm1(-rdp)), -np.inf)
+        lemma2 = ((orders - 1.0) * (rdp - epsilon + np.log1p(-1.0 / orders))
+                  - np.log(orders))
+    log_delta = np.where(orders > 1.01, np.minimum(kl, lemma2), kl)
+    return float(min(math.exp(float(np.min(log_delta))), 1.0))
 
 
 # --------------------------------------------------------------------------- mechanism model
@@ -378,15 +448,16 @@ def dp_adaped_noise_multiplier(*, n_sampled, sync_gap, clip_mu, noise_mu, clip_p
     5.244044
     """
     check_choice(trust, "trust", _TRUSTS)
-    n_sampled = check_int_scalar(n_sampled, "n_sampled", minimum=1)
-    sync_gap = check_int_scalar(sync_gap, "sync_gap", minimum=1)
+    n_sampled = _count(n_sampled, "n_sampled")
+    sync_gap = _count(sync_gap, "sync_gap")
     blocks = _blocks_iv(clip_mu, noise_mu, clip_psi, noise_psi)
     return _noise_multiplier(n_sampled if trust == "aggregator" else 1, sync_gap, blocks)
 
 
 def _noise_multiplier(n_noise, sync_gap, blocks):
-    inv_sq = sum((sync_gap * c) ** 2 / (n_noise * sync_gap * s**2) for c, s in blocks)
-    return float(inv_sq**-0.5)
+    """z = (sum_j z_j^-2)^(-1/2), z_j = s_j sqrt(n_noise tau)/(tau C_j), via hypot (no overflow)."""
+    scale = math.sqrt(n_noise / sync_gap)
+    return float(1.0 / math.hypot(*(c / (s * scale) for c, s in blocks)))
 
 
 def _relation(sampling, trust):
@@ -396,42 +467,73 @@ def _relation(sampling, trust):
     return NeighboringRelation.REPLACE_ONE
 
 
+def _theorem27_order2(q, z):
+    """RDP at order 2 of a Gaussian (std/sensitivity z) subsampled without replacement.
+
+    Wang, Balle and Kasiviswanathan (2019), Theorem 27 at alpha = 2, written
+    out independently of dp-accounting: with eps(2) = 1/z^2 the bound is
+    log(1 + q^2 min(4 (e^eps(2) - 1), 2 e^eps(2))).
+    """
+    e2 = 1.0 / z**2
+    return math.log1p(q * q * min(4.0 * math.expm1(e2), 2.0 * math.exp(e2)))
+
+
 @functools.cache
-def _rdp_replace_one_factor():
-    """Factor by which to scale noise multipliers for dp-accounting's RDP accountant.
+def _rdp_replace_one_factors():
+    """Per event kind, the factor by which to scale noise multipliers for the RDP accountant.
 
     ``GaussianDpEvent`` documents noise_multiplier as std / (per-record norm
     bound), so under REPLACE_ONE the sensitivity is twice that bound; but the
     RDP accountant of dp-accounting 0.6.0 reads it as std / (L2 sensitivity)
-    for both ``GaussianDpEvent`` and ``SampledWithoutReplacementDpEvent``
     (google/differential-privacy#378; the PLD accountant follows the
-    docstring). Probe which reading the installed version uses.
+    docstring). The reading is probed for each event kind the correction is
+    applied to, against closed forms computed here: the unsampled Gaussian
+    (RDP alpha/(2 z^2)) and, for sampling without replacement, Theorem 27 of
+    Wang, Balle and Kasiviswanathan at alpha = 2 (:func:`_theorem27_order2`).
     """
-    acc = rdp_privacy_accountant.RdpAccountant([2.0], NeighboringRelation.REPLACE_ONE)
-    acc.compose(dp_event.GaussianDpEvent(1.0))
-    rdp = float(acc.rdp[0])
-    if math.isclose(rdp, 1.0):   # alpha/(2 z^2): z read as std / sensitivity
-        return 0.5
-    if math.isclose(rdp, 4.0):   # alpha (2)^2/(2 z^2): z read as std / norm bound
-        return 1.0
-    raise RuntimeError(f"unexpected RDP {rdp} of GaussianDpEvent(1) at order 2 under "
-                       "REPLACE_ONE in the installed dp-accounting")
+    def probe(event, as_sensitivity, as_norm_bound):
+        acc = rdp_privacy_accountant.RdpAccountant([2.0], NeighboringRelation.REPLACE_ONE)
+        acc.compose(event)
+        rdp = float(acc.rdp[0])
+        if math.isclose(rdp, as_sensitivity, rel_tol=1e-9):   # z read as std / sensitivity
+            return 0.5
+        if math.isclose(rdp, as_norm_bound, rel_tol=1e-9):    # z read as std / norm bound
+            return 1.0
+        raise RuntimeError(f"unexpected RDP {rdp} of {event!r} at order 2 under REPLACE_ONE "
+                           f"in the installed dp-accounting (expected {as_sensitivity} or "
+                           f"{as_norm_bound})")
+
+    gauss = dp_event.GaussianDpEvent(1.0)
+    sampled = dp_event.SampledWithoutReplacementDpEvent(4, 2, gauss)
+    return {
+        dp_event.GaussianDpEvent: probe(gauss, 1.0, 4.0),
+        dp_event.SampledWithoutReplacementDpEvent: probe(
+            sampled, _theorem27_order2(0.5, 1.0), _theorem27_order2(0.5, 0.5)),
+    }
 
 
-def _scale_gaussians(event, factor):
-    """Copy of ``event`` with every GaussianDpEvent noise multiplier times ``factor``."""
+def _scale_gaussians(event, factors, kind=dp_event.GaussianDpEvent):
+    """Copy of ``event`` with each GaussianDpEvent's noise multiplier times its factor.
+
+    ``factors[kind]`` applies, ``kind`` being the innermost sampling event
+    around the Gaussian (``GaussianDpEvent`` itself when unsampled).
+    """
     if isinstance(event, dp_event.GaussianDpEvent):
-        return dp_event.GaussianDpEvent(event.noise_multiplier * factor)
+        return dp_event.GaussianDpEvent(event.noise_multiplier * factors[kind])
     if isinstance(event, dp_event.SelfComposedDpEvent):
-        return dp_event.SelfComposedDpEvent(_scale_gaussians(event.event, factor), event.count)
+        return dp_event.SelfComposedDpEvent(_scale_gaussians(event.event, factors, kind),
+                                            event.count)
     if isinstance(event, dp_event.ComposedDpEvent):
-        return dp_event.ComposedDpEvent([_scale_gaussians(e, factor) for e in event.events])
-    if isinstance(event, dp_event.PoissonSampledDpEvent):
-        return dp_event.PoissonSampledDpEvent(event.sampling_probability,
-                                              _scale_gaussians(event.event, factor))
+        return dp_event.ComposedDpEvent([_scale_gaussians(e, factors, kind)
+                                         for e in event.events])
     if isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
         return dp_event.SampledWithoutReplacementDpEvent(
-            event.source_dataset_size, event.sample_size, _scale_gaussians(event.event, factor))
+            event.source_dataset_size, event.sample_size,
+            _scale_gaussians(event.event, factors, dp_event.SampledWithoutReplacementDpEvent))
+    if isinstance(event, dp_event.PoissonSampledDpEvent):
+        # dp-accounting's RDP accountant refuses Poisson sampling under REPLACE_ONE, so no
+        # factor is ever needed (or probed) for it.
+        raise ValueError("PoissonSampledDpEvent is not supported under REPLACE_ONE")
     return event
 
 
@@ -515,7 +617,8 @@ class DPAdaPeDAccountant:
     orders : array_like of shape (n_orders,), default=None
         RDP orders (> 1); None uses :data:`DEFAULT_ORDERS`. RDP only.
     value_discretization_interval : float, default=1e-4
-        PLD discretization (> 0). PLD only.
+        PLD discretization, in [1e-8, 1]. PLD only; :meth:`step` refuses rounds
+        whose grid would exceed 5e7 points (tiny noise multipliers).
 
     Attributes
     ----------
@@ -586,13 +689,17 @@ class DPAdaPeDAccountant:
 
     def __init__(self, n_clients, *, sampling="without_replacement", trust="aggregator",
                  accountant="rdp", orders=None, value_discretization_interval=1e-4):
-        self.n_clients = check_int_scalar(n_clients, "n_clients", minimum=1)
+        self.n_clients = _count(n_clients, "n_clients")
         self.sampling = check_choice(sampling, "sampling", _SAMPLINGS)
         self.trust = check_choice(trust, "trust", _TRUSTS)
         self.accountant = check_choice(accountant, "accountant", _ACCOUNTANTS)
         self.orders = _orders_iv(DEFAULT_ORDERS if orders is None else orders)
-        self.value_discretization_interval = check_positive_scalar(
-            value_discretization_interval, "value_discretization_interval")
+        vdi = _real(check_positive_scalar, value_discretization_interval,
+                    "value_discretization_interval")
+        if not VDI_RANGE[0] <= vdi <= VDI_RANGE[1]:
+            raise ValueError(f"value_discretization_interval must lie in [{VDI_RANGE[0]:g}, "
+                             f"{VDI_RANGE[1]:g}], got {vdi!r}")
+        self.value_discretization_interval = vdi
         self.neighboring_relation = _relation(self.sampling, self.trust)
         self.history = []
         self._cache = (None, None)   # (recorded history, composed dp-accounting accountant)
@@ -607,7 +714,7 @@ class DPAdaPeDAccountant:
         ``n_rounds`` (int >= 1). ``n_sampled`` must lie in [1, n_clients].
         """
         n_sampled = _sampled_iv(n_sampled, self.n_clients)
-        n_rounds = check_int_scalar(n_rounds, "n_rounds", minimum=1)
+        n_rounds = _count(n_rounds, "n_rounds")
         z = dp_adaped_noise_multiplier(n_sampled=n_sampled, sync_gap=sync_gap, clip_mu=clip_mu,
                                        noise_mu=noise_mu, clip_psi=clip_psi,
                                        noise_psi=noise_psi, trust=self.trust)
@@ -618,12 +725,33 @@ class DPAdaPeDAccountant:
                 f"n_sampled={n_sampled} < n_clients={self.n_clients}: dp-accounting's "
                 "PLDAccountant has no SampledWithoutReplacementDpEvent; use accountant='rdp' "
                 "or sampling='poisson'")
+        if self.accountant == "pld":
+            self._check_pld_size(z)
         last = self.history[-1] if self.history else None
         if last is not None and (last.noise_multiplier, last.n_sampled) == (z, n_sampled):
             self.history[-1] = RoundRecord(z, n_sampled, rate, last.n_rounds + n_rounds)
         else:
             self.history.append(RoundRecord(z, n_sampled, rate, n_rounds))
         return self
+
+    def _check_pld_size(self, z):
+        """Refuse a PLD grid too large to build (dp-accounting would run out of memory).
+
+        With sensitivity D in units of the norm bound (2 under REPLACE_ONE, else
+        1), the privacy loss of a Gaussian of noise multiplier z is linear in
+        the output and spans about (2 t + D/z) D/z over the kept tails
+        (t = 8.3 standard deviations); the grid has that span over the
+        discretization interval points.
+        """
+        ratio = (2.0 if self.neighboring_relation is NeighboringRelation.REPLACE_ONE
+                 else 1.0) / z
+        points = (2.0 * 8.3 + ratio) * ratio / self.value_discretization_interval
+        if points > MAX_PLD_POINTS:
+            raise ValueError(
+                f"accountant='pld' would need about {points:.2g} grid points per round for "
+                f"noise multiplier z={z:.3g}: raise the noise (noise_mu/noise_psi), raise "
+                f"value_discretization_interval (now {self.value_discretization_interval:g}), "
+                f"or use accountant='rdp'")
 
     @property
     def n_rounds(self):
@@ -662,7 +790,7 @@ class DPAdaPeDAccountant:
             acc = rdp_privacy_accountant.RdpAccountant(self.orders, self.neighboring_relation)
             event = self.event
             if self.neighboring_relation is NeighboringRelation.REPLACE_ONE:
-                event = _scale_gaussians(event, _rdp_replace_one_factor())
+                event = _scale_gaussians(event, _rdp_replace_one_factors())
         else:
             acc = pld_privacy_accountant.PLDAccountant(
                 self.neighboring_relation, self.value_discretization_interval)
@@ -686,8 +814,11 @@ class DPAdaPeDAccountant:
 
     def get_delta(self, epsilon):
         """Delta of the recorded run for ``epsilon`` > 0."""
-        epsilon = check_positive_scalar(epsilon, "epsilon")
-        return float(self._composed().get_delta(epsilon))
+        epsilon = _epsilon_iv(epsilon)
+        acc = self._composed()
+        if self.accountant == "rdp":   # Lemma 2 on the composed curve (see rdp_to_delta)
+            return _lemma2_delta(self.orders, np.asarray(acc.rdp, dtype=np.float64), epsilon)
+        return float(acc.get_delta(epsilon))
 
     def get_privacy_spent(self, delta):
         """Epsilon for ``delta`` in (0, 1), with the RDP curve and optimal order.
@@ -734,7 +865,7 @@ def dp_adaped_epsilon(delta, *, n_clients, n_sampled, n_iterations, sync_gap, cl
     >>> round(res.epsilon, 2), res.neighboring_relation, res.n_rounds
     (4.77, 'add_or_remove_one', 240)
     """
-    n_clients = check_int_scalar(n_clients, "n_clients", minimum=1)
+    n_clients = _count(n_clients, "n_clients")
     n_sampled = _sampled_iv(n_sampled, n_clients)
     n_rounds, sync_gap = _rounds_iv(n_iterations, sync_gap)
     acc = DPAdaPeDAccountant(n_clients, sampling=sampling, trust=trust, accountant=accountant,
