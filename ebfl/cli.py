@@ -2,14 +2,24 @@
 ``hapt``, ...
 
 Every subcommand accepts ``--json`` and then prints exactly one JSON object on
-stdout; otherwise it prints a readable table.
+stdout; otherwise it prints a readable table. A user's mistake (a missing or
+corrupted file, a wrong column, a bad option value) prints one line
+``error: ...`` on stderr, nothing on stdout, and exits with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import lzma
+import math
+import os
+import pickle
 import sys
+import tarfile
+import zipfile
+import zlib
+from pathlib import Path
 
 import numpy as np
 
@@ -43,8 +53,6 @@ def _emit(args, payload, render):
 def _save_figure(args, plot, payload, name):
     """Save ``plot(payload, path)`` as ``--plot DIR/name`` (if asked); the paths in the payload."""
     if args.plot:
-        from pathlib import Path
-
         Path(args.plot).mkdir(parents=True, exist_ok=True)
         payload["figures"] = [str(plot(payload, Path(args.plot) / name))]
 
@@ -111,46 +119,117 @@ def _cmd_bounds_beta(args):
 
 # ---------------------------------------------------------------------- fit
 
+#: What pandas raises for a file it cannot decompress: gzip's is an OSError without a
+#: file name (a missing or unreadable file has one and is left to ``main``).
+_CORRUPTED = (EOFError, lzma.LZMAError, zipfile.BadZipFile, zlib.error, tarfile.TarError)
+
+
 def _read_table(path):
+    """The CSV at ``path``; unparsable, undecodable or empty content is a ValueError naming it."""
     import pandas as pd
 
-    return pd.read_csv(path)
+    try:
+        frame = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{path} is empty: expected a CSV file with a header row") from None
+    except OSError as exc:
+        if exc.filename is not None:  # missing, a folder, no permission: main names the file
+            raise
+        raise ValueError(f"cannot read {path}: {exc} (truncated or corrupted file)") from None
+    except (ValueError, *_CORRUPTED) as exc:  # ParserError, UnicodeDecodeError, bad archives
+        raise ValueError(f"cannot read {path} as CSV: {exc}") from None
+    if frame.empty:
+        raise ValueError(f"{path} has a header but no data rows")
+    return frame
 
 
-def _column(frame, name):
+def _column(frame, name, option):
     if name not in frame.columns:
-        raise SystemExit(f"error: column {name!r} not in the file; columns are "
+        raise ValueError(f"{option}: column {name!r} is not in the file; its columns are "
                          f"{list(frame.columns)}")
     return frame[name]
 
 
+def _where(k):
+    """Row ``k`` (0-based) of the data, as a user finds it in the file."""
+    return f"data row {k + 1} (line {k + 2} of the file)"
+
+
+def _numeric_column(frame, name, option, *, count_from=None, positive=False):
+    """Column ``name`` as float64, or as int64 counts >= ``count_from`` when given.
+
+    The first missing, non-numeric or infinite value, and the first that breaks
+    the rule (a count, or > 0 with ``positive``), is a ValueError naming the
+    column and its row: the fits that follow cannot point into the file.
+    """
+    import pandas as pd
+
+    raw = _column(frame, name, option)
+    values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    finite = np.isfinite(values)
+    rules = []  # (rows that pass, what the value must be)
+    with np.errstate(invalid="ignore"):  # NaN compares False; np.isfinite reports it first
+        if count_from is not None:  # beyond 2**53 a float64 no longer holds every integer
+            rules.append(((values == np.round(values)) & (np.abs(values) <= 2.0**53),
+                          "an integer count"))
+            rules.append((values >= count_from, f">= {count_from}"))
+        elif positive:
+            rules.append((values > 0, "> 0"))
+    ok = np.logical_and.reduce([finite, *(passed for passed, _ in rules)])
+    if ok.all():
+        return values.astype(np.int64) if count_from is not None else values
+    k = int(np.argmin(ok))
+    cell = raw.iloc[k]
+    shown = repr(cell) if isinstance(cell, str) else str(cell)
+    if pd.isna(cell):
+        problem = "a missing value"
+    elif np.isnan(values[k]):
+        problem = f"a non-numeric value {shown}"
+    elif not finite[k]:
+        problem = f"an infinite value {shown}"
+    else:
+        need = next(what for passed, what in rules if not passed[k])
+        problem = f"the value {shown}, which must be {need},"
+    raise ValueError(f"{option}: column {name!r} has {problem} at {_where(k)}")
+
+
 def _client_ids(frame, name):
     """The client-id column; missing ids would be dropped by groupby, so refuse them."""
-    ids = _column(frame, name)
+    ids = _column(frame, name, "--client")
     if ids.isna().any():
-        raise SystemExit(f"error: column {name!r} has {int(ids.isna().sum())} missing client "
-                         "id(s)")
+        k = int(np.argmax(ids.isna().to_numpy()))
+        raise ValueError(f"--client: column {name!r} has {int(ids.isna().sum())} missing client "
+                         f"id(s), the first at {_where(k)}")
     return ids
 
 
 def _cmd_fit_beta_binomial(args):
+    import pandas as pd
+
     from ebfl.eb import beta_binomial_eb, npmle_binomial
 
     frame = _read_table(args.path)
     if args.client is not None:
         if args.value is None or len(args.value) != 1:
-            raise SystemExit("error: --client needs exactly one --value column of 0/1 outcomes")
-        values = _column(frame, args.value[0])
-        if not values.isin([0, 1]).all():
-            raise SystemExit(f"error: column {args.value[0]!r} must hold only 0 and 1")
-        grouped = values.groupby(_client_ids(frame, args.client), sort=True)
+            raise ValueError("--client needs exactly one --value column of 0/1 outcomes")
+        ids = _client_ids(frame, args.client)
+        values = _numeric_column(frame, args.value[0], "--value", count_from=0)
+        if not np.isin(values, (0, 1)).all():
+            k = int(np.argmin(np.isin(values, (0, 1))))
+            raise ValueError(f"--value: column {args.value[0]!r} must hold only 0 and 1; "
+                             f"{_where(k)} has {values[k]}")
+        grouped = pd.Series(values, index=frame.index).groupby(ids, sort=True)
         clients, z, n = grouped.sum().index, grouped.sum().to_numpy(), grouped.size().to_numpy()
     elif args.successes and args.trials:
         clients = frame.index
-        z = _column(frame, args.successes).to_numpy()
-        n = _column(frame, args.trials).to_numpy()
+        z = _numeric_column(frame, args.successes, "--successes", count_from=0)
+        n = _numeric_column(frame, args.trials, "--trials", count_from=1)
+        if (z > n).any():
+            k = int(np.argmax(z > n))
+            raise ValueError(f"--successes: column {args.successes!r} exceeds --trials column "
+                             f"{args.trials!r} ({z[k]} > {n[k]}) at {_where(k)}")
     else:
-        raise SystemExit("error: give --successes and --trials, or --client and --value")
+        raise ValueError("give --successes and --trials, or --client and --value")
     if args.method == "npmle":
         _finish_npmle(args, npmle_binomial(z, n), clients,
                       {"successes": np.asarray(z, np.int64), "trials": np.asarray(n, np.int64),
@@ -180,28 +259,28 @@ def _cmd_fit_gaussian(args):
     frame = _read_table(args.path)
     if args.client is not None:
         if not args.value:
-            raise SystemExit("error: --client needs at least one --value column")
+            raise ValueError("--client needs at least one --value column")
         if args.method == "npmle":
-            raise SystemExit("error: --method npmle needs --mean and --se (one row per client)")
-        _client_ids(frame, args.client)
-        frame = frame.sort_values(args.client, kind="stable")
-        counts = frame.groupby(args.client, sort=True).size()
-        values = np.column_stack([_column(frame, v).to_numpy(float) for v in args.value])
+            raise ValueError("--method npmle needs --mean and --se (one row per client)")
+        ids = _client_ids(frame, args.client)
+        values = np.column_stack([_numeric_column(frame, v, "--value") for v in args.value])
+        order = ids.reset_index(drop=True).sort_values(kind="stable").index.to_numpy()
+        counts = ids.iloc[order].groupby(ids.iloc[order], sort=True).size()
+        values = values[order]
         data = Ragged.from_counts(values if values.shape[1] > 1 else values[:, 0],
                                   counts.to_numpy())
         res = gaussian_eb_samples(data, sigma_x=args.sigma_x, method=args.method)
         clients = list(counts.index)
-    elif args.mean and args.se and args.method == "npmle":
-        x = _column(frame, args.mean).to_numpy(float)
-        _finish_npmle(args, npmle_normal(x, _column(frame, args.se).to_numpy(float)),
-                      list(frame.index), {"local": x}, "gaussian")
-        return
     elif args.mean and args.se:
-        res = gaussian_eb(_column(frame, args.mean).to_numpy(float),
-                          _column(frame, args.se).to_numpy(float), method=args.method)
+        x = _numeric_column(frame, args.mean, "--mean")
+        s = _numeric_column(frame, args.se, "--se", positive=True)
+        if args.method == "npmle":
+            _finish_npmle(args, npmle_normal(x, s), list(frame.index), {"local": x}, "gaussian")
+            return
+        res = gaussian_eb(x, s, method=args.method)
         clients = list(frame.index)
     else:
-        raise SystemExit("error: give --mean and --se, or --client and --value")
+        raise ValueError("give --mean and --se, or --client and --value")
     lower, upper = res.posterior.interval(args.level)
     mean = res.posterior.mean
     if mean.ndim == 1:
@@ -241,7 +320,11 @@ def _finish_fit(args, summary, table):
 
     out = pd.DataFrame(table)
     if args.output:
-        out.to_csv(args.output, index=False)
+        try:
+            out.to_csv(args.output, index=False)
+        except OSError as exc:  # checked beforehand, but a disk can fill or refuse
+            raise OSError(f"--output {args.output}: cannot write it "
+                          f"({exc.strerror or exc})") from None
         summary["output"] = args.output
 
     def render(p):
@@ -257,8 +340,6 @@ def _finish_fit(args, summary, table):
 # ---------------------------------------------------------- private-bernoulli
 
 def _cmd_private_bernoulli(args):
-    from pathlib import Path
-
     from ebfl.privacy.sweep import (
         DEFAULT_EPSILONS,
         plot_private_bernoulli,
@@ -474,17 +555,17 @@ def _neural_arguments(parser, *, plot):
                         choices=["mnist", "femnist", "fashion-mnist", "hapt"])
     parser.add_argument("--femnist-root", metavar="DIR",
                         help="LEAF FEMNIST directory with train/ and test/ (default: data home)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=_integer(0), default=0)
     parser.add_argument("--quick", action="store_true", help="10 rounds, one evaluation")
     parser.add_argument("--plot", metavar="DIR", help=f"save {plot} there")
     _add_json(parser)
 
 
 def _privacy_arguments(parser, *, noise_default, clip_help):
-    parser.add_argument("--noise", type=float, action="append",
+    parser.add_argument("--noise", type=_positive, action="append",
                         help=f"noise multiplier sigma/C (repeat; default {noise_default})")
-    parser.add_argument("--clip", type=float, default=1.0, help=f"{clip_help} (default 1)")
-    parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument("--clip", type=_positive, default=1.0, help=f"{clip_help} (default 1)")
+    parser.add_argument("--delta", type=_open_unit, default=1e-5)
 
 
 def _cmd_reproduce_adaped(args):
@@ -566,9 +647,11 @@ def _cmd_reproduce_adaped_fedem(args):
 # --------------------------------------------------------------------- hapt
 
 def _cmd_hapt(args):
-    from ebfl.datasets import hapt_windows, load_hapt_raw
+    from ebfl._validation import check_choice
+    from ebfl.datasets import ACTIVITIES, hapt_windows, load_hapt_raw
     from ebfl.experiments.hapt import hapt_logistic, plot_hapt
 
+    check_choice(args.positive, "--positive", set(ACTIVITIES.values()))  # before the slow load
     windows = hapt_windows(load_hapt_raw(args.data, download=args.download,
                                          progress=not args.json))
     payload = hapt_logistic(positive=args.positive, quick=args.quick, windows=windows,
@@ -592,29 +675,83 @@ def _cmd_hapt(args):
 
 # ------------------------------------------------------------------- parser
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one ``error: ...`` line and exit status 2, like
+    every other user mistake (argparse would print the usage block first)."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+
+def _shown(text):
+    """An option's text as quoted in an error, cut short (``int`` accepts 4,300 digits)."""
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def _integer(minimum):
+    """argparse type: an integer >= ``minimum``."""
+    def integer(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"must be an integer >= {minimum}, got {_shown(text)}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
+        return value
+    return integer
+
+
+def _real(text):
+    """argparse type: a finite number (``1e400`` overflows to inf and is refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {_shown(text)}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {_shown(text)}")
+    return value
+
+
+def _positive(text):
+    """argparse type: a finite number > 0."""
+    value = _real(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {value:g}")
+    return value
+
+
+def _open_unit(text):
+    """argparse type: a number in the open interval (0, 1) (a level, a delta)."""
+    value = _real(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must lie in (0, 1), got {value:g}")
+    return value
+
+
 def build_parser():
     """The argparse parser of ``ebfl``."""
-    parser = argparse.ArgumentParser(prog="ebfl", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="ebfl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     bounds = sub.add_parser("bounds", help="closed-form MSEs and bounds").add_subparsers(
         dest="model", required=True)
     g = bounds.add_parser("gaussian", help="Theorem 1 and the local/global/oracle MSEs")
-    g.add_argument("--m", type=int, required=True, help="number of clients")
-    g.add_argument("--n", type=int, required=True, help="samples per client")
-    g.add_argument("--sigma-theta", type=float, required=True)
-    g.add_argument("--sigma-x", type=float, required=True)
-    g.add_argument("--d", type=int, default=1, help="dimension (default 1)")
-    g.add_argument("--k-bits", type=int, help="Theorem 2: k-bit stochastic quantizer")
-    g.add_argument("--epsilon", type=float, help="Theorem 2: Gaussian LDP mechanism epsilon")
-    g.add_argument("--delta", type=float, help="Theorem 2: Gaussian LDP mechanism delta")
-    g.add_argument("--r", type=float, help="Theorem 2: |mu| <= r per coordinate (sets b)")
+    g.add_argument("--m", type=_integer(2), required=True, help="number of clients")
+    g.add_argument("--n", type=_integer(1), required=True, help="samples per client")
+    g.add_argument("--sigma-theta", type=_real, required=True)
+    g.add_argument("--sigma-x", type=_positive, required=True)
+    g.add_argument("--d", type=_integer(1), default=1, help="dimension (default 1)")
+    g.add_argument("--k-bits", type=_integer(1), help="Theorem 2: k-bit stochastic quantizer")
+    g.add_argument("--epsilon", type=_positive, help="Theorem 2: Gaussian LDP mechanism epsilon")
+    g.add_argument("--delta", type=_open_unit, help="Theorem 2: Gaussian LDP mechanism delta")
+    g.add_argument("--r", type=_positive, help="Theorem 2: |mu| <= r per coordinate (sets b)")
     _add_json(g)
     g.set_defaults(func=_cmd_bounds_gaussian)
     b = bounds.add_parser("beta", help="known Beta prior: posterior and local MSE")
-    b.add_argument("--alpha", type=float, required=True)
-    b.add_argument("--beta", type=float, required=True)
-    b.add_argument("--n", type=int, required=True, help="trials per client")
+    b.add_argument("--alpha", type=_real, required=True)
+    b.add_argument("--beta", type=_real, required=True)
+    b.add_argument("--n", type=_integer(1), required=True, help="trials per client")
     _add_json(b)
     b.set_defaults(func=_cmd_bounds_beta)
 
@@ -632,14 +769,15 @@ def build_parser():
     fg.add_argument("path", help="CSV file")
     fg.add_argument("--mean", help="column of client means (one row per client)")
     fg.add_argument("--se", help="column of their standard errors")
-    fg.add_argument("--sigma-x", type=float, help="known noise sd (raw samples; else pooled)")
+    fg.add_argument("--sigma-x", type=_positive,
+                    help="known noise sd (raw samples; else pooled)")
     fg.add_argument("--method", default="mle", choices=["mle", "moments", "npmle"],
                     help="prior fit; npmle = nonparametric prior on a grid (with --mean/--se)")
     for p in (fb, fg):
         p.add_argument("--client", help="client id column (one row per observation)")
         p.add_argument("--value", action="append",
                        help="observation column (with --client; repeat for d > 1)")
-        p.add_argument("--level", type=float, default=0.95, help="credible level")
+        p.add_argument("--level", type=_open_unit, default=0.95, help="credible level")
         p.add_argument("--output", help="write per-client estimates to this CSV")
         _add_json(p)
     fb.set_defaults(func=_cmd_fit_beta_binomial)
@@ -647,12 +785,13 @@ def build_parser():
 
     pb = sub.add_parser("private-bernoulli",
                         help="paper's vs corrected private Bernoulli EB across epsilon")
-    pb.add_argument("--alpha", type=float, default=2.0)
-    pb.add_argument("--beta", type=float, default=2.0)
-    pb.add_argument("--clients", type=int, default=10_000)
-    pb.add_argument("--n", type=int, default=14)
-    pb.add_argument("--epsilon", type=float, action="append", help="repeat; default: a grid")
-    pb.add_argument("--seed", type=int, default=0)
+    pb.add_argument("--alpha", type=_real, default=2.0)
+    pb.add_argument("--beta", type=_real, default=2.0)
+    pb.add_argument("--clients", type=_integer(1), default=10_000)
+    pb.add_argument("--n", type=_integer(1), default=14)
+    pb.add_argument("--epsilon", type=_positive, action="append",
+                    help="repeat; default: a grid")
+    pb.add_argument("--seed", type=_integer(0), default=0)
     pb.add_argument("--plot", metavar="DIR", help="save private_bernoulli.png there")
     _add_json(pb)
     pb.set_defaults(func=_cmd_private_bernoulli)
@@ -660,15 +799,19 @@ def build_parser():
     acc = sub.add_parser("accounting", help="privacy accounting").add_subparsers(
         dest="algorithm", required=True)
     ad = acc.add_parser("dp-adaped", help="Theorem 7 epsilon beside a correct accountant")
-    ad.add_argument("--m", type=int, required=True, help="number of clients")
-    ad.add_argument("--k", type=int, required=True, help="clients sampled per round")
-    ad.add_argument("--iterations", type=int, required=True, help="T local iterations in all")
-    ad.add_argument("--sync-gap", type=int, required=True, help="tau, iterations per round")
-    ad.add_argument("--clip", type=float, required=True, help="C1, clip norm of the mu update")
-    ad.add_argument("--noise", type=float, required=True, help="sigma_q1, noise sd on mu")
-    ad.add_argument("--clip-psi", type=float, help="C2 (omit for the concatenated variant)")
-    ad.add_argument("--noise-psi", type=float, help="sigma_q2")
-    ad.add_argument("--delta", type=float, default=1e-5)
+    ad.add_argument("--m", type=_integer(1), required=True, help="number of clients")
+    ad.add_argument("--k", type=_integer(1), required=True, help="clients sampled per round")
+    ad.add_argument("--iterations", type=_integer(1), required=True,
+                    help="T local iterations in all")
+    ad.add_argument("--sync-gap", type=_integer(1), required=True,
+                    help="tau, iterations per round")
+    ad.add_argument("--clip", type=_positive, required=True,
+                    help="C1, clip norm of the mu update")
+    ad.add_argument("--noise", type=_positive, required=True, help="sigma_q1, noise sd on mu")
+    ad.add_argument("--clip-psi", type=_positive,
+                    help="C2 (omit for the concatenated variant)")
+    ad.add_argument("--noise-psi", type=_positive, help="sigma_q2")
+    ad.add_argument("--delta", type=_open_unit, default=1e-5)
     ad.add_argument("--sampling", default="without_replacement",
                     choices=["without_replacement", "poisson"])
     ad.add_argument("--accountant", default="rdp", choices=["rdp", "pld"])
@@ -681,9 +824,10 @@ def build_parser():
     val = sub.add_parser("validate", help="Monte Carlo checks of the paper's theorems")
     val.add_argument("names", nargs="*", metavar="NAME",
                      help=f"checks to run (default all): {', '.join(CHECKS)}")
-    val.add_argument("--reps", type=int, help="replicates per check (default: per check)")
+    val.add_argument("--reps", type=_integer(2),
+                     help="replicates per check (default: per check)")
     val.add_argument("--quick", action="store_true", help="fewer replicates")
-    val.add_argument("--seed", type=int, default=0)
+    val.add_argument("--seed", type=_integer(0), default=0)
     val.add_argument("--plot", metavar="DIR", help="save sweep figures (MC vs formula) there")
     _add_json(val)
     val.set_defaults(func=_cmd_validate)
@@ -692,7 +836,7 @@ def build_parser():
         dest="experiment", required=True)
     est = rep.add_parser("estimation", help="E1 (Bernoulli) and E8 (private Gaussian)")
     est.add_argument("--quick", action="store_true", help="fewer runs (same m)")
-    est.add_argument("--seed", type=int, default=0)
+    est.add_argument("--seed", type=_integer(0), default=0)
     est.add_argument("--plot", metavar="DIR", help="save the E8 figure there")
     _add_json(est)
     est.set_defaults(func=_cmd_reproduce_estimation)
@@ -701,16 +845,16 @@ def build_parser():
     el.add_argument("--data", metavar="PATH",
                     help="local countypres_2000-2020.csv[.gz|.xz] (default: the data home)")
     el.add_argument("--no-verify", action="store_true", help="skip the sha256 check of --data")
-    el.add_argument("--epsilon", type=float, action="append",
+    el.add_argument("--epsilon", type=_positive, action="append",
                     help="LDP level of the private variants (repeat; default 1 and 5)")
-    el.add_argument("--seed", type=int, default=0)
+    el.add_argument("--seed", type=_integer(0), default=0)
     el.add_argument("--plot", metavar="DIR", help="save the shrinkage and per-fold figures")
     _add_json(el)
     el.set_defaults(func=_cmd_election)
 
     reg = rep.add_parser("regression", help="E3: personalized linear regression")
     reg.add_argument("--quick", action="store_true", help="m = 1000, one run, fewer rounds")
-    reg.add_argument("--seed", type=int, default=0)
+    reg.add_argument("--seed", type=_integer(0), default=0)
     reg.add_argument("--plot", metavar="DIR", help="save the E3 figure there")
     _add_json(reg)
     reg.set_defaults(func=_cmd_reproduce_regression)
@@ -718,7 +862,8 @@ def build_parser():
     ada = rep.add_parser("adaped", help="Table 1: AdaPeD vs personalized-FL baselines (torch)")
     _neural_arguments(ada, plot="the accuracy-per-round figure")
     ada.add_argument("--methods", nargs="+", metavar="NAME", help="subset of the methods")
-    ada.add_argument("--seeds", type=int, default=1, help="runs (seeds seed, seed+1, ...)")
+    ada.add_argument("--seeds", type=_integer(1), default=1,
+                     help="runs (seeds seed, seed+1, ...)")
     ada.set_defaults(func=_cmd_reproduce_adaped)
 
     dpa = rep.add_parser("dp-adaped", help="Figures 1-3: DP-AdaPeD accuracy against epsilon")
@@ -734,7 +879,8 @@ def build_parser():
     _privacy_arguments(e7, noise_default="1 4 16", clip_help="C")
     e7.add_argument("--non-private", action="store_true",
                     help="only the non-private pair (the paper's 99.04 vs 98.90 on MNIST)")
-    e7.add_argument("--seeds", type=int, default=1, help="runs (seeds seed, seed+1, ...)")
+    e7.add_argument("--seeds", type=_integer(1), default=1,
+                    help="runs (seeds seed, seed+1, ...)")
     e7.set_defaults(func=_cmd_reproduce_adaped_fedem)
 
     hapt = sub.add_parser("hapt", help="personalized logistic regression, 30 smartphone users")
@@ -751,20 +897,83 @@ def build_parser():
     hapt.set_defaults(func=_cmd_hapt)
 
     demo = sub.add_parser("demo", help="simulate the paper's settings, compare with theory")
-    demo.add_argument("--clients", type=int, default=10_000)
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--clients", type=_integer(2), default=10_000)
+    demo.add_argument("--seed", type=_integer(0), default=0)
     _add_json(demo)
     demo.set_defaults(func=_cmd_demo)
     return parser
 
 
+# ------------------------------------------------------------- the boundary
+
+#: What a user's mistake raises: a bad value (ValueError, TypeError), a file that is
+#: missing, unreadable or a folder (OSError), a number too large to compute with
+#: (OverflowError, MemoryError), a corrupted archive that a library let through
+#: unwrapped. Anything else (AssertionError, KeyError, ...) is a bug of ours and
+#: keeps its traceback.
+_USER_ERRORS = (ValueError, TypeError, OSError, OverflowError, MemoryError, EOFError,
+                lzma.LZMAError, zipfile.BadZipFile, zlib.error, pickle.UnpicklingError)
+
+
+def _one_line(exc):
+    """The message of a user error, on one line; an OSError names its file."""
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        text = f"{exc.filename}: {exc.strerror}"
+    elif isinstance(exc, MemoryError):
+        text = f"not enough memory for these options ({exc})"
+    elif isinstance(exc, OverflowError):  # math's carry (errno, message) as their args
+        text = f"a number is too large for these options ({exc.args[-1] if exc.args else exc})"
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(text.split())
+
+
+def _check_output_file(path, option):
+    """``path`` can be written: not a folder, in an existing, writable folder."""
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"{option} {path} is a folder; give a file name")
+    if not target.parent.is_dir():
+        raise ValueError(f"{option} {path}: the folder {target.parent} does not exist")
+    if not os.access(target.parent, os.W_OK) or (target.exists()
+                                                 and not os.access(target, os.W_OK)):
+        raise ValueError(f"{option} {path} is not writable")
+
+
+def _check_output_folder(path, option):
+    """``path`` is a writable folder, or can be made one in an existing folder."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{option} {path} exists and is not a folder")
+    if not folder.exists() and not folder.parent.is_dir():
+        raise ValueError(f"{option} {path}: its parent folder {folder.parent} does not exist")
+    if not os.access(folder if folder.exists() else folder.parent, os.W_OK):
+        raise ValueError(f"{option} {path} is not writable")
+
+
+def _check_outputs(args):
+    """Refuse an output that cannot be written before any work is done."""
+    if getattr(args, "output", None) is not None:
+        _check_output_file(args.output, "--output")
+    if getattr(args, "plot", None) is not None:
+        _check_output_folder(args.plot, "--plot")
+
+
 def main(argv=None):
-    """Entry point of the ``ebfl`` command."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the ``ebfl`` command; returns the exit status.
+
+    A user's mistake prints one line ``error: ...`` on stderr and returns 2;
+    stdout stays empty.
+    """
     try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0), or a usage error already printed (2)
+        return exc.code
+    try:
+        _check_outputs(args)
         args.func(args)
-    except (ValueError, TypeError, FileNotFoundError) as exc:  # bad input, missing data
-        print(f"error: {exc}", file=sys.stderr)
+    except _USER_ERRORS as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
     return 0
 

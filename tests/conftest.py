@@ -3,10 +3,15 @@
 * The data home defaults to ../shared/data unless EBFL_DATA is set. ``.ci/run``
   sets EBFL_DATA itself; this default makes a plain ``pytest`` in a checkout
   next to ``shared/`` behave the same.
+* A test that reads a real dataset skips when the data home does not hold it
+  (:func:`requires_data`), and no test reaches the network: a fresh clone with
+  no data home and no network passes.
 * Under ``pytest -n N`` torch gets one intra-op thread per worker.
 """
 
+import json
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -15,6 +20,68 @@ import pytest
 _SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 if "EBFL_DATA" not in os.environ and _SHARED.is_dir():
     os.environ["EBFL_DATA"] = str(_SHARED)
+
+_MANIFESTS = Path(__file__).resolve().parent.parent / "data" / "manifests"
+#: Files a loader reads besides those its manifest lists: UCI's own zip of the HAPT
+#: recordings (``load_hapt_raw``) and LEAF's JSON files (``load_leaf_femnist``).
+_OTHER_FILES = {"uci-hapt-raw": ["hapt_uci.zip"], "leaf-femnist": ["data/train/*.json"]}
+
+
+def has_dataset(folder):
+    """Whether the data home holds dataset ``folder`` (e.g. ``"county-elections"``).
+
+    Only the presence of a file the loader reads is checked, never its checksum
+    (a corrupted copy must fail its test, not skip it), and nothing is downloaded.
+    A multi-file dataset (MNIST) needs one accepted file of every member.
+    """
+    from ebfl.datasets import data_home
+
+    infos = [json.loads(p.read_text()) for p in _MANIFESTS.glob("*.json")]
+    matches = [i for i in infos if i["directory"] == folder]
+    if len(matches) != 1:
+        raise ValueError(f"no dataset manifest in {_MANIFESTS} has the directory {folder!r}")
+    (info,) = matches
+    home = data_home() / folder
+    if "members" in info:
+        return all(any((home / f).is_file() for f in member["files"])
+                   for member in info["members"].values())
+    patterns = list(info.get("files", ())) + _OTHER_FILES.get(folder, [])
+    return any(path.is_file() for pattern in patterns for path in home.glob(pattern))
+
+
+def missing_data_reason(folder):
+    from ebfl.datasets import data_home
+
+    return (f"EBFL_DATA lacks {folder} (nothing in {data_home() / folder}; tests never "
+            "download: set EBFL_DATA to a data home that has it)")
+
+
+def requires_data(*folders):
+    """Mark: skip unless the data home holds every dataset of ``folders``."""
+    missing = [f for f in folders if not has_dataset(f)]
+    return pytest.mark.skipif(bool(missing), reason=missing_data_reason(missing[0])
+                              if missing else "")
+
+
+_THIS_MACHINE = {"localhost", "127.0.0.1", "::1", b"localhost", b"127.0.0.1", b"::1"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_network():
+    """Tests use the loopback server only: resolving any other host fails at once, so
+    a test that would download a missing dataset fails loudly instead of waiting on
+    (or using) the network. requests and pooch resolve through ``socket.getaddrinfo``."""
+    resolve = socket.getaddrinfo
+
+    def this_machine_only(host, *args, **kwargs):
+        if host not in _THIS_MACHINE:
+            raise OSError(f"tests must not use the network (a connection to {host!r}): a "
+                          "test that needs a dataset skips when the data home lacks it")
+        return resolve(host, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(socket, "getaddrinfo", this_machine_only)
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)

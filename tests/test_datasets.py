@@ -3,8 +3,6 @@
 import gzip
 import hashlib
 import lzma
-import os
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,6 +17,7 @@ from ebfl.datasets import (
     fetch,
     load_county_returns,
 )
+from tests.conftest import requires_data
 from tests.loopback import serve
 
 PAYLOAD = b"year,value\n" + b"".join(f"{i},{i * i}\n".encode() for i in range(2000))
@@ -127,6 +126,29 @@ def test_loader_verifies_local_files(raw_files):
         load_county_returns(raw_files / "missing.csv")
 
 
+@pytest.mark.parametrize("name, body, match", [
+    ("cut.csv.gz", gzip.compress(RAW.encode())[:200], "truncated or corrupted"),
+    ("cut.csv.xz", lzma.compress(RAW.encode())[:200], "truncated or corrupted"),
+    ("noise.csv.gz", b"\x1f\x8b\x08" + bytes(range(200)), "truncated or corrupted"),
+    ("noise.csv.xz", bytes(range(200)), "truncated or corrupted"),
+    ("noise.csv.zip", bytes(range(200)), "truncated or corrupted"),
+    ("empty.csv", b"", "empty"),
+    ("other.csv", b"a,b\n1,2\n", "county_fips"),
+    ("latin.csv", "year,state\n2000,caf\xe9\n".encode("latin-1"), "not the county returns"),
+    ("votes.csv", RAW.replace(",10,31,", ",ten,31,").encode(), "candidatevotes"),
+])
+def test_loader_names_a_corrupted_file(tmp_path, name, body, match):
+    (tmp_path / name).write_bytes(body)
+    with pytest.raises(ValueError, match=match) as info:
+        load_county_returns(tmp_path / name, verify=False)
+    assert name in str(info.value) or match == "candidatevotes"
+
+
+def test_loader_refuses_a_folder(tmp_path):
+    with pytest.raises(IsADirectoryError, match="is a folder"):
+        load_county_returns(tmp_path, verify=False)
+
+
 def test_election_matrix_keeps_counties_in_every_year(raw_files):
     em = election_matrix(load_county_returns(raw_files / "returns.csv", verify=False),
                          years=(2000, 2020))
@@ -140,13 +162,7 @@ def test_election_matrix_keeps_counties_in_every_year(raw_files):
 
 # ------------------------------------------------------- the real file
 
-def _real_file_available():
-    home = os.environ.get("EBFL_DATA")
-    return home and (Path(home) / "county-elections").is_dir()
-
-
-real = pytest.mark.skipif(not _real_file_available(),
-                          reason="EBFL_DATA does not hold county-elections (CI sets it)")
+real = requires_data("county-elections")
 
 # The dataset README's verification table: units, R > D, R votes, D votes per year.
 README_TABLE = {2000: (3152, 2478, 50_457_896, 51_001_968),
@@ -159,7 +175,7 @@ README_TABLE = {2000: (3152, 2478, 50_457_896, 51_001_968),
 
 @pytest.fixture(scope="module")
 def real_returns():
-    return load_county_returns()
+    return load_county_returns(download=False)
 
 
 @real

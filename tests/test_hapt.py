@@ -1,8 +1,7 @@
 """HAPT windows and features (fixture written here), the split, and the real-data experiment."""
 
+import io
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -10,6 +9,7 @@ import pytest
 
 from ebfl.datasets import feature_names, hapt_windows, load_hapt_raw, split_first_run
 from ebfl.experiments.hapt import hapt_clients, hapt_logistic
+from tests.conftest import requires_data
 
 # Two users, two experiments each, 1000 samples per experiment. Labels: SITTING (4) on
 # samples 100..499, a transition (7) on 500..549, WALKING (1) on 550..949, -1 elsewhere.
@@ -134,6 +134,37 @@ def test_load_verifies_the_checksum(tmp_path):
     np.testing.assert_array_equal(raw["label"], _fixture()["label"])
 
 
+def _npz_bytes(**arrays):
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("body, match", [
+    (b"", "not an intact .npz"),
+    (bytes(range(256)), "not an intact .npz"),
+    (_npz_bytes(**_fixture())[:5000], "not an intact .npz"),  # truncated
+    (_npz_bytes(acc=np.zeros((4, 3))), r"lacks the array\(s\) \['user'"),
+    (_npz_bytes(**{**_fixture(), "gyro": np.zeros((3, 3))}), "share their first dimension"),
+])
+def test_load_names_a_file_that_is_not_the_recordings(tmp_path, body, match):
+    path = tmp_path / "hapt_raw.npz"
+    path.write_bytes(body)
+    with pytest.raises(ValueError, match=match) as info:
+        load_hapt_raw(path, verify=False)
+    assert "hapt_raw.npz" in str(info.value)
+
+
+def test_load_refuses_a_single_array_and_a_folder(tmp_path):
+    np.save(tmp_path / "acc.npy", np.zeros((4, 3)))
+    with pytest.raises(ValueError, match="single array"):
+        load_hapt_raw(tmp_path / "acc.npy", verify=False)
+    with pytest.raises(IsADirectoryError, match="is a folder"):
+        load_hapt_raw(tmp_path)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_hapt_raw(tmp_path / "nope.npz")
+
+
 def test_no_automatic_download_says_where_to_get_it(tmp_path, monkeypatch):
     monkeypatch.setenv("EBFL_DATA", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="archive.ics.uci.edu"):
@@ -142,13 +173,7 @@ def test_no_automatic_download_says_where_to_get_it(tmp_path, monkeypatch):
 
 # ------------------------------------------------------- the real file
 
-def _real_available():
-    home = os.environ.get("EBFL_DATA")
-    return home and (Path(home) / "uci-hapt-raw" / "hapt_raw.npz").is_file()
-
-
-real = pytest.mark.skipif(not _real_available(),
-                          reason="EBFL_DATA does not hold uci-hapt-raw (CI sets it)")
+real = requires_data("uci-hapt-raw")
 
 
 @pytest.fixture(scope="module")
@@ -244,6 +269,19 @@ def test_uci_zip_errors(tmp_path):
     path = _write_uci_zip(tmp_path / "h4.zip", _fixture(), labels_text="1 1 5 900")
     with pytest.raises(ValueError, match="5 columns"):
         read_uci_hapt_zip(path)
+    for labels, match in (("1 1 five 0 9", "labels.txt in .*h5.zip cannot be read"),
+                          ("", "labels.txt in .*h5.zip is empty"),
+                          ("1 1 5 0 9\n\xe9", "labels.txt in .*h5.zip cannot be read")):
+        path = _write_uci_zip(tmp_path / "h5.zip", _fixture(), labels_text=labels)
+        with pytest.raises(ValueError, match=match):
+            read_uci_hapt_zip(path)
+    whole = _write_uci_zip(tmp_path / "h6.zip", _fixture()).read_bytes()
+    for name, body in (("cut.zip", whole[: len(whole) // 2]), ("noise.zip", bytes(range(99)))):
+        (tmp_path / name).write_bytes(body)
+        with pytest.raises(ValueError, match=f"{name} is not a zip file"):
+            read_uci_hapt_zip(tmp_path / name)
+    with pytest.raises(IsADirectoryError):
+        read_uci_hapt_zip(tmp_path)
 
 
 def test_data_home_zip_and_its_download(tmp_path, monkeypatch):

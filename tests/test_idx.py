@@ -2,17 +2,15 @@
 
 import gzip
 import hashlib
-import os
 import struct
-from pathlib import Path
 
 import numpy as np
 import pytest
-import requests
 
 from ebfl.datasets import (
     _home,
     content_sha256,
+    data_home,
     dataset_file,
     dataset_path,
     load_fashion_mnist,
@@ -20,6 +18,7 @@ from ebfl.datasets import (
     manifest,
     read_idx,
 )
+from tests.conftest import requires_data
 from tests.loopback import serve
 
 CODES = {np.uint8: 0x08, np.int8: 0x09, np.int16: 0x0B, np.int32: 0x0C, np.float32: 0x0D,
@@ -87,6 +86,8 @@ def test_read_idx_rejects_a_broken_gzip_stream(tmp_path):
         read_idx(path)
     with pytest.raises(FileNotFoundError):
         read_idx(tmp_path / "missing")
+    with pytest.raises(IsADirectoryError, match="is a folder"):
+        read_idx(tmp_path)
 
 
 # ------------------------------------------------- loaders on a toy dataset
@@ -244,23 +245,19 @@ def test_download_into_the_data_home_once(remote, server):
                              "/good/train-labels-idx1-ubyte.gz"]  # verified copies reused
 
 
-@pytest.mark.parametrize("route, error", [("/bad/", ValueError),
-                                          ("/cut/", requests.exceptions.ChunkedEncodingError)])
-def test_bad_download_leaves_nothing_behind(remote, route, error):
+@pytest.mark.parametrize("route, error, match", [
+    ("/bad/", ValueError, "does not match the known hash"),
+    ("/cut/", ConnectionError, "mnist test-images is not in .* and its download from .* failed"),
+])
+def test_bad_download_leaves_nothing_behind(remote, route, error, match):
     _, use, folder = remote
     use(route)
-    with pytest.raises(error):
+    with pytest.raises(error, match=match):
         load_mnist("test")
     assert not folder.exists() or list(folder.iterdir()) == []
 
 
 # ------------------------------------------------------------ real files
-
-def _real(folder):
-    home = os.environ.get("EBFL_DATA")
-    return bool(home) and all((Path(home) / folder / f"{f}.gz").is_file()
-                              for f in FILES.values())
-
 
 # Label histograms from the data home's READMEs.
 README = {
@@ -272,18 +269,16 @@ README = {
 
 
 @pytest.mark.parametrize("name, folder, loader", [
-    pytest.param("mnist", "mnist", load_mnist,
-                 marks=pytest.mark.skipif(not _real("mnist"), reason="no MNIST in EBFL_DATA")),
+    pytest.param("mnist", "mnist", load_mnist, marks=requires_data("mnist")),
     pytest.param("fashion_mnist", "fashion-mnist", load_fashion_mnist,
-                 marks=pytest.mark.skipif(not _real("fashion-mnist"),
-                                          reason="no Fashion-MNIST in EBFL_DATA")),
+                 marks=requires_data("fashion-mnist")),
 ])
 def test_real_files_match_the_readme(name, folder, loader):
     info = manifest(name)
     assert info["directory"] == folder
     for member, entry in info["members"].items():
         path = dataset_file(name, member, download=False)  # verified, never downloaded
-        assert path.parent == Path(os.environ["EBFL_DATA"]) / folder
+        assert path.parent == data_home() / folder
         assert content_sha256(path) == entry["content_sha256"]
         assert entry["download"]["file"] in entry["files"]
     hist_train, hist_test, first_train, first_test = README[name]

@@ -103,6 +103,8 @@ def _blob(x=None, y=None, n=None):
     (_blob(y=[62]), r"labels outside the integers 0..61"),
     (_blob(y=[1.5]), r"labels outside the integers 0..61"),
     (_blob(x=[[float("nan")] * 784]), "NaN or infinite pixels"),
+    (_blob(x=7, y=[1]), "must have lists 'x'"),
+    ({**_blob(), "user_data": {"u": {"x": [[0.5] * 784], "y": 3}}}, "must have lists 'x'"),
 ])
 def test_load_rejects_malformed_files(tmp_path, blob, match):
     with pytest.raises(ValueError, match=match):
@@ -227,6 +229,9 @@ ARCHIVES = {
     "notrain.zip": zipped({"readme.txt": b"hello"}),
     "evil.zip": zipped({**fixture_tree(), "../evil.json": b"{}"}),
     "plain.txt": b"not an archive",
+    "cut.tar.gz": tar_gz(fixture_tree())[:300],
+    "crc.zip": bytes(b ^ 0xFF if i == 100 else b  # a flipped byte in a member's data
+                     for i, b in enumerate(zipped(fixture_tree()))),
 }
 
 
@@ -274,6 +279,8 @@ def test_fetch_verifies_a_given_checksum(server, home):
     ("/good/notrain.zip", ValueError, "exactly one train/ folder"),
     ("/good/evil.zip", ValueError, "unsafe member path '../evil.json'"),
     ("/good/plain.txt", ValueError, "neither a zip nor a tar"),
+    ("/good/cut.tar.gz", ValueError, "cut.tar.gz is truncated or corrupted"),
+    ("/good/crc.zip", ValueError, "crc.zip is truncated or corrupted .Bad CRC-32"),
 ])
 def test_failed_fetch_leaves_nothing_behind(server, home, route, error, match):
     with pytest.raises(error, match=match):

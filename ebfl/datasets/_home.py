@@ -32,6 +32,20 @@ from ebfl._paths import REPO_DATA
 __all__ = ["content_sha256", "data_home", "dataset_file", "dataset_path", "fetch", "manifest",
            "sha256"]
 
+#: What reading a corrupted or truncated compressed file raises, beside ValueError:
+#: the loaders turn these into a ValueError that names the file.
+CORRUPTED_FILE_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error, lzma.LZMAError)
+
+
+def existing_file(path):
+    """``path`` as a Path, after checking that it is a file (not missing, not a folder)."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder; give the path of a file")
+    if not path.is_file():
+        raise FileNotFoundError(f"path {path} does not exist")
+    return path
+
 
 def data_home() -> Path:
     """``$EBFL_DATA`` if set, else the per-user cache directory for ebfl."""
@@ -82,8 +96,14 @@ def fetch(url, sha256_hex, directory, fname, *, progress=False, timeout=60):
     import pooch
 
     downloader = pooch.HTTPDownloader(progressbar=progress, timeout=timeout)
-    return Path(pooch.retrieve(url, known_hash=f"sha256:{sha256_hex}", fname=fname,
-                               path=str(directory), downloader=downloader))
+    logger = pooch.get_logger()
+    level = logger.level
+    logger.setLevel("WARNING")  # pooch logs each download on stderr; the progress bar says it
+    try:
+        return Path(pooch.retrieve(url, known_hash=f"sha256:{sha256_hex}", fname=fname,
+                                   path=str(directory), downloader=downloader))
+    finally:
+        logger.setLevel(level)
 
 
 def dataset_path(name, *, download=True, progress=False):
@@ -99,6 +119,9 @@ def dataset_path(name, *, download=True, progress=False):
         the data home may be read-only or shared).
     FileNotFoundError
         Nothing present and ``download`` is False.
+    ConnectionError
+        Nothing present and the download failed (no network, server down,
+        transfer cut); nothing is left behind.
     """
     info = manifest(name)
     if "members" in info:
@@ -129,8 +152,15 @@ def _find_or_fetch(label, info, entry, directory, *, download, progress, verify)
         raise FileNotFoundError(f"{label} not found in {directory} (one of "
                                 f"{sorted(entry['files'])}; data home: set EBFL_DATA or allow "
                                 "the download)")
-    return fetch(dl["url"], entry["files"][dl["file"]], directory, dl["file"],
-                 progress=progress)
+    import requests
+
+    try:
+        return fetch(dl["url"], entry["files"][dl["file"]], directory, dl["file"],
+                     progress=progress)
+    except requests.RequestException as exc:  # no network, a server down, a cut transfer
+        raise ConnectionError(f"{label} is not in {directory} and its download from "
+                              f"{dl['url']} failed ({exc}); place one of "
+                              f"{sorted(entry['files'])} there (or set EBFL_DATA)") from exc
 
 
 _OPENERS = {".gz": gzip.open, ".xz": lzma.open}
@@ -153,7 +183,7 @@ def content_sha256(path) -> str:
         with opener(path, "rb") as fh:
             while chunk := fh.read(1 << 20):
                 digest.update(chunk)
-    except (EOFError, gzip.BadGzipFile, zlib.error, lzma.LZMAError) as exc:
+    except CORRUPTED_FILE_ERRORS as exc:
         raise ValueError(f"{path} cannot be decompressed ({exc}): the file is truncated or "
                          "corrupted") from None
     return digest.hexdigest()
@@ -214,6 +244,8 @@ def dataset_file(name, member, *, directory=None, download=True, progress=False,
         sha256 nor its content's matches (it is left alone).
     FileNotFoundError
         Nothing present and ``download`` is False (or no pinned download).
+    ConnectionError
+        Nothing present and the download failed; nothing is left behind.
     """
     info = manifest(name)
     members = info.get("members") or {}

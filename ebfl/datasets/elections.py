@@ -18,13 +18,20 @@ Quirks of the file handled here (see the dataset's README in the data home):
 
 from __future__ import annotations
 
+import tarfile
+import zipfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from ebfl.datasets._home import dataset_path, manifest, sha256
+from ebfl.datasets._home import (
+    CORRUPTED_FILE_ERRORS,
+    dataset_path,
+    existing_file,
+    manifest,
+    sha256,
+)
 
 __all__ = ["ELECTION_YEARS", "ElectionMatrix", "election_matrix", "load_county_returns"]
 
@@ -57,13 +64,23 @@ def load_county_returns(path=None, *, verify=True, download=True, progress=False
         ``county_name``, ``rep_votes``, ``dem_votes``, ``total_votes`` (all
         candidates), ``rep_share`` (R / (R + D)), ``rep_win`` (bool), ``winner``.
         Sorted by year and FIPS.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``path`` does not exist; or no copy in the data home and ``download``
+        is False.
+    IsADirectoryError
+        ``path`` is a folder.
+    ValueError
+        A checksum that matches no known release (with ``verify``), or content
+        that is not the returns CSV: truncated or corrupted compression, text
+        that is not CSV, missing columns, non-numeric vote counts.
     """
     if path is None:
         path = dataset_path("county_elections", download=download, progress=progress)
     else:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"path {path} does not exist")
+        path = existing_file(path)
         if verify:
             known = manifest("county_elections")["files"]
             digest = sha256(path)
@@ -71,10 +88,28 @@ def load_county_returns(path=None, *, verify=True, download=True, progress=False
                 raise ValueError(f"{path} has sha256 {digest}, which is none of the known "
                                  f"releases {sorted(known)}; pass verify=False to load it "
                                  "anyway")
-    raw = pd.read_csv(path, usecols=list(_COLUMNS), dtype={"county_fips": "string",
-                                                           "state_po": "string"},
-                      na_values=["NA"], keep_default_na=True)
-    return tidy_county_returns(raw)
+    return tidy_county_returns(_read_returns_csv(path))
+
+
+def _read_returns_csv(path):
+    """The raw rows; content pandas cannot read is a ValueError naming the file."""
+    try:
+        return pd.read_csv(path, usecols=list(_COLUMNS), dtype={"county_fips": "string",
+                                                                "state_po": "string"},
+                           na_values=["NA"], keep_default_na=True)
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{path} is empty: expected the county returns CSV") from None
+    except OSError as exc:
+        if exc.filename is not None:  # no permission: the caller's problem, named already
+            raise
+        raise ValueError(f"{path} cannot be decompressed ({exc}): the file is truncated or "
+                         "corrupted") from None
+    except (*CORRUPTED_FILE_ERRORS, zipfile.BadZipFile, tarfile.TarError) as exc:
+        raise ValueError(f"{path} cannot be decompressed ({exc}): the file is truncated or "
+                         "corrupted") from None
+    except ValueError as exc:  # ParserError, UnicodeDecodeError, missing columns
+        raise ValueError(f"{path} is not the county returns CSV ({exc}); it needs the "
+                         f"columns {list(_COLUMNS)}") from None
 
 
 def tidy_county_returns(raw):
@@ -86,7 +121,12 @@ def tidy_county_returns(raw):
     fips = df["county_fips"].astype(str).str.strip().str.replace(r"\.0$", "", regex=True)
     df["fips"] = fips.str.zfill(5)
     df["mode"] = df["mode"].fillna("TOTAL").str.upper()
-    df["candidatevotes"] = pd.to_numeric(df["candidatevotes"]).fillna(0)
+    votes = pd.to_numeric(df["candidatevotes"], errors="coerce")
+    bad = votes.isna() & df["candidatevotes"].notna()
+    if bad.any():
+        raise ValueError(f"column 'candidatevotes' must hold vote counts; found "
+                         f"{df['candidatevotes'][bad].iloc[0]!r}")
+    df["candidatevotes"] = votes.fillna(0)
     # 2020 vote modes: the TOTAL row when the county has one, else the sum of modes.
     is_total = df["mode"].eq("TOTAL")
     has_total = is_total.groupby([df["year"], df["fips"]]).transform("any")

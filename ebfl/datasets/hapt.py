@@ -26,10 +26,19 @@ identical with, the 561-feature release.
 
 from __future__ import annotations
 
+import zipfile
+
 import numpy as np
 import pandas as pd
 
-from ebfl.datasets._home import data_home, dataset_path, manifest, sha256
+from ebfl.datasets._home import (
+    CORRUPTED_FILE_ERRORS,
+    data_home,
+    dataset_path,
+    existing_file,
+    manifest,
+    sha256,
+)
 from ebfl.datasets.hapt_uci import UCI_ZIP, fetch_uci_hapt, read_uci_hapt_zip
 
 __all__ = ["ACTIVITIES", "feature_names", "hapt_windows", "load_hapt_raw", "split_first_run",
@@ -40,6 +49,9 @@ ACTIVITIES = {1: "WALKING", 2: "WALKING_UPSTAIRS", 3: "WALKING_DOWNSTAIRS", 4: "
               5: "STANDING", 6: "LAYING"}
 _SIGNALS = ("tBodyAcc", "tGravityAcc", "tBodyGyro")
 _STATS = ("mean", "std", "mad", "max", "min", "energy", "iqr")
+#: The arrays of :func:`load_hapt_raw`, one entry per sample; acc and gyro are (N, 3).
+_RAW_KEYS = ("user", "experiment_seq", "experiment_in_user", "sample_index", "acc", "gyro",
+             "label")
 
 
 def load_hapt_raw(path=None, *, verify=True, download=False, progress=False):
@@ -64,6 +76,17 @@ def load_hapt_raw(path=None, *, verify=True, download=False, progress=False):
     dict
         ``user``, ``experiment_seq``, ``experiment_in_user``, ``sample_index``,
         ``acc`` (N, 3) in g, ``gyro`` (N, 3) in rad/s, ``label`` (-1 = unlabelled).
+
+    Raises
+    ------
+    FileNotFoundError
+        ``path`` does not exist, or the data home has neither file and
+        ``download`` is False.
+    IsADirectoryError
+        ``path`` is a folder.
+    ValueError
+        A checksum mismatch (with ``verify``), or a file that is not an intact
+        ``.npz`` of these arrays (or not the UCI zip).
     """
     if path is None:
         try:
@@ -79,16 +102,41 @@ def load_hapt_raw(path=None, *, verify=True, download=False, progress=False):
                     ) from None
                 zip_path, _ = fetch_uci_hapt(progress=progress)
             return read_uci_hapt_zip(zip_path)
-    elif str(path).endswith(".zip"):
-        return read_uci_hapt_zip(path)
-    elif verify:
-        expected = manifest("uci_hapt_raw")["files"]["hapt_raw.npz"]
-        digest = sha256(path)
-        if digest != expected:
-            raise ValueError(f"{path} has sha256 {digest}, expected {expected}; pass "
-                             "verify=False to load it anyway")
-    with np.load(path, allow_pickle=False) as npz:
-        return {key: npz[key] for key in npz.files}
+    else:
+        path = existing_file(path)
+        if path.suffix == ".zip":
+            return read_uci_hapt_zip(path)
+        if verify:
+            expected = manifest("uci_hapt_raw")["files"]["hapt_raw.npz"]
+            digest = sha256(path)
+            if digest != expected:
+                raise ValueError(f"{path} has sha256 {digest}, expected {expected}; pass "
+                                 "verify=False to load it anyway")
+    return _read_raw_npz(path)
+
+
+def _read_raw_npz(path):
+    """The arrays of ``hapt_raw.npz``; a file that is not one is a ValueError naming it."""
+    try:
+        npz = np.load(path, allow_pickle=False)
+        if not isinstance(npz, np.lib.npyio.NpzFile):
+            raise ValueError("it holds a single array")
+        with npz:
+            raw = {key: npz[key] for key in npz.files}
+    except (ValueError, zipfile.BadZipFile, *CORRUPTED_FILE_ERRORS) as exc:
+        # np.load reads a file that is neither .npz nor .npy as a pickle, which
+        # allow_pickle=False refuses with a ValueError
+        raise ValueError(f"{path} is not an intact .npz file of the HAPT recordings "
+                         f"({exc})") from None
+    missing = [k for k in _RAW_KEYS if k not in raw]
+    if missing:
+        raise ValueError(f"{path} lacks the array(s) {missing}: not the HAPT raw recordings")
+    n = raw["user"].shape
+    if any(raw[k].shape[:1] != n for k in _RAW_KEYS) or any(
+            raw[k].shape[1:] != (3,) for k in ("acc", "gyro")):
+        raise ValueError(f"{path}: the arrays must share their first dimension, with acc and "
+                         "gyro of shape (N, 3)")
+    return raw
 
 
 def _filters():

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import io
 import re
+import warnings
 import zipfile
 
 import numpy as np
 
-from ebfl.datasets._home import data_home, manifest, sha256
+from ebfl.datasets._home import CORRUPTED_FILE_ERRORS, data_home, existing_file, manifest, sha256
 
 __all__ = ["UCI_ZIP", "fetch_uci_hapt", "read_uci_hapt_zip"]
 
@@ -32,8 +33,17 @@ _SIGNAL = re.compile(r"(?:^|/)RawData/(acc|gyro)_exp(\d+)_user(\d+)\.txt$")
 
 
 def _read_table(zf, member, dtype):
-    with zf.open(member) as fh:
-        table = np.loadtxt(io.TextIOWrapper(fh, "ascii"), dtype=dtype, ndmin=2)
+    """One text table of the zip; unreadable content is a ValueError naming the member."""
+    try:
+        with zf.open(member) as fh, warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "Empty input file": refused below
+            table = np.loadtxt(io.TextIOWrapper(fh, "ascii"), dtype=dtype, ndmin=2)
+    except (ValueError, zipfile.BadZipFile, *CORRUPTED_FILE_ERRORS) as exc:
+        # ValueError covers text that is not numbers and non-ASCII bytes (UnicodeDecodeError)
+        raise ValueError(f"{member} in {zf.filename} cannot be read as a table of numbers "
+                         f"({exc})") from None
+    if table.size == 0:
+        raise ValueError(f"{member} in {zf.filename} is empty")
     return table
 
 
@@ -53,11 +63,21 @@ def read_uci_hapt_zip(path):
 
     Raises
     ------
+    FileNotFoundError
+        ``path`` does not exist.
+    IsADirectoryError
+        ``path`` is a folder.
     ValueError
-        Missing ``labels.txt``, an experiment without both signals, signals of
-        different lengths, or a label outside its experiment.
+        Not a zip, or a truncated or corrupted one; missing ``labels.txt``, an
+        experiment without both signals, signals of different lengths, text
+        that is not numbers, or a label outside its experiment.
     """
-    with zipfile.ZipFile(path) as zf:
+    path = existing_file(path)
+    try:
+        zf = zipfile.ZipFile(path)
+    except zipfile.BadZipFile as exc:
+        raise ValueError(f"{path} is not a zip file, or a truncated one ({exc})") from None
+    with zf:
         signals, labels_member = {}, None
         for name in zf.namelist():
             if name.endswith("RawData/labels.txt"):
@@ -70,7 +90,8 @@ def read_uci_hapt_zip(path):
                              "UCI HAPT zip")
         labels = _read_table(zf, labels_member, np.int64)
         if labels.shape[1] != 5:
-            raise ValueError(f"labels.txt must have 5 columns, got {labels.shape[1]}")
+            raise ValueError(f"{labels_member} in {path} must have 5 columns, got "
+                             f"{labels.shape[1]}")
         parts = {k: [] for k in ("user", "experiment_seq", "experiment_in_user",
                                  "sample_index", "acc", "gyro", "label")}
         rank = {}

@@ -19,12 +19,11 @@ import gzip
 import struct
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from ebfl._validation import check_choice
-from ebfl.datasets._home import dataset_file
+from ebfl.datasets._home import dataset_file, existing_file
 
 __all__ = ["FASHION_MNIST_CLASSES", "MNIST_CLASSES", "LabelledImages", "load_fashion_mnist",
            "load_mnist", "read_idx"]
@@ -103,6 +102,8 @@ def read_idx(path):
         the declared size, or a corrupted gzip stream.
     FileNotFoundError
         ``path`` does not exist.
+    IsADirectoryError
+        ``path`` is a folder.
 
     Examples
     --------
@@ -113,9 +114,7 @@ def read_idx(path):
     array([[0, 1, 2],
            [3, 4, 5]], dtype=uint8)
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"path {path} does not exist")
+    path = existing_file(path)
     with path.open("rb") as raw:
         compressed = raw.read(2) == b"\x1f\x8b"
         raw.seek(0)

@@ -37,7 +37,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from ebfl._validation import as_generator, check_choice, check_int_scalar
-from ebfl.datasets._home import data_home, manifest, sha256
+from ebfl.datasets._home import CORRUPTED_FILE_ERRORS, data_home, manifest, sha256
 
 __all__ = ["FEMNIST_CLASSES", "FemnistClients", "LeafFemnist", "femnist_clients",
            "fetch_leaf_femnist", "load_leaf_femnist"]
@@ -116,6 +116,9 @@ def _read_leaf_json(path, seen):
         if not isinstance(entry, dict) or "x" not in entry or "y" not in entry:
             raise ValueError(f"{path}: user_data has no 'x' and 'y' for writer {user!r}")
         x, y = entry["x"], entry["y"]
+        if not isinstance(x, list) or not isinstance(y, list):
+            raise ValueError(f"{path}: writer {user!r} must have lists 'x' (images) and 'y' "
+                             "(labels)")
         if not (len(x) == len(y) == count):
             raise ValueError(f"{path}: writer {user!r} has {len(x)} images and {len(y)} "
                              f"labels, num_samples says {count}")
@@ -341,16 +344,19 @@ def _safe_members(names):
 
 
 def _unpack(archive, dest):
-    if zipfile.is_zipfile(archive):
-        with zipfile.ZipFile(archive) as zf:
-            _safe_members(zf.namelist())
-            zf.extractall(dest)
-    elif tarfile.is_tarfile(archive):
-        with tarfile.open(archive) as tf:
-            _safe_members(tf.getnames())
-            tf.extractall(dest, filter="data")
-    else:
-        raise ValueError(f"{archive.name} is neither a zip nor a tar archive")
+    try:
+        if zipfile.is_zipfile(archive):
+            with zipfile.ZipFile(archive) as zf:
+                _safe_members(zf.namelist())
+                zf.extractall(dest)
+        elif tarfile.is_tarfile(archive):
+            with tarfile.open(archive) as tf:
+                _safe_members(tf.getnames())
+                tf.extractall(dest, filter="data")
+        else:
+            raise ValueError(f"{archive.name} is neither a zip nor a tar archive")
+    except (zipfile.BadZipFile, tarfile.TarError, *CORRUPTED_FILE_ERRORS) as exc:
+        raise ValueError(f"{archive.name} is truncated or corrupted ({exc})") from None
 
 
 def fetch_leaf_femnist(url=None, *, sha256_hex=None, progress=False, timeout=300):
