@@ -26,6 +26,7 @@ __all__ = [
     "check_nonnegative_scalar",
     "check_probability",
     "check_real_scalar",
+    "check_standard_deviation",
     "check_standard_errors",
 ]
 
@@ -65,11 +66,20 @@ def _is_real_scalar(value):
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def _as_float(value, name):
+    """``float(value)``, with a Python int too large for float64 refused by name."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be a finite real number; got an integer too large "
+                         "for float64") from None
+
+
 def check_positive_scalar(value, name, *, allow_inf=False):
     """Return ``float(value)`` after checking it is a finite real > 0."""
     if not _is_real_scalar(value):
         raise TypeError(f"{name} must be a real number > 0, got {value!r}")
-    value = float(value)
+    value = _as_float(value, name)
     if np.isnan(value) or value <= 0 or (np.isinf(value) and not allow_inf):
         raise ValueError(f"{name} must be a finite real number > 0, got {value!r}")
     return value
@@ -79,9 +89,25 @@ def check_nonnegative_scalar(value, name):
     """Return ``float(value)`` after checking it is a finite real >= 0."""
     if not _is_real_scalar(value):
         raise TypeError(f"{name} must be a real number >= 0, got {value!r}")
-    value = float(value)
+    value = _as_float(value, name)
     if not np.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a finite real number >= 0, got {value!r}")
+    return value
+
+
+#: Accepted range of a nonzero standard deviation in closed-form risks (sigma_x,
+#: sigma_theta): its square, fourth power over counts up to 2^53 and products of two
+#: squares stay inside float64.
+SD_RANGE = (1e-100, 1e100)
+
+
+def check_standard_deviation(value, name, *, zero_ok=False):
+    """Return ``float(value)`` after checking it lies in SD_RANGE (or is 0 when ``zero_ok``)."""
+    value = (check_nonnegative_scalar if zero_ok else check_positive_scalar)(value, name)
+    lo, hi = SD_RANGE
+    if value != 0.0 and not lo <= value <= hi:
+        raise ValueError(f"{name} must be {'0 or ' if zero_ok else ''}in [{lo:g}, {hi:g}], "
+                         f"got {value!r}")
     return value
 
 
@@ -89,7 +115,7 @@ def check_probability(value, name):
     """Return ``float(value)`` after checking it lies in [0, 1]."""
     if not _is_real_scalar(value):
         raise TypeError(f"{name} must be a real number in [0, 1], got {value!r}")
-    value = float(value)
+    value = _as_float(value, name)
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"{name} must lie in [0, 1], got {value!r}")
     return value
@@ -125,7 +151,7 @@ def check_real_scalar(value, name, *, low=-math.inf, high=math.inf, low_open=Fal
     interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
     if not _is_real_scalar(value):
         raise TypeError(f"{name} must be a real number in {interval}, got {_short_repr(value)}")
-    value = float(value)
+    value = _as_float(value, name)
     below = value < low or (low_open and value == low)
     above = value > high or (high_open and value == high)
     if math.isnan(value) or below or above:

@@ -24,6 +24,7 @@ from ebfl._validation import (
     check_nonnegative_scalar,
     check_positive_scalar,
     check_probability,
+    check_standard_deviation,
 )
 
 __all__ = [
@@ -50,19 +51,8 @@ __all__ = [
     "theorem4_rhs",
 ]
 
-#: Accepted range of a nonzero standard deviation: its square, fourth power
-#: over counts up to 2^53 and products of two squares stay inside float64.
-SD_RANGE = (1e-100, 1e100)
 #: Largest accepted count (m, n, d, k_bits): exactly representable as a float.
 MAX_COUNT = 2**53
-
-
-def _real(check, value, name):
-    try:
-        return check(value, name)
-    except OverflowError:
-        raise ValueError(f"{name} must be a finite real number; got an integer too large "
-                         f"for float64") from None
 
 
 def _count(value, name, minimum):
@@ -72,13 +62,6 @@ def _count(value, name, minimum):
     return value
 
 
-def _sd(value, name, *, zero_ok):
-    value = _real(check_nonnegative_scalar if zero_ok else check_positive_scalar, value, name)
-    lo, hi = SD_RANGE
-    if value != 0.0 and not lo <= value <= hi:
-        raise ValueError(f"{name} must be {'0 or ' if zero_ok else ''}in [{lo:g}, {hi:g}], "
-                         f"got {value!r}")
-    return value
 
 
 def _finite(value, what):
@@ -91,8 +74,8 @@ def _finite(value, what):
 def _gauss_iv(m, n, sigma_theta, sigma_x, d):
     m = _count(m, "m", 2)
     n = _count(n, "n", 1)
-    sigma_theta = _sd(sigma_theta, "sigma_theta", zero_ok=True)
-    sigma_x = _sd(sigma_x, "sigma_x", zero_ok=False)
+    sigma_theta = check_standard_deviation(sigma_theta, "sigma_theta", zero_ok=True)
+    sigma_x = check_standard_deviation(sigma_x, "sigma_x", zero_ok=False)
     d = _count(d, "d", 1)
     return m, n, sigma_theta, sigma_x, d
 
@@ -109,7 +92,7 @@ def gaussian_weight(m, n, sigma_theta, sigma_x, sigma_q=0.0):
     0.375
     """
     m, n, sigma_theta, sigma_x, _ = _gauss_iv(m, n, sigma_theta, sigma_x, 1)
-    sigma_q = _sd(sigma_q, "sigma_q", zero_ok=True)
+    sigma_q = check_standard_deviation(sigma_q, "sigma_q", zero_ok=True)
     return _weight(m, n, sigma_theta, sigma_x, sigma_q)
 
 
@@ -127,7 +110,7 @@ def theorem2_mse(m, n, sigma_theta, sigma_x, sigma_q, d=1):
     every input (e.g. additive Gaussian noise); an upper bound otherwise.
     """
     m, n, sigma_theta, sigma_x, d = _gauss_iv(m, n, sigma_theta, sigma_x, d)
-    sigma_q = _sd(sigma_q, "sigma_q", zero_ok=True)
+    sigma_q = check_standard_deviation(sigma_q, "sigma_q", zero_ok=True)
     return _theorem2(m, n, sigma_theta, sigma_x, sigma_q, d)
 
 
@@ -153,7 +136,7 @@ def theorem1_mse(m, n, sigma_theta, sigma_x, d=1):
 def gaussian_local_mse(n, sigma_x, d=1):
     """Risk of the local mean xbar_i: d sigma_x^2 / n (exact)."""
     n = _count(n, "n", 1)
-    sigma_x = _sd(sigma_x, "sigma_x", zero_ok=False)
+    sigma_x = check_standard_deviation(sigma_x, "sigma_x", zero_ok=False)
     d = _count(d, "d", 1)
     return _finite(d * sigma_x**2 / n, "the MSE d sigma_x^2/n")
 
@@ -172,8 +155,8 @@ def lower_bound_known_prior(n, sigma_theta, sigma_x, d=1):
     knows mu (:func:`gaussian_oracle_mse`).
     """
     n = _count(n, "n", 1)
-    sigma_theta = _sd(sigma_theta, "sigma_theta", zero_ok=True)
-    sigma_x = _sd(sigma_x, "sigma_x", zero_ok=False)
+    sigma_theta = check_standard_deviation(sigma_theta, "sigma_theta", zero_ok=True)
+    sigma_x = check_standard_deviation(sigma_x, "sigma_x", zero_ok=False)
     d = _count(d, "d", 1)
     # sigma_theta^2 times a factor in [0, 1]: no product of two squares is formed.
     shrink = sigma_x**2 / (n * sigma_theta**2 + sigma_x**2)
@@ -243,7 +226,7 @@ def gaussian_bounds(m, n, sigma_theta, sigma_x, d=1, sigma_q=0.0):
     (0.006251, 0.0166667, 0.375)
     """
     m, n, sigma_theta, sigma_x, d = _gauss_iv(m, n, sigma_theta, sigma_x, d)
-    sigma_q = _sd(sigma_q, "sigma_q", zero_ok=True)
+    sigma_q = check_standard_deviation(sigma_q, "sigma_q", zero_ok=True)
     return GaussianMSE(
         m=m, n=n, sigma_theta=sigma_theta, sigma_x=sigma_x, d=d, sigma_q=sigma_q,
         weight=_weight(m, n, sigma_theta, sigma_x, sigma_q),
@@ -259,8 +242,8 @@ def gaussian_bounds(m, n, sigma_theta, sigma_x, d=1, sigma_q=0.0):
 # ----------------------------------------------------------------- Beta-Bernoulli
 
 def _beta_iv(alpha, beta, n):
-    return (_real(check_positive_scalar, alpha, "alpha"),
-            _real(check_positive_scalar, beta, "beta"), _count(n, "n", 1))
+    return (check_positive_scalar(alpha, "alpha"),
+            check_positive_scalar(beta, "beta"), _count(n, "n", 1))
 
 
 def _beta_var_factor(alpha, beta):
@@ -350,8 +333,8 @@ def theorem3_rhs(mean_a2, mean_one_minus_a2, m, n, alpha, beta):
     The bound holds with probability >= 1 - 1/(mn) over the event
     |mu - mu_hat_i| <= c, |sigma^2 - sigma_hat_i^2| <= c, c^2 = 3 log(4 m^2 n)/(m-1).
     """
-    mean_a2 = _real(check_probability, mean_a2, "mean_a2")
-    mean_one_minus_a2 = _real(check_probability, mean_one_minus_a2, "mean_one_minus_a2")
+    mean_a2 = check_probability(mean_a2, "mean_a2")
+    mean_one_minus_a2 = check_probability(mean_one_minus_a2, "mean_one_minus_a2")
     m = _count(m, "m", 2)
     alpha, beta, n = _beta_iv(alpha, beta, n)
     c2 = 3.0 * math.log(4 * m * m * n) / (m - 1)     # exact integer inside the log
@@ -375,7 +358,7 @@ def _paper_b(m, n, sigma_theta, sigma_x, r):
     from ebfl.privacy.mechanisms import paper_clip_range
 
     m, n, sigma_theta, sigma_x, _ = _gauss_iv(m, n, sigma_theta, sigma_x, 1)
-    r = _real(check_nonnegative_scalar, r, "r")
+    r = check_nonnegative_scalar(r, "r")
     if r > MAX_R:
         raise ValueError(f"r must lie in [0, {MAX_R:g}], got {r!r}")
     return paper_clip_range(r, m, n, sigma_theta, sigma_x)
@@ -487,11 +470,11 @@ def theorem4_rhs(mean_a2, mean_one_minus_a2, m, n, alpha, beta, epsilon):
     """
     from ebfl.privacy.mechanisms import EPSILON_RANGE
 
-    mean_a2 = _real(check_probability, mean_a2, "mean_a2")
-    mean_one_minus_a2 = _real(check_probability, mean_one_minus_a2, "mean_one_minus_a2")
+    mean_a2 = check_probability(mean_a2, "mean_a2")
+    mean_one_minus_a2 = check_probability(mean_one_minus_a2, "mean_one_minus_a2")
     m = _count(m, "m", 2)
     alpha, beta, n = _beta_iv(alpha, beta, n)
-    epsilon = _real(check_positive_scalar, epsilon, "epsilon")
+    epsilon = check_positive_scalar(epsilon, "epsilon")
     if not EPSILON_RANGE[0] <= epsilon <= EPSILON_RANGE[1]:
         raise ValueError(f"epsilon must lie in [{EPSILON_RANGE[0]:g}, {EPSILON_RANGE[1]:g}], "
                          f"got {epsilon!r}")

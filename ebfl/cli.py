@@ -68,7 +68,12 @@ def _json_default(obj):
 # ------------------------------------------------------------------- bounds
 
 def _cmd_bounds_gaussian(args):
-    from ebfl.bounds import gaussian_bounds, gaussian_mechanism_sigma_q, quantizer_sigma_q
+    from ebfl.bounds import (
+        gaussian_bounds,
+        gaussian_mechanism_sigma_q,
+        gaussian_mechanism_true_delta,
+        quantizer_sigma_q,
+    )
     from ebfl.privacy.mechanisms import paper_clip_range
 
     setting = (args.m, args.n, args.sigma_theta, args.sigma_x)
@@ -85,7 +90,11 @@ def _cmd_bounds_gaussian(args):
         extra = {"mechanism": "quantizer", "k_bits": args.k_bits}
     elif args.epsilon is not None:
         sigma_q = gaussian_mechanism_sigma_q(*setting, args.epsilon, args.delta, args.r)
-        extra = {"mechanism": "gaussian", "epsilon": args.epsilon, "delta": args.delta}
+        # the paper's sigma, and the delta it really delivers for the whole d-vector
+        true_delta = gaussian_mechanism_true_delta(*setting, args.epsilon, args.delta, args.r,
+                                                   d=args.d)
+        extra = {"mechanism": "gaussian", "epsilon": args.epsilon, "delta": args.delta,
+                 "true_delta": true_delta, "paper_claim_holds": true_delta <= args.delta}
     if extra:
         extra.update(r=args.r, b=paper_clip_range(args.r, *setting))
     b = gaussian_bounds(*setting, args.d, sigma_q=sigma_q)
@@ -93,7 +102,8 @@ def _cmd_bounds_gaussian(args):
     payload = {"model": "gaussian", **extra, **b.as_dict(), key: b.personalized}
 
     def render(p):
-        names = (["b", "sigma_q", "weight", key] if extra else ["weight", key]) + [
+        names = (["b", "sigma_q", "weight", key] if extra else ["weight", key]) + (
+            ["true_delta", "paper_claim_holds"] if "true_delta" in p else []) + [
             "local", "global_only", "oracle", "lower_known_prior", "lower_estimated_mean"]
         rows = [{"quantity": k, "value": p[k]} for k in names]
         mech = "" if not extra else " " + ", ".join(
@@ -252,6 +262,11 @@ def _cmd_fit_beta_binomial(args):
     _finish_fit(args, summary, table)
 
 
+#: What a meta-analyst reads beside the fit: REML's restricted log-likelihood, DL's Q,
+#: and whether the likelihood search converged (names as in ``gaussian_eb``).
+_GAUSSIAN_DIAGNOSTICS = ("restricted_log_likelihood", "q_statistic", "converged", "at_zero")
+
+
 def _cmd_fit_gaussian(args):
     from ebfl.eb import gaussian_eb, gaussian_eb_samples, npmle_normal
     from ebfl.ragged import Ragged
@@ -293,8 +308,10 @@ def _cmd_fit_gaussian(args):
             table.update({f"estimate_{name}": mean[:, k], f"lower_{name}": lower[:, k],
                           f"upper_{name}": upper[:, k]})
     summary = {"model": "gaussian", "method": res.method, "n_clients": res.n_clients,
-               "prior": {"mean": res.prior.mean, "sd": res.prior.sd},
+               "prior": {"mean": res.prior.mean, "sd": res.prior.sd,
+                         "tau2": res.prior.sd**2},
                "log_likelihood": res.log_likelihood,
+               **{k: res.diagnostics[k] for k in _GAUSSIAN_DIAGNOSTICS if k in res.diagnostics},
                "sigma_x": res.diagnostics.get("sigma_x"),
                "mean_shrinkage": float(np.mean(res.shrinkage)), "level": args.level}
     _finish_fit(args, summary, table)
@@ -469,10 +486,12 @@ def _cmd_reproduce_estimation(args):
                       "(6) in paper band"])
         e8 = p["E8"]
         rows = [{"eps0": r["epsilon"], "monte carlo": r["mse"]["mean"], "se": r["mse"]["se"],
-                 "Theorem 2.2": r["formula"], "a": r["weight"]} for r in e8["rows"]]
+                 "Theorem 2.2": r["formula"], "a": r["weight"], "true delta": r["true_delta"],
+                 "paper's delta holds": r["paper_claim_holds"]} for r in e8["rows"]]
         _print_table(f"\nE8: MSE vs eps0 (local {e8['local']['formula']:.7g}, non-private "
                      f"{e8['non_private']['formula']:.7g})", rows,
-                     ["eps0", "monte carlo", "se", "Theorem 2.2", "a"])
+                     ["eps0", "monte carlo", "se", "Theorem 2.2", "a", "true delta",
+                      "paper's delta holds"])
         for path in p["figures"]:
             print("saved", path)
     _emit(args, payload, render)
@@ -771,8 +790,9 @@ def build_parser():
     fg.add_argument("--se", help="column of their standard errors")
     fg.add_argument("--sigma-x", type=_positive,
                     help="known noise sd (raw samples; else pooled)")
-    fg.add_argument("--method", default="mle", choices=["mle", "moments", "npmle"],
-                    help="prior fit; npmle = nonparametric prior on a grid (with --mean/--se)")
+    fg.add_argument("--method", default="mle", choices=["mle", "reml", "dl", "moments", "npmle"],
+                    help="prior fit: maximum likelihood, restricted ML, DerSimonian-Laird, "
+                         "moments; npmle = nonparametric prior on a grid (with --mean/--se)")
     for p in (fb, fg):
         p.add_argument("--client", help="client id column (one row per observation)")
         p.add_argument("--value", action="append",

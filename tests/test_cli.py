@@ -200,3 +200,26 @@ def test_missing_dataset_is_a_clear_error_not_a_traceback(tmp_path, monkeypatch,
     assert main(["reproduce", "adaped", "--dataset", "femnist", "--quick"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: no LEAF FEMNIST train files")
+
+
+@pytest.mark.parametrize("method, mu, tau2", [
+    ("reml", -0.7145323484, 0.3132433260),   # metafor 3.8.1 rma(method="REML")
+    ("dl", -0.7141172221, 0.3087602629),     # metafor 3.8.1 rma(method="DL")
+])
+def test_fit_gaussian_reproduces_metafor_on_bcg(tmp_path, capsys, method, mu, tau2):
+    """`ebfl fit gaussian means.csv --mean yi --se sei --method reml` on the BCG trials."""
+    from tests.test_gaussian import _bcg_log_risk_ratios
+
+    yi, sei = _bcg_log_risk_ratios()
+    path = tmp_path / "means.csv"
+    pd.DataFrame({"yi": yi, "sei": sei}).to_csv(path, index=False)
+    out = _json(capsys, ["fit", "gaussian", str(path), "--mean", "yi", "--se", "sei",
+                         "--method", method, "--json"])
+    assert out["method"] == method
+    assert out["prior"]["mean"] == pytest.approx(mu, rel=1e-6)
+    assert out["prior"]["tau2"] == pytest.approx(tau2, rel=1e-6)
+    if method == "reml":
+        assert out["restricted_log_likelihood"] == pytest.approx(-12.2023714155, rel=1e-6)
+        assert out["converged"] is True
+    else:
+        assert out["q_statistic"] == pytest.approx(152.2330, abs=1e-4)

@@ -21,8 +21,10 @@ from ebfl.privacy.mechanisms import (
     LaplaceMechanism,
     Mechanism,
     PrivacyGuarantee,
+    PrivacyWarning,
     RandomizedResponse,
     StochasticQuantizer,
+    analytic_gaussian_delta,
     paper_clip_range,
 )
 
@@ -34,10 +36,12 @@ __all__ = [
     "Mechanism",
     "PrivacyGuarantee",
     "PrivacySpent",
+    "PrivacyWarning",
     "PrivateBernoulliEstimate",
     "PrivateGaussianEstimate",
     "RandomizedResponse",
     "StochasticQuantizer",
+    "analytic_gaussian_delta",
     "dp_adaped_epsilon",
     "paper_clip_range",
     "private_bernoulli_corrected",

@@ -83,13 +83,6 @@ _METHODS = ("lemma2", "classic")
 # --------------------------------------------------------------------------- validation
 
 
-def _real(check, value, name):
-    """Run a scalar check, turning a Python int too large for float64 into ValueError."""
-    try:
-        return check(value, name)
-    except OverflowError:
-        raise ValueError(f"{name} must be a finite real number; got an integer too large "
-                         f"for float64") from None
 
 
 def _count(value, name, minimum=1):
@@ -100,7 +93,7 @@ def _count(value, name, minimum=1):
 
 
 def _scale(value, name):
-    value = _real(check_positive_scalar, value, name)
+    value = check_positive_scalar(value, name)
     lo, hi = SCALE_RANGE
     if not lo <= value <= hi:
         raise ValueError(f"{name} must lie in [{lo:g}, {hi:g}], got {value!r}")
@@ -108,11 +101,11 @@ def _scale(value, name):
 
 
 def _epsilon_iv(epsilon):
-    return _real(check_positive_scalar, epsilon, "epsilon")
+    return check_positive_scalar(epsilon, "epsilon")
 
 
 def _delta_iv(delta):
-    delta = _real(check_positive_scalar, delta, "delta")
+    delta = check_positive_scalar(delta, "delta")
     if not delta < 1.0:
         raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
     return delta
@@ -694,7 +687,7 @@ class DPAdaPeDAccountant:
         self.trust = check_choice(trust, "trust", _TRUSTS)
         self.accountant = check_choice(accountant, "accountant", _ACCOUNTANTS)
         self.orders = _orders_iv(DEFAULT_ORDERS if orders is None else orders)
-        vdi = _real(check_positive_scalar, value_discretization_interval,
+        vdi = check_positive_scalar(value_discretization_interval,
                     "value_discretization_interval")
         if not VDI_RANGE[0] <= vdi <= VDI_RANGE[1]:
             raise ValueError(f"value_discretization_interval must lie in [{VDI_RANGE[0]:g}, "

@@ -24,7 +24,7 @@ from ebfl._validation import (
     check_choice,
     check_finite_array,
     check_nonnegative_scalar,
-    check_positive_scalar,
+    check_standard_deviation,
 )
 from ebfl.eb.beta_binomial import _counts_iv
 from ebfl.eb.gaussian import _n_iv, personalized_gaussian
@@ -47,27 +47,8 @@ VARIANCE_RULES = ("ucb", "plugin")
 DEFAULT_UCB_Z = 3.0
 
 
-#: Accepted range of a nonzero standard deviation (sigma_x, sigma_theta) and of |xbar|.
-SD_RANGE = (1e-100, 1e100)
+#: Accepted range of |xbar|.
 MAX_ABS_XBAR = 1e150
-
-
-def _real(check, value, name):
-    """Run a scalar check, turning a Python int too large for float64 into ValueError."""
-    try:
-        return check(value, name)
-    except OverflowError:
-        raise ValueError(f"{name} must be a finite real number; got an integer too large "
-                         f"for float64") from None
-
-
-def _sd(value, name, *, zero_ok):
-    value = _real(check_nonnegative_scalar if zero_ok else check_positive_scalar, value, name)
-    lo, hi = SD_RANGE
-    if value != 0.0 and not lo <= value <= hi:
-        raise ValueError(f"{name} must be {'0 or ' if zero_ok else ''}in [{lo:g}, {hi:g}], "
-                         f"got {value!r}")
-    return value
 
 
 def _upper_bound(raw, ucb_z, se, cap):
@@ -78,7 +59,7 @@ def _upper_bound(raw, ucb_z, se, cap):
 
 def _rule_iv(variance, ucb_z):
     check_choice(variance, "variance", VARIANCE_RULES)
-    ucb_z = _real(check_nonnegative_scalar, ucb_z, "ucb_z")
+    ucb_z = check_nonnegative_scalar(ucb_z, "ucb_z")
     if ucb_z > 40.0:
         raise ValueError(f"ucb_z must lie in [0, 40] (a one-sided normal quantile), got {ucb_z!r}")
     return variance, ucb_z
@@ -221,10 +202,10 @@ def private_gaussian(xbar, n, mechanism, *, sigma_x, sigma_theta=None, variance=
         raise ValueError(f"xbar must lie in [-{MAX_ABS_XBAR:g}, {MAX_ABS_XBAR:g}] (its squares "
                          f"must stay finite)")
     n_arr = _n_iv(n, xbar.shape[0])
-    sigma_x = _sd(sigma_x, "sigma_x", zero_ok=False)
+    sigma_x = check_standard_deviation(sigma_x, "sigma_x", zero_ok=False)
     variance, ucb_z = _rule_iv(variance, ucb_z)
     if sigma_theta is not None:
-        sigma_theta = _sd(sigma_theta, "sigma_theta", zero_ok=True)
+        sigma_theta = check_standard_deviation(sigma_theta, "sigma_theta", zero_ok=True)
     rng = as_generator(rng)
     n_clipped = mechanism.n_clipped(xbar) if hasattr(mechanism, "n_clipped") else 0
     shared = mechanism.privatize(xbar, rng)

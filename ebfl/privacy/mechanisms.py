@@ -78,24 +78,17 @@ class PrivacyGuarantee:
 # ----------------------------------------------------------------------------- validation
 
 
-def _real(check, value, name, **kwargs):
-    """Run a scalar check, turning a Python int too large for float64 into ValueError."""
-    try:
-        return check(value, name, **kwargs)
-    except OverflowError:
-        raise ValueError(f"{name} must be a finite real number; got an integer too large "
-                         f"for float64") from None
 
 
 def _check_delta(delta):
-    delta = _real(check_positive_scalar, delta, "delta")
+    delta = check_positive_scalar(delta, "delta")
     if not delta < 1.0:
         raise ValueError(f"delta must lie in (0, 1), got {delta}")
     return delta
 
 
 def _check_epsilon(epsilon):
-    epsilon = _real(check_positive_scalar, epsilon, "epsilon")
+    epsilon = check_positive_scalar(epsilon, "epsilon")
     lo, hi = EPSILON_RANGE
     if not lo <= epsilon <= hi:
         raise ValueError(f"epsilon must lie in [{lo:g}, {hi:g}], got {epsilon!r}")
@@ -103,7 +96,7 @@ def _check_epsilon(epsilon):
 
 
 def _check_b(b):
-    b = _real(check_positive_scalar, b, "b")
+    b = check_positive_scalar(b, "b")
     lo, hi = B_RANGE
     if not lo <= b <= hi:
         raise ValueError(f"b must lie in [{lo:g}, {hi:g}], got {b!r}")
@@ -286,11 +279,11 @@ def paper_clip_range(r, m, n, sigma_theta, sigma_x):
     >>> round(paper_clip_range(1.0, 10_000, 15, 0.1, 0.5), 4)
     2.0531
     """
-    r = _real(check_nonnegative_scalar, r, "r")
+    r = check_nonnegative_scalar(r, "r")
     m = check_int_scalar(m, "m", minimum=2)
     n = check_int_scalar(n, "n", minimum=1)
-    sigma_theta = _real(check_nonnegative_scalar, sigma_theta, "sigma_theta")
-    sigma_x = _real(check_positive_scalar, sigma_x, "sigma_x")
+    sigma_theta = check_nonnegative_scalar(sigma_theta, "sigma_theta")
+    sigma_x = check_positive_scalar(sigma_x, "sigma_x")
     # math.log takes Python ints of any size; math.sqrt does not (OverflowError).
     inv_sqrt_n = 1.0 / math.sqrt(n) if n <= MAX_DIM else math.exp(-0.5 * math.log(n))
     b = r + (sigma_theta + sigma_x * inv_sqrt_n) * math.sqrt(math.log(m * m * n))
@@ -355,8 +348,8 @@ def analytic_gaussian_delta(epsilon, noise_multiplier):
     >>> f"{analytic_gaussian_delta(0.5, z):.2g}"
     '0.00057'
     """
-    epsilon = _real(check_positive_scalar, epsilon, "epsilon")
-    z = _real(check_positive_scalar, noise_multiplier, "noise_multiplier")
+    epsilon = check_positive_scalar(epsilon, "epsilon")
+    z = check_positive_scalar(noise_multiplier, "noise_multiplier")
     return math.exp(_log_delta(epsilon, z))
 
 
