@@ -241,9 +241,19 @@ def gaussian_bounds(m, n, sigma_theta, sigma_x, d=1, sigma_q=0.0):
 
 # ----------------------------------------------------------------- Beta-Bernoulli
 
+#: Largest Beta shape parameter accepted: alpha + beta + n must stay finite.
+MAX_BETA_SHAPE = 1e300
+
+
 def _beta_iv(alpha, beta, n):
-    return (check_positive_scalar(alpha, "alpha"),
-            check_positive_scalar(beta, "beta"), _count(n, "n", 1))
+    shapes = []
+    for value, name in ((alpha, "alpha"), (beta, "beta")):
+        value = check_positive_scalar(value, name)
+        if value > MAX_BETA_SHAPE:
+            raise ValueError(f"{name} must lie in (0, {MAX_BETA_SHAPE:g}] (alpha + beta must "
+                             f"stay finite), got {value!r}")
+        shapes.append(value)
+    return (*shapes, _count(n, "n", 1))
 
 
 def _beta_var_factor(alpha, beta):

@@ -1,22 +1,16 @@
 """Table 1 experiment: client construction on the real data, and the CLI in quick mode."""
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
 from ebfl.experiments.adaped import load_clients, table1  # noqa: E402
+from tests.conftest import requires_data  # noqa: E402
 
-
-def _have(name):
-    home = os.environ.get("EBFL_DATA")
-    return home and (Path(home) / name).is_dir()
-
-
-needs_mnist = pytest.mark.skipif(not _have("mnist"), reason="EBFL_DATA lacks mnist (CI sets it)")
+needs_mnist = requires_data("mnist")
+needs_hapt = requires_data("uci-hapt-raw")
 
 
 @needs_mnist
@@ -39,9 +33,8 @@ def test_mnist_clients_follow_the_papers_split():
     assert make_model()(x[:2]).shape == (2, 10)
 
 
+@needs_hapt
 def test_hapt_stand_in_has_30_subjects_and_six_activities():
-    if not _have("uci-hapt-raw"):
-        pytest.skip("EBFL_DATA lacks uci-hapt-raw")
     data, make_model, info = load_clients("hapt")
     assert data.n_clients == 30 and data.n_classes == 6
     assert make_model()(data.x_test[0, :3]).shape == (3, 6)
@@ -70,9 +63,8 @@ def test_bad_input():
         table1("mnist", methods=("AdaPeD", "SCAFFOLD"))
 
 
+@needs_hapt
 def test_dp_sweep_cli_reports_both_epsilons(tmp_path, capsys):
-    if not _have("uci-hapt-raw"):
-        pytest.skip("EBFL_DATA lacks uci-hapt-raw")
     from ebfl.cli import main
 
     assert main(["reproduce", "dp-adaped", "--dataset", "hapt", "--quick", "--json",
@@ -87,9 +79,8 @@ def test_dp_sweep_cli_reports_both_epsilons(tmp_path, capsys):
     assert (tmp_path / "dp_adaped_hapt.png").exists()
 
 
+@needs_hapt
 def test_adaped_fedem_cli_runs_both_methods_private_and_not(tmp_path, capsys):
-    if not _have("uci-hapt-raw"):
-        pytest.skip("EBFL_DATA lacks uci-hapt-raw")
     from ebfl.cli import main
 
     assert main(["reproduce", "adaped-fedem", "--dataset", "hapt", "--quick", "--json",

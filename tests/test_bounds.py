@@ -66,6 +66,8 @@ def test_theorem3_rhs():
     (lambda: B.theorem2_mse(10, 15, 0.1, 0.5, -1.0), "sigma_q"),
     (lambda: B.beta_posterior_mse(0, 1, 3), "alpha"),
     (lambda: B.beta_local_mse(1, -2, 3), "beta"),
+    (lambda: B.beta_bounds(1e308, 1e308, 14), "alpha"),   # alpha + beta overflowed: local = 0
+    (lambda: B.beta_local_mse(1.0, 10**400, 3), "beta"),   # an int too large for float64
     (lambda: B.theorem3_rhs(1.5, 0.1, 10, 5, 1, 1), "mean_a2"),
 ])
 def test_bad_input(call, match):

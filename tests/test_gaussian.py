@@ -162,6 +162,9 @@ def test_bad_input_personalized_and_samples():
         personalized_gaussian([0.0, 1.0], 5, sigma_theta=1.0, sigma_x=0.0)
     with pytest.raises(ValueError, match="n must"):
         personalized_gaussian([0.0, 1.0], 0, sigma_theta=1.0, sigma_x=1.0)
+    for bad in ("4", 4 + 0j, [4.0, 2.5], [4, 4, 4]):  # text, complex, fractional, wrong length
+        with pytest.raises((TypeError, ValueError), match="^n must"):
+            personalized_gaussian([0.0, 1.0], bad, sigma_theta=1.0, sigma_x=1.0)
     with pytest.raises(ValueError, match="shared"):
         personalized_gaussian([0.0, 1.0], 5, sigma_theta=1.0, sigma_x=1.0, shared=[1.0])
     with pytest.raises(ValueError, match="empty"):

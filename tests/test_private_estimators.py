@@ -18,6 +18,7 @@ from ebfl.privacy import (
     private_bernoulli_paper,
     private_gaussian,
 )
+from tests.conftest import requires_data
 
 Z_MC = 4.0
 M, N, ST, SX, R_MU = 10_000, 15, 0.1, 0.5, 1.0
@@ -332,14 +333,6 @@ def test_variance_rule_bad_input():
 
 # ----------------------------------------------------------- the county elections
 
-def _county_data_available():
-    import os
-    from pathlib import Path
-
-    home = os.environ.get("EBFL_DATA")
-    return home and (Path(home) / "county-elections").is_dir()
-
-
 @pytest.fixture(scope="module")
 def county_runs():
     """election_experiment with four seeds of the mechanism noise (the data are fixed)."""
@@ -350,8 +343,7 @@ def county_runs():
     return [election_experiment(matrix, epsilons=(1.0, 5.0), rng=seed) for seed in range(4)]
 
 
-@pytest.mark.skipif(not _county_data_available(),
-                    reason="EBFL_DATA does not hold county-elections (CI sets it)")
+@requires_data("county-elections")
 def test_corrected_private_degrades_gracefully_on_county_elections(county_runs):
     """Every fold, both targets, eps = 1 and 5, four noise seeds: the corrected private gain is
     at least min(0, gain of non-private loo_corrected in that fold) - 5 points. The plug-in

@@ -334,16 +334,14 @@ def gaussian_eb_samples(data, *, sigma_x=None, **kwargs):
 
 
 def _n_iv(n, m):
-    n_arr = np.asarray(n)
-    if n_arr.ndim == 0:
-        if not float(n_arr).is_integer() or n_arr < 1:
-            raise ValueError(f"n must be an integer >= 1, got {n!r}")
-        return float(n_arr)
-    if n_arr.shape != (m,):
+    """Samples per client: a scalar or shape (m,), whole numbers >= 1 (float64 out)."""
+    n_arr = check_finite_array(n, "n", ndim=(0, 1), min_len=0)
+    if n_arr.ndim == 1 and n_arr.shape != (m,):
         raise ValueError(f"n must be a scalar or have shape ({m},), got {n_arr.shape}")
-    if not np.all(np.isfinite(n_arr)) or np.any(n_arr < 1) or np.any(n_arr != np.floor(n_arr)):
-        raise ValueError("n must hold integers >= 1")
-    return n_arr.astype(np.float64)
+    if np.any(n_arr < 1) or np.any(n_arr != np.floor(n_arr)):
+        raise ValueError(f"n must hold integers >= 1, got {n!r}" if n_arr.ndim == 0
+                         else "n must hold integers >= 1")
+    return float(n_arr) if n_arr.ndim == 0 else n_arr
 
 
 def _gaussian_iv(x, s, prior_mean, prior_sd):
