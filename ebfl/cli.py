@@ -257,6 +257,8 @@ def _cmd_fit_beta_binomial(args):
                                                  "beta": res.prior.beta,
                                                  "mean": res.prior.mean},
         "log_likelihood": res.log_likelihood, "n_clipped": res.n_clipped,
+        # the MLE's state: an edge (e.g. no overdispersion) is a finding, not a failure
+        **{k: res.diagnostics[k] for k in ("converged", "active_bounds") if k in res.diagnostics},
         "mean_shrinkage": float(np.mean(res.shrinkage)), "level": args.level,
     }
     _finish_fit(args, summary, table)

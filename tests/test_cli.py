@@ -54,6 +54,8 @@ def test_fit_beta_binomial_counts_and_long_format(tmp_path, capsys):
                          "--json"])
     direct = beta_binomial_eb(z, n)
     assert out["prior"]["alpha"] == pytest.approx(direct.prior.alpha)
+    assert out["converged"] is direct.diagnostics["converged"] is True
+    assert out["active_bounds"] == list(direct.diagnostics["active_bounds"])
     est = pd.read_csv(tmp_path / "est.csv")
     np.testing.assert_allclose(est["estimate"], direct.posterior.mean)
     wins = [[1] * a + [0] * (b - a) for a, b in zip(z, n, strict=True)]
