@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import math
 import re
 import warnings
@@ -30,18 +31,34 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import pytest
 
-from ebfl import BetaBernoulliPopulation, GaussianPopulation, Ragged
+from ebfl import (
+    BetaBernoulliPopulation,
+    BetaPrior,
+    GaussianPopulation,
+    Ragged,
+    beta_bernoulli_eb,
+    beta_binomial_eb,
+    bounds,
+    gaussian_eb,
+    gaussian_eb_samples,
+    personalized_gaussian,
+)
 from ebfl.demo import run_demo
 from ebfl.eb import (
-    BetaPrior,
+    GaussianMixturePrior,
     NormalPrior,
+    bernoulli_counts,
     discrete_mixture_eb,
     discrete_posterior,
     expected_posterior_variance,
+    gaussian_mixture_eb,
+    gaussian_mixture_posterior,
     lemma1_radius,
     npmle_binomial,
     npmle_normal,
 )
+from ebfl.eb.beta_binomial import METHODS as BETA_METHODS
+from ebfl.eb.gaussian import METHODS as GAUSSIAN_METHODS
 from ebfl.learning import (
     DiscreteMixtureLinear,
     FedAvgLinear,
@@ -66,7 +83,25 @@ from ebfl.learning import (
     sample_clients,
 )
 from ebfl.learning.partition import dirichlet, natural, pathological, train_test_split_per_client
-from ebfl.privacy import GaussianMechanism, StochasticQuantizer
+from ebfl.privacy import (
+    BinaryMechanism,
+    DPAdaPeDAccountant,
+    GaussianMechanism,
+    LaplaceMechanism,
+    RandomizedResponse,
+    StochasticQuantizer,
+    analytic_gaussian_delta,
+    dp_adaped_epsilon,
+    paper_clip_range,
+    private_bernoulli_corrected,
+    private_bernoulli_paper,
+    private_gaussian,
+    rdp_to_delta,
+    rdp_to_epsilon,
+    theorem7_rdp,
+)
+from ebfl.privacy.accounting import dp_adaped_noise_multiplier
+from ebfl.privacy.sweep import private_bernoulli_sweep
 from ebfl.validation import judge, make_result, run_replicates, validate
 from ebfl.validation.sweeps import plot_sweeps, run_sweep
 
@@ -92,6 +127,9 @@ class Case:
     valid: bool = True  # False: too slow to run, only its refusals are tested
     finite: bool = True  # the valid call's results are all finite
     result: Callable = staticmethod(lambda out: out)  # what to compare between calls
+    # (argument, value, reason): a reported defect of a module edited elsewhere; the bad or
+    # extreme variant with that value is marked xfail(strict=True) until it is fixed.
+    known: tuple = ()
 
     def __str__(self):
         return self.id
@@ -357,10 +395,35 @@ def check_extreme(case, arg, value):
     _finite(out)
 
 
+def _equal(a, b):
+    if type(a) is not type(b):
+        return False
+    try:
+        _same(a, b)
+    except (AssertionError, TypeError, ValueError):
+        return False
+    return True
+
+
+def _mark_known(params, value_at):
+    """``params`` with each reported defect (``Case.known``) marked xfail(strict=True)."""
+    out = []
+    for p in params:
+        case, arg = p[0], p[1]
+        value = value_at(p)
+        reasons = [why for a, v, why in case.known
+                   if a == arg and value is not None and _equal(value, v)]
+        marks = [pytest.mark.xfail(strict=True, reason=reasons[0])] if reasons else []
+        out.append(pytest.param(*p, marks=marks))
+    return out
+
+
 def _table_tests(cases, section):
     """Define this section's table-driven tests (those with any parameters) in the module."""
     valid = [c for c in cases if c.valid]
     bad, ok, ext = _variants(cases), _dtype_variants(cases), _extremes(cases)
+    marked_bad = _mark_known(bad, lambda p: p[3](None) if p[2] == "specific" else None)
+    marked_ext = _mark_known(ext, lambda p: p[2])
     tests = {}
     if valid:
         @pytest.mark.parametrize("case", valid, ids=str)
@@ -369,8 +432,8 @@ def _table_tests(cases, section):
 
         tests["valid_call"] = test_valid_call
     if bad:
-        @pytest.mark.parametrize(("case", "arg", "label", "value_of", "exc", "pattern"), bad,
-                                 ids=_ids(bad))
+        @pytest.mark.parametrize(("case", "arg", "label", "value_of", "exc", "pattern"),
+                                 marked_bad, ids=_ids(bad))
         def test_refused_by_name(case, arg, label, value_of, exc, pattern):
             check_refusal(case, arg, value_of, exc, pattern)
 
@@ -382,7 +445,7 @@ def _table_tests(cases, section):
 
         tests["other_dtypes_give_the_same_result"] = test_other_dtypes_give_the_same_result
     if ext:
-        @pytest.mark.parametrize(("case", "arg", "value"), ext, ids=_ids(ext))
+        @pytest.mark.parametrize(("case", "arg", "value"), marked_ext, ids=_ids(ext))
         def test_extremes_compute_or_are_refused_by_name(case, arg, value):
             check_extreme(case, arg, value)
 
@@ -641,6 +704,671 @@ def test_lemma1_radius_scales_linearly_in_sigma_x_without_overflow():
 def test_valid_gaussian_population_with_huge_mean_is_finite():
     theta, values, _ = _gaussian_sample(np.array([1e300]), 1e300, 1e300, 3, 2, 0)
     assert np.all(np.isfinite(theta)) and np.all(np.isfinite(values))
+
+
+# ------------------------------------- estimation: Gaussian, Beta-binomial, mixtures
+
+def _x1():
+    return np.array([-1.5, -0.25, 0.5, 1.75, 2.0])
+
+
+def _s1():
+    return np.array([0.5, 1.0, 0.5, 0.25, 1.0])
+
+
+def _x2():
+    return np.array([[-1.5, 0.5], [-0.25, 1.0], [0.5, -0.75], [1.75, 0.25], [2.0, -1.0]])
+
+
+#: Refusals shared by every gaussian_eb call (x of shape (5,) or (5, 2), s of shape (5,)).
+_GAUSSIAN_EB_BAD = (
+    ("method", "ml", ValueError), ("method", ["mle"], TypeError), ("method", None, ValueError),
+    ("s", np.ones(4), ValueError), ("s", np.ones((5, 2)), ValueError), ("s", 0.0, ValueError),
+    ("s", -0.5, ValueError), ("s", 1e-200, ValueError), ("s", 1e200, ValueError),
+    ("x", np.full(5, 1e200), ValueError), ("x", np.zeros((5, 2, 1)), ValueError),
+    ("x", np.zeros(0), ValueError), ("prior_mean", np.zeros(3), ValueError),
+    ("prior_mean", np.zeros((1, 1)), ValueError), ("prior_mean", NAN, ValueError),
+    ("prior_mean", 1e200, ValueError), ("prior_mean", "0.5", TypeError),
+    ("prior_mean", 1 + 1j, TypeError), ("prior_sd", np.array([0.5]), TypeError),
+    ("prior_sd", 1e200, ValueError), ("extra", 1.0, TypeError),
+)
+#: Extreme but legal data: x (of shape (5,)) and s at the ends of their documented ranges.
+_GAUSSIAN_EB_EXTREME = (
+    ("x", np.array([1e150, -1e150, 0.0, 1e150, -1e150])),
+    ("x", np.array([1e150, 1e150, 1e150, 1e150, 1e150])),
+    ("s", np.array([1e-150, 1e150, 1.0, 1e-150, 1e150])), ("s", 1e-150), ("s", 1e150),
+)
+
+
+def _extremes_2d(extremes):
+    """The same extremes for x of shape (5, 2) (its second column reversed)."""
+    return tuple((a, np.stack([v, v[::-1]], axis=1) if a == "x" else v) for a, v in extremes)
+
+
+#: Reported defects of ebfl/eb/gaussian.py (edited elsewhere): see Case.known.
+_WIDE_S = np.array([1e-150, 1e150, 1.0, 1e-150, 1e150])
+_REML_WIDE_S = ("s", _WIDE_S, "gaussian.py: method='reml' with s spanning [1e-150, 1e150] "
+                "raises OverflowError in _tau2_grid (upper / start overflows)")
+_ONE_SAMPLE_EACH = Ragged(np.array([0.5, 1.0]), np.array([0, 1, 2]))
+_EMPTY_CLIENT = Ragged(np.array([0.5, 0.5, 1.0]), np.array([0, 3, 3]))
+_SAMPLES_KNOWN = (
+    ("data", _ONE_SAMPLE_EACH, "gaussian.py: 'estimating sigma_x needs a client with at "
+     "least 2 samples' does not name data"),
+    ("data", _EMPTY_CLIENT, "gaussian.py: 'every client needs at least one sample' does not "
+     "name data"),
+)
+_HUGE_MEAN = "gaussian.py: personalized_gaussian's mean of |values| near 1e308 overflows to inf"
+
+
+def _gaussian_eb_case(label, x, **kw):
+    def make():
+        return dict(x=x(), s=_s1(), **{k: (v() if callable(v) else v) for k, v in kw.items()})
+
+    real = ("x", "s") + (("prior_mean",) if "prior_mean" in kw else ())
+    scalars = {"prior_sd": "nonnegative"} if "prior_sd" in kw else {}
+    extreme = _GAUSSIAN_EB_EXTREME if x is _x1 else _extremes_2d(_GAUSSIAN_EB_EXTREME)
+    fitted_reml = kw.get("method") == "reml" and not {"prior_mean", "prior_sd"} & set(kw)
+    known = (_REML_WIDE_S,) if fitted_reml else ()
+    return Case(f"gaussian_eb-{label}", gaussian_eb, make, real=real, scalars=scalars,
+                bad=_GAUSSIAN_EB_BAD, extreme=extreme, known=known)
+
+
+def _samples(values, counts, **kw):
+    """gaussian_eb_samples on Ragged.from_counts(values, counts) (dtype variants of the data)."""
+    return gaussian_eb_samples(Ragged.from_counts(values, counts), **kw)
+
+
+def _sample_values():
+    return np.array([-1.5, -1.0, 0.25, 0.5, 1.75, 2.0, 1.25])
+
+
+def _bernoulli(values, counts, **kw):
+    return beta_bernoulli_eb(Ragged.from_counts(values, counts), **kw)
+
+
+def _bernoulli_values():
+    return np.array([1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0])
+
+
+def _bits_counts():
+    return np.array([3, 3, 2, 4])
+
+
+def _counts_of(values, counts):
+    return bernoulli_counts(Ragged.from_counts(values, counts))
+
+
+def _z():
+    return np.array([0, 3, 5, 2, 4, 6])
+
+
+def _n():
+    return np.array([5, 5, 6, 4, 6, 8])
+
+
+_COUNTS_BAD = (
+    ("successes", np.array([6, 3, 5, 2, 4, 6]), ValueError),
+    ("successes", np.array([0, 3, 5, 2, 4]), ValueError),
+    ("successes", np.array([0, 3, 5, 2, 4, -1]), ValueError),
+    ("trials", np.array([5, 5, 6, 4, 6, 0]), ValueError),
+    ("trials", np.array([5, 5, 6, 4, 6, 2**64 - 1], np.uint64), ValueError),
+    ("trials", np.zeros((6, 1), int), ValueError),
+)
+_BETA_EB_BAD = _COUNTS_BAD + (
+    ("method", "loo", ValueError), ("method", ("mle",), ValueError),
+    ("method", ["mle"], TypeError), ("prior", (2.0, 3.0), TypeError),
+    ("prior", NormalPrior(0.5, 0.25), TypeError), ("fix_prior", "no", TypeError),
+)
+
+
+def _beta_eb_result(res):
+    """The fit with its documented sentinels replaced by -1, so all else is checked finite.
+
+    posterior alpha_i = beta_i = inf marks a point mass (leave-one-out weight 0), and the
+    log-likelihood is NaN when the moments define no prior (``prior`` None).
+    """
+    post = res.posterior
+    return (res.method, res.prior, np.where(np.isinf(post.alpha), -1.0, post.alpha),
+            np.where(np.isinf(post.beta), -1.0, post.beta), post.mean, post.var,
+            res.shrinkage, res.centre, -1.0 if res.prior is None else res.log_likelihood,
+            res.n_clipped, res.diagnostics)
+
+
+def _beta_eb_case(method, label=None, **kw):
+    return Case(f"beta_binomial_eb-{label or method}", beta_binomial_eb,
+                lambda: dict(successes=_z(), trials=_n(), method=method, **kw),
+                counts=("successes", "trials"), bad=_BETA_EB_BAD, result=_beta_eb_result,
+                extreme=(("trials", np.array([5, 5, 6, 4, 6, 10**15])),
+                         ("successes", np.array([0, 0, 0, 0, 0, 0])),
+                         ("successes", _n())))
+
+
+def _gm_prior(weights, means, sds):
+    g = GaussianMixturePrior(weights, means, sds)
+    return g.weights, g.means, g.sds, g.n_components, g.dim
+
+
+def _gm_prior_methods(theta, size, rng):
+    g = GaussianMixturePrior([0.25, 0.75], [-1.0, 1.5], [0.5, 0.25])
+    return g.logpdf(theta), g.sample(size, rng)
+
+
+def _mixture_prior(dim=1):
+    if dim == 1:
+        return GaussianMixturePrior(np.array([0.25, 0.75]), np.array([-1.0, 1.5]),
+                                    np.array([0.5, 0.0]))
+    return GaussianMixturePrior(np.array([0.5, 0.5]), np.array([[-1.0, 0.5], [1.5, -0.5]]),
+                                np.array([0.25, 0.5]))
+
+
+_MIXTURE_BAD = (
+    ("s", np.ones(4), ValueError), ("s", 1e-200, ValueError), ("s", 0.0, ValueError),
+    ("x", np.full(5, 1e200), ValueError), ("x", np.zeros((5, 0)), ValueError),
+    ("x", np.zeros((5, 2, 1)), ValueError),
+)
+
+GAUSSIAN_AND_BETA = [
+    *[_gaussian_eb_case(method, _x1, method=method) for method in GAUSSIAN_METHODS],
+    *[_gaussian_eb_case(f"{method}-prior_mean", _x1, method=method, prior_mean=0.25)
+      for method in GAUSSIAN_METHODS],
+    *[_gaussian_eb_case(f"{method}-2d", _x2, method=method) for method in GAUSSIAN_METHODS],
+    *[_gaussian_eb_case(f"{method}-2d-prior_mean", _x2, method=method,
+                        prior_mean=lambda: np.array([0.25, -0.5])) for method in GAUSSIAN_METHODS],
+    *[_gaussian_eb_case(f"{method}-prior_sd", _x1, method=method, prior_sd=0.75)
+      for method in GAUSSIAN_METHODS],
+    _gaussian_eb_case("known-2d", _x2, method="dl", prior_mean=lambda: np.array([0.25, -0.5]),
+                      prior_sd=0.75),
+    Case("gaussian_eb_samples", gaussian_eb_samples,
+         lambda: dict(data=Ragged.from_counts(_sample_values(), np.array([2, 3, 2]))),
+         scalars={"sigma_x": "positive"},
+         bad=(("data", "ab", TypeError), ("data", _sample_values(), TypeError),
+              ("data", Ragged(np.array([0.5, NAN, 1.0]), np.array([0, 2, 3])), ValueError),
+              ("data", Ragged(np.array([0.5, INF, 1.0]), np.array([0, 2, 3])), ValueError),
+              ("data", _ONE_SAMPLE_EACH, ValueError), ("data", _EMPTY_CLIENT, ValueError),
+              ("method", "mom", ValueError), ("prior_sd", -1.0, ValueError),
+              ("prior_mean", np.zeros(2), ValueError)),
+         known=_SAMPLES_KNOWN),
+    Case("gaussian_eb_samples-sigma_x", _samples,
+         lambda: dict(values=_sample_values(), counts=np.array([2, 3, 2]), sigma_x=0.5,
+                      method="reml"),
+         real=("values",), counts=("counts",), scalars={"sigma_x": "positive"}),
+    Case("gaussian_eb_samples-2d", _samples,
+         lambda: dict(values=_quarters((7, 2), 7), counts=np.array([1, 4, 2]),
+                      method="moments", prior_mean=np.array([0.25, 0.5])),
+         real=("values",), counts=("counts",)),
+    Case("personalized_gaussian", personalized_gaussian,
+         lambda: dict(xbar=_x1(), n=np.array([4, 2, 4, 8, 2]), sigma_theta=0.5, sigma_x=1.0),
+         real=("xbar",), counts=("n",),
+         scalars={"sigma_theta": "nonnegative", "sigma_x": "positive",
+                  "sigma_q": "nonnegative"},
+         bad=(("n", np.array([4, 2, 4, 8]), ValueError), ("n", np.array([4, 2, 4, 8, 0]),
+                                                          ValueError),
+              ("n", 2.5, ValueError), ("n", 0, ValueError), ("n", "4", TypeError),
+              ("xbar", np.zeros(1), ValueError), ("xbar", np.zeros((5, 2, 1)), ValueError),
+              ("shared", np.zeros(4), ValueError), ("shared", "0.5", TypeError)),
+         extreme=(("xbar", np.array([1e308, 1e308, -1e308, 0.0, 1e308])),
+                  ("xbar", np.array([1e150, 1e150, -1e150, 0.0, 1e150])),
+                  ("n", np.array([1, 1, 10**18, 1, 1]))),
+         known=(("xbar", np.array([1e308, 1e308, -1e308, 0.0, 1e308]), _HUGE_MEAN),)),
+    Case("personalized_gaussian-2d-shared", personalized_gaussian,
+         lambda: dict(xbar=_x2(), n=4, sigma_theta=0.5, sigma_x=1.0, shared=_quarters((5, 2), 8),
+                      sigma_q=0.25),
+         real=("xbar", "shared"),
+         bad=(("shared", np.zeros((5, 3)), ValueError), ("shared", np.zeros(5), ValueError)),
+         extreme=(("shared", np.full((5, 2), 1e308)), ("n", 10**18)),
+         known=(("shared", np.full((5, 2), 1e308), _HUGE_MEAN),)),
+    *[_beta_eb_case(method) for method in BETA_METHODS],
+    _beta_eb_case("mle", "mle-prior", prior=BetaPrior(2.0, 3.0)),
+    Case("beta_binomial_eb-fix_prior", beta_binomial_eb,
+         lambda: dict(successes=_z(), trials=_n(), prior=BetaPrior(2.0, 3.0), fix_prior=True),
+         counts=("successes", "trials"), scalars={"fix_prior": "bool"},
+         bad=_COUNTS_BAD + (("prior", None, ValueError, "fix_prior"),
+                            ("prior", (2.0, 3.0), TypeError)),
+         extreme=(("trials", np.array([5, 5, 6, 4, 6, 10**15])),)),
+    Case("beta_bernoulli_eb", _bernoulli,
+         lambda: dict(values=_bernoulli_values(), counts=_bits_counts()),
+         real=("values",), counts=("counts",),
+         bad=(("values", np.full(12, 0.5), ValueError), ("values", np.full(12, 2.0), ValueError),
+              ("values", np.zeros((12, 2)), ValueError), ("method", "x", ValueError))),
+    Case("beta_bernoulli_eb-data", beta_bernoulli_eb,
+         lambda: dict(data=Ragged.from_counts(_bernoulli_values(), _bits_counts()),
+                      method="loo_proof"),
+         bad=(("data", "ab", TypeError), ("data", _bernoulli_values(), TypeError),
+              ("data", Ragged(np.array([1, 0, 1]), np.array([0, 2, 2, 3])), ValueError),
+              ("prior", 3, TypeError), ("fix_prior", 1, TypeError))),
+    Case("bernoulli_counts", _counts_of,
+         lambda: dict(values=_bernoulli_values(), counts=_bits_counts()),
+         real=("values",), counts=("counts",)),
+    Case("bernoulli_counts-data", bernoulli_counts,
+         lambda: dict(data=Ragged.from_counts(np.array([True, False, True]), np.array([2, 1]))),
+         bad=(("data", [1, 0], TypeError),
+              ("data", Ragged(np.array([1, 0, 1]), np.array([0, 0, 3])), ValueError),
+              ("data", Ragged(np.array([1.0, NAN]), np.array([0, 1, 2])), ValueError),
+              ("data", Ragged(np.zeros((2, 2)), np.array([0, 1, 2])), ValueError),
+              ("data", Ragged(np.array([1, 2]), np.array([0, 1, 2])), ValueError))),
+    Case("GaussianMixturePrior", _gm_prior,
+         lambda: dict(weights=np.array([0.25, 0.75]), means=np.array([-1.0, 1.5]),
+                      sds=np.array([0.5, 0.0])),
+         real=("weights", "means", "sds"),
+         bad=(("weights", np.array([0.25, 0.5]), ValueError),
+              ("weights", np.array([1.25, -0.25]), ValueError),
+              ("weights", np.array([0.25, 0.25, 0.5]), ValueError),
+              ("sds", np.array([0.5, -0.25]), ValueError), ("sds", np.array([0.5, 1e200]),
+                                                            ValueError),
+              ("sds", np.zeros((2, 1)), ValueError),
+              ("means", np.array([0.0, 1e200]), ValueError),
+              ("means", np.zeros((2, 1, 1)), ValueError), ("means", np.zeros((2, 0)),
+                                                           ValueError)),
+         extreme=(("means", np.array([-1e150, 1e150])), ("sds", np.array([1e150, 0.0])),
+                  ("weights", np.array([1.0, 0.0])))),
+    Case("GaussianMixturePrior.logpdf/sample", _gm_prior_methods,
+         lambda: dict(theta=np.array([-1.0, 0.25, 2.0]), size=3, rng=0),
+         real=("theta",), scalars={"rng": "rng"},
+         bad=(("theta", np.zeros((3, 2)), ValueError), ("theta", np.zeros((3, 1, 1)),
+                                                        ValueError),
+              ("size", -1, ValueError), ("size", 2.5, TypeError), ("size", "3", TypeError),
+              ("size", True, TypeError), ("size", 10**30, ValueError)),
+         extreme=(("theta", np.array([1e150, -1e150])), ("theta", np.array([1e308])),
+                  ("size", 0))),
+    Case("GaussianMixturePrior.logpdf-tiny-sd", lambda theta: GaussianMixturePrior(
+        [0.5, 0.5], [0.0, 1.0], [1e-200, 1e150]).logpdf(theta),
+         lambda: dict(theta=np.array([0.0, 0.5, 1.0])), real=("theta",),
+         extreme=(("theta", np.array([1e-200, -1e-200, 1e150])),)),
+    Case("gaussian_mixture_posterior", gaussian_mixture_posterior,
+         lambda: dict(x=_x1(), s=_s1(), prior=_mixture_prior()),
+         real=("x", "s"),
+         bad=_MIXTURE_BAD + (("prior", "g", TypeError), ("prior", _mixture_prior(2), ValueError),
+                             ("prior", NormalPrior(0.0, 1.0), TypeError)),
+         extreme=_GAUSSIAN_EB_EXTREME),
+    Case("gaussian_mixture_posterior-2d", gaussian_mixture_posterior,
+         lambda: dict(x=_x2(), s=0.5, prior=_mixture_prior(2)),
+         real=("x",), bad=(("prior", _mixture_prior(), ValueError),),
+         extreme=_extremes_2d(_GAUSSIAN_EB_EXTREME)),
+    Case("gaussian_mixture_eb", gaussian_mixture_eb,
+         lambda: dict(x=_x1(), s=_s1(), n_components=2, rng=0, n_init=2, max_iter=20,
+                      init="random"),
+         real=("x", "s"),
+         scalars={"n_components": "size", "rng": "rng", "n_init": "count", "max_iter": "count",
+                  "tol": "nonnegative", "min_sd": "nonnegative"},
+         bad=_MIXTURE_BAD + (("n_components", 6, ValueError), ("init", "kmeans++", ValueError),
+                             ("init", ["random"], TypeError), ("init", 3, TypeError),
+                             ("init", _mixture_prior(2), ValueError),
+                             ("init", GaussianMixturePrior([1.0], [0.0], [1.0]), ValueError),
+                             ("min_sd", 1e200, ValueError)),
+         extreme=_GAUSSIAN_EB_EXTREME),
+    Case("gaussian_mixture_eb-kmeans-2d", gaussian_mixture_eb,
+         lambda: dict(x=_x2(), s=_s1(), n_components=2, rng=0, n_init=1, max_iter=10,
+                      min_sd=0.25),
+         real=("x", "s")),
+    Case("gaussian_mixture_eb-prior", gaussian_mixture_eb,
+         lambda: dict(x=_x1(), s=0.5, n_components=2, max_iter=10, init=_mixture_prior()),
+         real=("x",)),
+]
+
+_table_tests(GAUSSIAN_AND_BETA, "gaussian_beta")
+
+
+# ------------------------------------------------------------------ privacy
+
+def _mechanism_call(method):
+    def call(mechanism, **kw):
+        return getattr(mechanism, method)(**kw)
+
+    return call
+
+
+def _quantizer(k_bits, b):
+    q = StochasticQuantizer(k_bits, b)
+    return q.step, q.max_variance, q.levels
+
+
+def _gaussian_mechanism(**kw):
+    g = GaussianMechanism(**kw)
+    return g.sigma, g.true_delta, g.privacy, g.max_variance
+
+
+def _laplace(**kw):
+    mech = LaplaceMechanism(**kw)
+    return mech.scale, mech.max_variance, mech.privacy
+
+
+def _rr(cls):
+    def call(epsilon):
+        mech = cls(epsilon)
+        return mech.outputs, mech.max_variance, mech.flip_probability, mech.privacy
+
+    return call
+
+
+#: The clipping mechanisms on [-1.5, 1.5]; x holds values inside and outside.
+_CLIPPING = {
+    "StochasticQuantizer": lambda: StochasticQuantizer(3, 1.5),
+    "GaussianMechanism": lambda: GaussianMechanism(1.0, 1e-5, 1.5, d=2, calibration="l2"),
+    "LaplaceMechanism": lambda: LaplaceMechanism(2.0, 1.5, d=2),
+}
+#: Two-valued mechanisms and an input each takes.
+_BITS = {
+    "RandomizedResponse": (lambda: RandomizedResponse(1.0),
+                           lambda: np.array([0.0, 1.0, 1.0, 0.0])),
+    "BinaryMechanism": (lambda: BinaryMechanism(1.0), lambda: np.array([0.25, 1.0, 0.0, 0.5])),
+}
+
+
+def _clipping_cases():
+    cases = []
+    for name, mech in _CLIPPING.items():
+        for method in ("privatize", "variance", "n_clipped"):
+            def make(mech=mech, method=method):
+                kw = dict(mechanism=mech(), x=_quarters((3, 2), 9) * 1.5)
+                return {**kw, "rng": 0} if method == "privatize" else kw
+
+            cases.append(Case(f"{name}.{method}", _mechanism_call(method), make, real=("x",),
+                              scalars={"rng": "rng"} if method == "privatize" else {},
+                              bad=(("x", np.zeros((2, 2, 2)), ValueError),),
+                              extreme=(("x", np.array([1e308, -1e308, 0.0])),
+                                       ("x", np.array([5e-324, -5e-324])))))
+    return cases
+
+
+def _excess_cases():
+    """square_variance_excess of every mechanism that bounds it."""
+    mechanisms = {**{k: v for k, v in _CLIPPING.items()},
+                  **{k: v[0] for k, v in _BITS.items()}}
+    return [Case(f"{name}.square_variance_excess", _mechanism_call("square_variance_excess"),
+                 lambda mech=mech: dict(mechanism=mech(), input_variance=np.array([0.0, 0.25])),
+                 real=("input_variance",),
+                 bad=(("input_variance", -0.25, ValueError),),
+                 # a bound beyond float64 is +inf by design (the estimators read it as
+                 # "the noise swamps the data"), so only variances whose bound is finite
+                 extreme=(("input_variance", 1e100), ("input_variance", 5e-324)))
+            for name, mech in mechanisms.items()]
+
+
+def _bit_cases():
+    cases = []
+    for name, (mech, bits) in _BITS.items():
+        for method in ("privatize", "variance", "prob_high"):
+            def make(mech=mech, bits=bits, method=method):
+                kw = dict(mechanism=mech(), x=bits())
+                return {**kw, "rng": 0} if method == "privatize" else kw
+
+            cases.append(Case(f"{name}.{method}", _mechanism_call(method), make, real=("x",),
+                              scalars={"rng": "rng"} if method == "privatize" else {},
+                              bad=(("x", np.zeros((2, 2)), ValueError),
+                                   ("x", np.array([0.0, 1.5]), ValueError),
+                                   ("x", np.array([0.0, -0.5]), ValueError))))
+        for method in ("likelihood_ratio_bound", "log_likelihood_ratio_bound"):
+            cases.append(Case(
+                f"{name}.{method}", _mechanism_call(method),
+                lambda mech=mech, bits=bits: dict(mechanism=mech(), x=bits(),
+                                                  x_other=bits()[::-1].copy()),
+                real=("x", "x_other"),
+                bad=(("x_other", np.zeros(3), ValueError), ("x", np.array([0.0, 2.0, 1.0, 0.0]),
+                                                            ValueError))))
+    return cases
+
+
+def _private_gaussian_case(label, **kw):
+    def make():
+        out = dict(xbar=_x1(), n=np.array([4, 2, 4, 8, 2]), sigma_x=1.0, rng=0)
+        return {**out, **{k: (v() if callable(v) else v) for k, v in kw.items()}}
+
+    scalars = {"sigma_x": "positive", "rng": "rng"}
+    scalars.update({"sigma_theta": "nonnegative"} if "sigma_theta" in kw
+                   else {"ucb_z": "nonnegative"})
+    return Case(f"private_gaussian-{label}", private_gaussian, make, real=("xbar",),
+                counts=("n",), scalars=scalars,
+                bad=(("mechanism", "quantizer", TypeError),
+                     ("mechanism", StochasticQuantizer, TypeError),
+                     ("xbar", np.zeros(1), ValueError), ("xbar", np.zeros((5, 2, 1)), ValueError),
+                     ("xbar", np.full(5, 1e200), ValueError),
+                     ("n", np.array([4, 2, 4, 8]), ValueError), ("n", 0, ValueError),
+                     ("n", np.array([4, 2, 4, 8, 0]), ValueError),
+                     ("variance", "ucb2", ValueError), ("variance", ["ucb"], TypeError),
+                     ("ucb_z", 41.0, ValueError), ("ucb_z", -1.0, ValueError),
+                     ("ucb_z", "3", TypeError), ("sigma_theta", 1e200, ValueError),
+                     ("sigma_x", 1e-200, ValueError)),
+                extreme=(("xbar", np.array([1e150, -1e150, 0.0, 1e150, 1.0])),
+                         ("n", np.array([1, 1, 10**18, 1, 1]))))
+
+
+def _bernoulli_private_bad():
+    return (("successes", np.array([6, 3, 5, 2, 4, 6]), ValueError),
+            ("successes", np.array([0, 3]), ValueError),
+            ("trials", np.array([5, 5, 6, 4, 6, 0]), ValueError),
+            ("successes", np.array([0, 3]), ValueError, "successes and trials"),
+            ("epsilon", 1e200, ValueError))
+
+
+def _pb_extremes():
+    return (("epsilon", 1e150), ("epsilon", 1e-150),
+            ("trials", np.array([5, 5, 6, 4, 6, 10**15])))
+
+
+def _accountant_run(n_clients, delta, epsilon, accountant="rdp",
+                    sampling="without_replacement", trust="aggregator", orders=None,
+                    value_discretization_interval=1e-4, **step):
+    """DPAdaPeDAccountant: constructor, step, and every getter."""
+    acc = DPAdaPeDAccountant(n_clients, sampling=sampling, trust=trust, accountant=accountant,
+                             orders=orders,
+                             value_discretization_interval=value_discretization_interval)
+    assert acc.step(**step) is acc
+    spent = acc.get_privacy_spent(delta)
+    rdp = acc.get_rdp() if accountant == "rdp" else None
+    return (spent, acc.get_epsilon(delta), acc.get_delta(epsilon), rdp, acc.n_rounds,
+            acc.history, repr(acc.event))
+
+
+_STEP = dict(n_sampled=2, sync_gap=10, clip_mu=1.0, noise_mu=2.0)
+_STEP_KINDS = {"n_sampled": "size", "sync_gap": "size", "clip_mu": "positive",
+               "noise_mu": "positive"}
+_RUN = dict(n_clients=8, n_iterations=20, **_STEP)
+_RUN_KINDS = {"n_clients": "size", "n_iterations": "size", **_STEP_KINDS}
+_BLOCK_BAD = (("clip_psi", 1.0, ValueError), ("noise_psi", 1.0, ValueError),
+              ("clip_mu", 1e60, ValueError), ("noise_mu", 1e-60, ValueError),
+              ("n_sampled", 9, ValueError))
+_ACCOUNTANT_BAD = (("sampling", "fixed", ValueError), ("sampling", ["poisson"], TypeError),
+                   ("trust", "server", ValueError), ("accountant", "gdp", ValueError),
+                   ("orders", np.array([1.0, 2.0]), ValueError),
+                   ("orders", np.array([2.0, 1e7]), ValueError),
+                   ("orders", "2.0", (TypeError, ValueError)),
+                   ("orders", np.zeros((2, 2)) + 2, ValueError),
+                   ("value_discretization_interval", 2.0, ValueError),
+                   ("value_discretization_interval", 0.0, ValueError),
+                   ("value_discretization_interval", "1e-4", TypeError))
+
+
+def _orders():
+    return np.array([2.0, 4.0, 8.0, 16.0])
+
+
+def _rdp():
+    return np.array([0.25, 0.5, 1.0, 2.0])
+
+
+_RDP_BAD = (("orders", np.array([1.0, 2.0, 4.0, 8.0]), ValueError),
+            ("orders", np.array([2.0, 4.0, 8.0, 2e6]), ValueError),
+            ("orders", np.zeros((2, 2)) + 2.0, ValueError), ("orders", np.array([]), ValueError),
+            ("rdp", np.array([0.25, 0.5, 1.0]), ValueError),
+            ("rdp", np.array([0.25, 0.5, 1.0, -2.0]), ValueError),
+            ("rdp", np.array([10**400] * 4, dtype=object), ValueError))
+# rdp = +inf at every order (no guarantee) gives epsilon = +inf by design (see
+# test_accounting's test_conversion_handles_infinite_rdp); rdp_to_delta gives 1 for it.
+_RDP_EXTREME = (("rdp", np.array([INF, 0.5, 1.0, 2.0])), ("rdp", np.zeros(4)),
+                ("rdp", np.full(4, 5e-324)), ("rdp", np.full(4, 1e-17)),
+                ("rdp", np.full(4, 1e308)), ("orders", np.array([1.0 + 2**-52, 1e6, 2.0, 3.0])))
+
+PRIVACY = [
+    Case("StochasticQuantizer", _quantizer, lambda: dict(k_bits=3, b=1.5),
+         scalars={"k_bits": "size", "b": "positive"},
+         bad=(("k_bits", 53, ValueError), ("b", 1e200, ValueError)),
+         extreme=(("b", 1e150), ("b", 1e-150), ("k_bits", 24))),
+    Case("GaussianMechanism", _gaussian_mechanism,
+         lambda: dict(epsilon=1.0, delta=1e-5, b=1.5, d=1),
+         scalars={"epsilon": "positive", "delta": "open_unit", "b": "positive", "d": "size"},
+         bad=(("calibration", "tight", ValueError), ("calibration", ["l2"], TypeError),
+              ("epsilon", 1e200, ValueError), ("d", 2**60, ValueError))),
+    Case("GaussianMechanism-l2", _gaussian_mechanism,
+         lambda: dict(epsilon=1.0, delta=1e-5, b=1.5, d=4, calibration="l2"),
+         scalars={"epsilon": "positive", "delta": "open_unit", "b": "positive", "d": "size"},
+         extreme=(("epsilon", 1e150), ("epsilon", 1e-150), ("b", 1e150), ("b", 1e-150),
+                  ("delta", 1e-300), ("delta", 1.0 - 2**-53), ("d", 2**53))),
+    Case("LaplaceMechanism", _laplace, lambda: dict(epsilon=2.0, b=1.5, d=2),
+         scalars={"epsilon": "positive", "b": "positive", "d": "size"},
+         extreme=(("epsilon", 1e150), ("epsilon", 1e-150), ("b", 1e150), ("b", 1e-150),
+                  ("d", 2**53))),
+    Case("RandomizedResponse", _rr(RandomizedResponse), lambda: dict(epsilon=1.0),
+         scalars={"epsilon": "positive"}, extreme=(("epsilon", 1e150), ("epsilon", 1e-150))),
+    Case("BinaryMechanism", _rr(BinaryMechanism), lambda: dict(epsilon=1.0),
+         scalars={"epsilon": "positive"}, extreme=(("epsilon", 1e150), ("epsilon", 1e-150))),
+    *_clipping_cases(),
+    *_bit_cases(),
+    *_excess_cases(),
+    Case("dp_adaped_noise_multiplier", dp_adaped_noise_multiplier,
+         lambda: dict(clip_psi=0.5, noise_psi=4.0, **_STEP),
+         scalars={"clip_psi": "positive", "noise_psi": "positive", **_STEP_KINDS},
+         bad=(("trust", "server", ValueError), ("trust", ["local"], TypeError),
+              ("clip_psi", None, ValueError), ("noise_mu", 1e60, ValueError)),
+         extreme=(("clip_mu", 1e50), ("noise_mu", 1e-50), ("noise_psi", 1e50))),
+    Case("paper_clip_range", paper_clip_range,
+         lambda: dict(r=1.0, m=10, n=4, sigma_theta=0.5, sigma_x=1.0),
+         scalars={"r": "nonnegative", "m": "count", "n": "count", "sigma_theta": "nonnegative",
+                  "sigma_x": "positive"},
+         bad=(("m", 1, ValueError),),
+         extreme=(("m", 10**300), ("n", 10**300), ("m", 2**63))),
+    Case("analytic_gaussian_delta", analytic_gaussian_delta,
+         lambda: dict(epsilon=0.5, noise_multiplier=2.0),
+         scalars={"epsilon": "positive", "noise_multiplier": "positive"}),
+    _private_gaussian_case("given", mechanism=lambda: StochasticQuantizer(4, 3.0),
+                           sigma_theta=0.5),
+    _private_gaussian_case("ucb", mechanism=lambda: LaplaceMechanism(4.0, 3.0)),
+    _private_gaussian_case("plugin", mechanism=lambda: StochasticQuantizer(2, 3.0),
+                           variance="plugin"),
+    Case("private_gaussian-2d", private_gaussian,
+         lambda: dict(xbar=_x2(), n=4, sigma_x=1.0, rng=0,
+                      mechanism=GaussianMechanism(1.0, 1e-5, 3.0, d=2, calibration="l2")),
+         real=("xbar",),
+         bad=(("mechanism", RandomizedResponse(1.0), ValueError, "xbar"),
+              ("xbar", np.zeros((5, 0)), ValueError)),
+         extreme=(("xbar", np.full((5, 2), 1e150)),)),
+    Case("private_bernoulli_paper", private_bernoulli_paper,
+         lambda: dict(successes=_z(), trials=_n(), epsilon=1.0, rng=0),
+         counts=("successes", "trials"), scalars={"epsilon": "positive", "rng": "rng"},
+         bad=_bernoulli_private_bad(), extreme=_pb_extremes()),
+    *[Case(f"private_bernoulli_corrected-{rule}", private_bernoulli_corrected,
+           lambda rule=rule: dict(successes=_z(), trials=_n(), epsilon=2.0, variance=rule,
+                                  rng=0),
+           counts=("successes", "trials"),
+           scalars={"epsilon": "positive", "rng": "rng", "ucb_z": "nonnegative"},
+           bad=_bernoulli_private_bad() + (
+               ("variance", "upper", ValueError), ("variance", ["ucb"], TypeError),
+               ("ucb_z", 41.0, ValueError), ("trials", np.ones(6, int), ValueError)),
+           extreme=_pb_extremes()) for rule in ("ucb", "plugin")],
+    Case("theorem7_rdp", theorem7_rdp, lambda: dict(orders=_orders(), **_RUN),
+         real=("orders",), scalars=_RUN_KINDS,
+         bad=_BLOCK_BAD + (("orders", np.array([1.0, 2.0]), ValueError),
+                           ("orders", np.zeros((2, 2)) + 2.0, ValueError),
+                           ("orders", np.array([2.0, 1e7]), ValueError),
+                           ("n_iterations", 25, ValueError), ("n_sampled", 0, ValueError)),
+         extreme=(("clip_mu", 1e50), ("noise_mu", 1e-50), ("orders", np.array([1e6])),
+                  ("n_clients", 2**53), ("n_iterations", 10 * 2**49))),
+    Case("theorem7_rdp-psi-scalar", theorem7_rdp,
+         lambda: dict(orders=2.0, clip_psi=0.5, noise_psi=4.0, **_RUN),
+         real=("orders",), scalars={"clip_psi": "positive", "noise_psi": "positive"},
+         extreme=(("clip_psi", 1e50), ("noise_psi", 1e-50))),
+    *[Case(f"rdp_to_epsilon-{method}", rdp_to_epsilon,
+           lambda method=method: dict(orders=_orders(), rdp=_rdp(), delta=1e-5, method=method),
+           real=("orders", "rdp"), scalars={"delta": "open_unit"},
+           bad=_RDP_BAD + (("method", "lemma3", ValueError), ("method", ["classic"], TypeError)),
+           extreme=_RDP_EXTREME + (("delta", 5e-324), ("delta", 1.0 - 2**-53)))
+      for method in ("lemma2", "classic")],
+    Case("rdp_to_delta", rdp_to_delta,
+         lambda: dict(orders=_orders(), rdp=_rdp(), epsilon=2.0),
+         real=("orders", "rdp"), scalars={"epsilon": "positive"}, bad=_RDP_BAD,
+         extreme=_RDP_EXTREME + (("rdp", np.full(4, INF)),)),
+    Case("dp_adaped_epsilon", dp_adaped_epsilon,
+         lambda: dict(delta=1e-5, orders=_orders(), **_RUN),
+         real=("orders",), scalars={"delta": "open_unit", **_RUN_KINDS},
+         bad=_BLOCK_BAD + _ACCOUNTANT_BAD + (("n_iterations", 25, ValueError),),
+         extreme=(("clip_mu", 1e50), ("noise_mu", 1e-50), ("noise_mu", 1e50),
+                  ("delta", 5e-324))),
+    Case("dp_adaped_epsilon-pld", dp_adaped_epsilon,
+         lambda: dict(delta=1e-5, sampling="poisson", accountant="pld",
+                      value_discretization_interval=1e-2, **_RUN),
+         scalars={"delta": "open_unit", "value_discretization_interval": "positive"},
+         bad=(("sampling", "without_replacement", ValueError),
+              ("noise_mu", 1e-3, ValueError, "noise"))),
+    Case("DPAdaPeDAccountant", _accountant_run,
+         lambda: dict(n_clients=8, delta=1e-5, epsilon=2.0, orders=_orders(), n_rounds=2,
+                      **_STEP),
+         real=("orders",),
+         scalars={"n_clients": "size", "delta": "open_unit", "epsilon": "positive",
+                  "n_rounds": "size", **_STEP_KINDS},
+         bad=_BLOCK_BAD + _ACCOUNTANT_BAD,
+         extreme=(("epsilon", 1e308), ("epsilon", 5e-324), ("n_rounds", 2**53),
+                  ("noise_mu", 1e50))),
+    Case("DPAdaPeDAccountant-pld-local", _accountant_run,
+         lambda: dict(n_clients=8, delta=1e-5, epsilon=2.0, accountant="pld", trust="local",
+                      value_discretization_interval=1e-2, n_rounds=2, **_STEP),
+         scalars={"value_discretization_interval": "positive", "epsilon": "positive"},
+         bad=(("noise_mu", 1e-4, ValueError, "noise"),)),
+    Case("private_bernoulli_sweep", private_bernoulli_sweep,
+         lambda: dict(epsilons=np.array([1.0, 4.0]), alpha=2.0, beta=2.0, n_clients=6, n=4,
+                      rng=0),
+         real=("epsilons",),
+         scalars={"alpha": "positive", "beta": "positive", "n_clients": "size", "n": "size",
+                  "rng": "rng"},
+         bad=(("epsilons", np.zeros((2, 1)) + 1.0, ValueError), ("epsilons", [], ValueError),
+              ("epsilons", [0.0], ValueError), ("epsilons", [1e200], ValueError),
+              ("epsilons", 1.0, (TypeError, ValueError)), ("n_clients", 2, ValueError),
+              ("n", 1, ValueError)),
+         extreme=(("epsilons", np.array([1e150, 1e-150])),)),
+]
+
+_table_tests(PRIVACY, "privacy")
+
+
+# ------------------------------------------------------------------- bounds
+
+#: Valid value and kind of every argument of ebfl.bounds.
+_BOUND_ARGS = {
+    "m": (10, "size"), "n": (4, "size"), "d": (2, "size"), "k_bits": (3, "size"),
+    "sigma_theta": (0.5, "nonnegative"), "sigma_x": (1.0, "positive"),
+    "sigma_q": (0.25, "nonnegative"), "r": (1.0, "nonnegative"), "epsilon": (1.0, "positive"),
+    "delta": (1e-5, "open_unit"), "alpha": (2.0, "positive"), "beta": (3.0, "positive"),
+    "mean_a2": (0.25, "probability"), "mean_one_minus_a2": (0.5, "probability"),
+}
+#: Legal values at the ends of the documented ranges.
+_BOUND_EXTREME = {
+    "m": (2**53,), "n": (2**53,), "d": (2**53,), "k_bits": (2**53,),
+    "sigma_theta": (1e-100, 1e100), "sigma_x": (1e-100, 1e100), "sigma_q": (1e-100, 1e100),
+    "r": (1e100,), "epsilon": (1e150, 1e-150), "alpha": (1e300,), "beta": (1e300,),
+    "delta": (5e-324, 1.0 - 2**-53), "mean_a2": (0.0, 1.0),
+}
+
+
+def _bound_case(func, label=None, **fixed):
+    names = [p for p in inspect.signature(func).parameters if p not in fixed]
+    return Case(label or func.__name__, func,
+                lambda: {**{p: _BOUND_ARGS[p][0] for p in names}, **fixed},
+                scalars={p: _BOUND_ARGS[p][1] for p in names},
+                bad=tuple((p, v, ValueError) for p in names for v in
+                          {"m": (1, 2**53 + 1), "n": (2**53 + 1,), "d": (2**53 + 1,),
+                           "sigma_theta": (1e-101,), "sigma_x": (1e101,), "r": (1e101,),
+                           "alpha": (1e301,), "epsilon": (1e151,)}.get(p, ())),
+                extreme=tuple((p, v) for p in names for v in _BOUND_EXTREME.get(p, ())),
+                result=lambda out: out.as_dict() if hasattr(out, "as_dict") else out)
+
+
+BOUNDS = [_bound_case(getattr(bounds, name)) for name in bounds.__all__
+          if inspect.isfunction(getattr(bounds, name))]
+
+_table_tests(BOUNDS, "bounds")
+
+
+def test_every_public_bound_is_in_the_table():
+    functions = {n for n in bounds.__all__ if inspect.isfunction(getattr(bounds, n))}
+    assert functions == {c.id for c in BOUNDS}
 
 
 # ------------------------------------------------------- learning (numpy)

@@ -16,7 +16,7 @@ from scipy import special
 
 from ebfl._config import MAX_DENSE_TABLE_CELLS
 from ebfl._kernels import _bernoulli_counts
-from ebfl._validation import check_choice, check_counts
+from ebfl._validation import INT64_MAX, check_bool, check_choice, check_counts
 from ebfl.eb import _kernels
 from ebfl.eb.priors import BetaPrior
 from ebfl.eb.results import BetaBinomialEBResult, BetaPosterior
@@ -52,13 +52,14 @@ def bernoulli_counts(data):
         raise TypeError(f"data must be a ebfl.Ragged, got {type(data).__name__}")
     values = data.values
     if values.ndim != 1:
-        raise ValueError(f"Bernoulli data must be 1-D, got values of shape {values.shape}")
+        raise ValueError(f"data.values must be 1-D (one 0/1 observation per entry), got shape "
+                         f"{values.shape}")
     if values.dtype == bool:
         values = values.view(np.uint8)
     elif not (np.issubdtype(values.dtype, np.integer) or np.issubdtype(values.dtype, np.floating)):
         raise TypeError(f"data.values must be bool, integer or float, got {values.dtype}")
     trials = data.counts
-    _check_nonempty(trials)
+    _check_nonempty(trials, "data")
     successes, invalid = _bernoulli_counts(values, data.offsets)
     n_invalid = int(invalid.sum())
     if n_invalid:
@@ -206,7 +207,7 @@ def beta_binomial_eb(successes, trials, *, method="mle", prior=None, fix_prior=F
     check_choice(method, "method", METHODS)
     if prior is not None and not isinstance(prior, BetaPrior):
         raise TypeError(f"prior must be a BetaPrior or None, got {type(prior).__name__}")
-    if fix_prior:
+    if check_bool(fix_prior, "fix_prior"):
         if prior is None:
             raise ValueError("fix_prior=True needs a prior")
         return _posterior_result("fixed", prior, z, n, {})
@@ -236,7 +237,7 @@ def _counts_iv(successes, trials):
                          f"and {n.size}")
     if z.size == 0:
         raise ValueError("successes and trials must hold at least one client")
-    _check_nonempty(n)
+    _check_nonempty(n, "trials")
     if np.any(z > n):
         first = int(np.flatnonzero(z > n)[0])
         raise ValueError(f"successes must not exceed trials (client {first}: "
@@ -244,10 +245,11 @@ def _counts_iv(successes, trials):
     return z, n
 
 
-def _check_nonempty(trials):
+def _check_nonempty(trials, name):
+    """Refuse clients without observations, naming the argument that holds the counts."""
     if np.any(trials == 0):
         empty = np.flatnonzero(trials == 0)
-        raise ValueError(f"every client needs at least one observation; {empty.size} "
+        raise ValueError(f"{name}: every client needs at least one observation; {empty.size} "
                          f"client(s) are empty (first: {int(empty[0])})")
 
 
@@ -311,9 +313,9 @@ def _implied_concentration(method, mean, variance):
 
 def _posterior_result(method, prior, z, n, diagnostics, counts=None):
     if prior is None:
-        raise ValueError(f"method={method!r}: the moments define no proper Beta prior "
-                         f"(variance of p estimated <= 0 or >= mean(1-mean)); "
-                         "try method='mle' or a leave-one-out method")
+        raise ValueError(f"method={method!r}: the moments of these successes and trials "
+                         "define no proper Beta prior (variance of p estimated <= 0 or "
+                         ">= mean(1-mean)); try method='mle' or a leave-one-out method")
     post_alpha, post_beta, mean, var, weight = _kernels._beta_posterior(
         z, n, prior.alpha, prior.beta)
     centre = np.full(z.size, prior.mean)
@@ -390,6 +392,10 @@ def _compress(z, n):
         table = _kernels._trials_successes_table(z, n, n_max)
         nu, zu = np.nonzero(table)
         return nu.astype(np.float64), zu.astype(np.float64), table[nu, zu].astype(np.float64)
+    if n_max * (n_max + 1) + n_max > INT64_MAX:  # the packed key n (n_max + 1) + z overflows
+        pairs, counts = np.unique(np.stack([n, z], axis=1), axis=0, return_counts=True)
+        nu, zu = pairs[:, 0], pairs[:, 1]
+        return nu.astype(np.float64), zu.astype(np.float64), counts.astype(np.float64)
     keys, counts = np.unique(n * (n_max + 1) + z, return_counts=True)
     nu, zu = np.divmod(keys, n_max + 1)
     return nu.astype(np.float64), zu.astype(np.float64), counts.astype(np.float64)

@@ -23,6 +23,7 @@ import numpy as np
 from scipy import special
 
 from ebfl._validation import (
+    INT64_MAX,
     as_generator,
     check_choice,
     check_finite_array,
@@ -152,7 +153,9 @@ class GaussianMixturePrior:
         Raises
         ------
         ValueError
-            If a component with positive weight has sd 0 (a point mass has no density).
+            If a component with positive weight has sd 0 (a point mass has no density),
+            or a point is so far from every component that its log density is below
+            the float64 range (-1.8e308).
         """
         theta2 = self._check_theta(theta, "theta")
         keep = self.weights > 0
@@ -160,12 +163,23 @@ class GaussianMixturePrior:
             raise ValueError("logpdf needs sds > 0 for every component of positive weight "
                              "(a point mass has no density)")
         mu = _as_2d(self.means)[keep]
-        tau2 = self.sds[keep] ** 2
+        sds = self.sds[keep]
         d = self.dim
-        rss = _sq_dist(theta2, mu)
-        log_terms = (np.log(self.weights[keep]) - 0.5 * d * (_LOG_2PI + np.log(tau2))
-                     - 0.5 * rss / tau2)
-        return special.logsumexp(log_terms, axis=1)
+        # |theta - mu_l|^2 / tau_l^2 in units of tau_l and log(tau_l^2) as 2 log(tau_l): a
+        # tiny sd (tau_l^2 underflows) or a huge distance does not overflow on its own.
+        scaled = np.empty((theta2.shape[0], sds.size))
+        with np.errstate(over="ignore"):
+            for l in range(sds.size):
+                z = (theta2 - mu[l]) / sds[l]
+                scaled[:, l] = np.einsum("ij,ij->i", z, z)
+        log_terms = (np.log(self.weights[keep]) - 0.5 * d * _LOG_2PI - d * np.log(sds)
+                     - 0.5 * scaled)
+        out = special.logsumexp(log_terms, axis=1)
+        if not np.all(np.isfinite(out)):
+            first = int(np.flatnonzero(~np.isfinite(out))[0])
+            raise ValueError(f"theta[{first}] is so far from every component that its log "
+                             "density is below the float64 range")
+        return out
 
     def sample(self, size, rng=None):
         """Draw ``size`` parameters theta_i ~ g.
@@ -183,7 +197,7 @@ class GaussianMixturePrior:
         labels : ndarray of int, shape (size,)
             The component each draw came from.
         """
-        size = check_int_scalar(size, "size", minimum=0)
+        size = check_int_scalar(size, "size", minimum=0, maximum=INT64_MAX)
         rng = as_generator(rng)
         labels = rng.choice(self.n_components, size=size, p=self.weights)
         mu = _as_2d(self.means)

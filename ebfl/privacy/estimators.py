@@ -198,6 +198,8 @@ def private_gaussian(xbar, n, mechanism, *, sigma_x, sigma_theta=None, variance=
         raise TypeError(f"mechanism must be an ebfl.privacy Mechanism, got "
                         f"{type(mechanism).__name__}")
     xbar = check_finite_array(xbar, "xbar", ndim=(1, 2), min_len=2)
+    if xbar.size == 0:
+        raise ValueError(f"xbar must have at least one coordinate, got shape {xbar.shape}")
     if np.max(np.abs(xbar)) > MAX_ABS_XBAR:
         raise ValueError(f"xbar must lie in [-{MAX_ABS_XBAR:g}, {MAX_ABS_XBAR:g}] (its squares "
                          f"must stay finite)")
@@ -208,7 +210,11 @@ def private_gaussian(xbar, n, mechanism, *, sigma_x, sigma_theta=None, variance=
         sigma_theta = check_standard_deviation(sigma_theta, "sigma_theta", zero_ok=True)
     rng = as_generator(rng)
     n_clipped = mechanism.n_clipped(xbar) if hasattr(mechanism, "n_clipped") else 0
-    shared = mechanism.privatize(xbar, rng)
+    try:
+        shared = mechanism.privatize(xbar, rng)
+    except ValueError as exc:  # e.g. bits-only mechanisms: the message names their own x
+        raise ValueError(f"xbar is outside the domain of mechanism "
+                         f"{type(mechanism).__name__}: {exc}") from exc
     sigma_q2 = mechanism.max_variance
     rule, plugin, upper = "given", None, None
     if sigma_theta is None:
@@ -480,4 +486,5 @@ def private_bernoulli_corrected(successes, trials, epsilon, *, variance="ucb",
 
 def _check_loo_size(m):
     if m < 3:
-        raise ValueError(f"leave-one-out estimation needs at least 3 clients, got {m}")
+        raise ValueError(f"successes and trials must hold at least 3 clients (leave-one-out "
+                         f"estimation), got {m}")

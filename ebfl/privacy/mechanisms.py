@@ -149,8 +149,17 @@ class Mechanism(ABC):
         the inputs. The private estimators use it for the standard error of
         their population-variance estimate. None when unknown (the default);
         the estimators then estimate that standard error from the messages.
+        ``input_variance`` is a finite real >= 0, or an array of them.
         """
         return None
+
+
+def _check_input_variance(v):
+    """``square_variance_excess``'s argument: finite variances >= 0 (any shape)."""
+    v = check_finite_array(v, "input_variance", min_len=0)
+    if np.any(v < 0):
+        raise ValueError("input_variance must be >= 0 (a variance)")
+    return v
 
 
 def _bounded_noise_excess(v, noise_var, noise_bound):
@@ -160,7 +169,8 @@ def _bounded_noise_excess(v, noise_var, noise_bound):
     the excess is 6E[(x-mu)^2 e^2] - 2 v E e^2 + E e^4 - (E e^2)^2 + 4E[(x-mu) e^3];
     drop the negative terms and bound |e|^3 <= D e^2, e^4 <= D^2 e^2.
     """
-    v, noise_var, noise_bound = np.maximum(v, 0.0), np.float64(noise_var), np.float64(noise_bound)
+    v, noise_var, noise_bound = (_check_input_variance(v), np.float64(noise_var),
+                                 np.float64(noise_bound))
     with np.errstate(over="ignore"):   # +inf: the noise swamps everything
         return 6.0 * v * noise_var + 4.0 * noise_bound * noise_var * np.sqrt(v) + (
             noise_bound**2 * noise_var)
@@ -168,9 +178,9 @@ def _bounded_noise_excess(v, noise_var, noise_bound):
 
 def _independent_noise_excess(v, noise_var, kurtosis):
     """Var((x+e-mu)^2) - Var((x-mu)^2) = 4 v s^2 + (kurtosis - 1) s^4 for e independent of x."""
-    noise_var = np.float64(noise_var)
+    v, noise_var = _check_input_variance(v), np.float64(noise_var)
     with np.errstate(over="ignore"):   # +inf: the noise swamps everything
-        return 4.0 * np.maximum(v, 0.0) * noise_var + (kurtosis - 1.0) * noise_var**2
+        return 4.0 * v * noise_var + (kurtosis - 1.0) * noise_var**2
 
 
 class _ClippingMechanism(Mechanism):
@@ -648,17 +658,18 @@ class RandomizedResponse(Mechanism):
 
     def prob_high(self, x):
         """P(release = high) for input x in [0, 1]: p + x (1 - 2p), 1 - 2p = tanh(eps/2)."""
-        return self.flip_probability + np.asarray(x) * math.tanh(self.epsilon / 2.0)
+        x = _check_unit_interval(x)
+        return self.flip_probability + x * math.tanh(self.epsilon / 2.0)
 
     def _log_prob_high(self, x):
         with np.errstate(divide="ignore"):
             return np.logaddexp(-np.logaddexp(0.0, self.epsilon),
                                 np.log(x) + math.log(math.tanh(self.epsilon / 2.0)))
 
-    def _inputs(self, x):
-        x = check_finite_array(x, "x", ndim=(0, 1), min_len=0)
+    def _inputs(self, x, name="x"):
+        x = check_finite_array(x, name, ndim=(0, 1), min_len=0)
         if np.any((x != 0) & (x != 1)):
-            raise ValueError("randomized response takes bits: x must be 0 or 1")
+            raise ValueError(f"randomized response takes bits: {name} must be 0 or 1")
         return x
 
     def _bits(self, x, rng):
@@ -685,7 +696,12 @@ class RandomizedResponse(Mechanism):
 
         P(high | x) = p + x tanh(eps/2) and P(low | x) = P(high | 1 - x), p = 1/(e^eps+1).
         """
-        x, x_other = self._inputs(x), self._inputs(x_other)
+        x, x_other = self._inputs(x), self._inputs(x_other, "x_other")
+        try:
+            np.broadcast_shapes(x.shape, x_other.shape)
+        except ValueError:
+            raise ValueError(f"x and x_other must have broadcastable shapes, got {x.shape} "
+                             f"and {x_other.shape}") from None
         high = self._log_prob_high(x) - self._log_prob_high(x_other)
         low = self._log_prob_high(1.0 - x) - self._log_prob_high(1.0 - x_other)
         return np.maximum(high, low)
@@ -729,8 +745,8 @@ class BinaryMechanism(RandomizedResponse):
     True
     """
 
-    def _inputs(self, x):
-        return _check_unit_interval(x)
+    def _inputs(self, x, name="x"):
+        return _check_unit_interval(x, name)
 
     def _bits(self, x, rng):
         return rng.random(np.shape(x)) < x

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ebfl._validation import as_generator
+from ebfl._validation import INT64_MAX, as_generator, check_finite_array, check_int_scalar
 from ebfl.eb.beta_binomial import beta_binomial_eb
 from ebfl.models import BetaBernoulliPopulation
 from ebfl.privacy.estimators import private_bernoulli_corrected, private_bernoulli_paper
+from ebfl.privacy.mechanisms import EPSILON_RANGE
 
 __all__ = ["DEFAULT_EPSILONS", "plot_private_bernoulli", "private_bernoulli_sweep"]
 
@@ -27,12 +28,24 @@ def private_bernoulli_sweep(epsilons=DEFAULT_EPSILONS, *, alpha=2.0, beta=2.0, n
                             n=14, rng=0):
     """Mean weight a_i and MSE of the private estimators for each epsilon, one population draw.
 
+    ``epsilons``: one or more privacy levels in [1e-150, 1e150]; ``alpha``, ``beta``:
+    the Beta population, in (0, 1e300]; ``n_clients`` >= 3 clients of ``n`` >= 2 trials
+    each (the leave-one-out references need both).
+
     Returns a JSON-ready dict with the non-private references (local,
     ``loo_printed``, ``loo_corrected``) and one row per epsilon: the paper's
     estimator (``paper_*``), the corrected one (``corrected_*``, default
     ``variance="ucb"``) and the corrected one with ``variance="plugin"``
     (``corrected_plugin_*``) on the same messages.
     """
+    epsilons = check_finite_array(epsilons, "epsilons", ndim=1)
+    lo, hi = EPSILON_RANGE
+    if np.any((epsilons < lo) | (epsilons > hi)):
+        raise ValueError(f"epsilons must lie in [{lo:g}, {hi:g}]; got "
+                         f"{float(epsilons[(epsilons < lo) | (epsilons > hi)][0])!r}")
+    # leave-one-out estimators need 3 clients; loo_corrected needs 2 trials per client
+    n_clients = check_int_scalar(n_clients, "n_clients", minimum=3, maximum=INT64_MAX)
+    n = check_int_scalar(n, "n", minimum=2, maximum=INT64_MAX)
     rng = as_generator(rng)
     p, z, trials = BetaBernoulliPopulation(alpha, beta).sample_sufficient(n_clients, n, rng=rng)
 
