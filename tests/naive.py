@@ -222,3 +222,35 @@ def naive_normal_profile_max(x, s, *, mean=None, restricted=False, per_decade=10
     if -opt.fun > best:
         best_t, best = float(opt.x), float(-opt.fun)
     return best_t, best
+
+
+def naive_normal_profile(t, count, s2, xm, ss, *, mean=None, restricted=False):
+    """Twin of ``_kernels._normal_profile`` in plain numpy, (T, G) arrays at once.
+
+    Groups g: weight count_g, variance s2_g, mean xm_g (G, d), within sum of squares
+    ss_g. Returns the profile log-likelihood at each t, its slope times
+    c = t + min s2, and for each the sum of the absolute values of its terms (the scale
+    of their rounding errors: both may cancel to near 0).
+    """
+    n, d = count, xm.shape[1]
+    log_2pi = np.log(2 * np.pi)
+    t = np.asarray(t, dtype=np.float64)
+    c = t[:, None] + s2.min()
+    v = t[:, None] + s2[None, :]
+    a = c / v
+    na = n * a
+    na_sum = na.sum(axis=1)
+    mu = (na @ xm) / na_sum[:, None] if mean is None else np.broadcast_to(mean, (t.size, d))
+    dist2 = np.sum((xm[None, :, :] - mu[:, None, :]) ** 2, axis=2)
+    q = (ss + n * dist2) / v
+    values = -0.5 * (d * (np.log(v) @ n + log_2pi * n.sum()) + q.sum(axis=1))
+    value_scale = 0.5 * (d * (np.abs(np.log(v)) @ n + log_2pi * n.sum()) + q.sum(axis=1))
+    slopes = 0.5 * (np.sum(q * a, axis=1) - d * na_sum)
+    slope_scale = 0.5 * (np.sum(q * a, axis=1) + d * na_sum)
+    if restricted:
+        logs = (np.log(n.sum()), np.log(na_sum), np.log(c[:, 0]))
+        values += 0.5 * d * (log_2pi + logs[0] - logs[1] + logs[2])
+        value_scale += 0.5 * d * (log_2pi + sum(np.abs(term) for term in logs))
+        slopes += 0.5 * d * np.sum(na * a, axis=1) / na_sum
+        slope_scale += 0.5 * d * np.sum(na * a, axis=1) / na_sum
+    return values, slopes, value_scale, slope_scale

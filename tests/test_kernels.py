@@ -125,3 +125,104 @@ def test_discrete_posterior(seed, d):
     np.testing.assert_allclose(got[0], want[0], rtol=RTOL, atol=1e-15)
     np.testing.assert_allclose(got[1], want[1], rtol=RTOL, atol=1e-13)
     np.testing.assert_allclose(got[2], want[2], rtol=1e-9, atol=1e-12)
+
+
+# --- Gaussian profile likelihood -------------------------------------------------------
+
+
+def _variance_groups(rng, n_groups, d, scale, kind):
+    """Groups at variances ~ scale: "clients" (unit weights, ss = 0: every client its own
+    group), "pooled" (integer counts) or "weighted" (mixture responsibilities)."""
+    s2 = scale * rng.uniform(0.5, 20.0, n_groups)
+    if kind == "clients":
+        count = np.ones(n_groups)
+    elif kind == "pooled":
+        count = rng.integers(1, 6, n_groups).astype(float)
+    else:
+        count = rng.uniform(0.05, 3.0, n_groups)
+    xm = np.sqrt(scale) * rng.normal(1.0, 3.0, (n_groups, d))
+    ss = np.zeros(n_groups) if kind == "clients" else scale * rng.uniform(0.0, 4.0, n_groups)
+    ss[count == 1.0] = 0.0
+    return count, s2, xm, ss
+
+
+def _kernel_profile(t, count, s2, xm, ss, mean, restricted, with_values=True):
+    known = mean is not None
+    mu = mean if known else np.zeros(xm.shape[1])
+    return _kernels._normal_profile(t, count, s2, xm, ss, float(s2.min()), float(count.sum()),
+                                    mu, known, restricted, with_values)
+
+
+def _assert_close_to_scale(got, want, scale, name):
+    """|got - want| <= RTOL x (sum of |terms|): values and slopes may cancel to near 0."""
+    err = np.abs(got - want)
+    assert np.all(err <= RTOL * scale), f"{name}: max error / scale {np.max(err / scale):.3g}"
+
+
+@pytest.mark.parametrize("n_groups", [1, 5, 2500])  # 2500: three blocks, the last partial
+@pytest.mark.parametrize("d", [1, 3])
+@pytest.mark.parametrize("kind", ["clients", "pooled", "weighted"])
+@pytest.mark.parametrize("scale", [1e-290, 1e-5, 1.0, 1e290])
+@pytest.mark.parametrize("mean_known", [False, True])
+@pytest.mark.parametrize("restricted", [False, True])
+def test_normal_profile(n_groups, d, kind, scale, mean_known, restricted):
+    rng = np.random.default_rng(n_groups + 10 * d)
+    count, s2, xm, ss = _variance_groups(rng, n_groups, d, scale, kind)
+    mean = np.sqrt(scale) * rng.normal(0.0, 2.0, d) if mean_known else None
+    t = np.r_[0.0, np.geomspace(1e-3 * s2.min(), 1e3 * s2.max(), 15)]
+    values, slopes = _kernel_profile(t, count, s2, xm, ss, mean, restricted)
+    want_v, want_s, scale_v, scale_s = naive.naive_normal_profile(
+        t, count, s2, xm, ss, mean=mean, restricted=restricted)
+    _assert_close_to_scale(values, want_v, scale_v, "values")
+    _assert_close_to_scale(slopes, want_s, scale_s, "slopes")
+    no_values, same_slopes = _kernel_profile(t, count, s2, xm, ss, mean, restricted, False)
+    assert np.isnan(no_values).all()
+    np.testing.assert_array_equal(same_slopes, slopes)
+
+
+def test_normal_profile_pooling_is_exact():
+    """Clients pooled by equal s^2 give the profile of the clients themselves."""
+    from ebfl.eb.gaussian import _group_by_variance
+
+    rng = np.random.default_rng(7)
+    m, d = 3000, 2
+    s2 = rng.choice(rng.uniform(0.1, 5.0, 40), m)
+    x2 = rng.normal(0.0, 2.0, (m, d)) + np.sqrt(s2)[:, None] * rng.standard_normal((m, d))
+    weights = rng.uniform(0.1, 1.0, m)
+    t = np.r_[0.0, np.geomspace(1e-3, 1e3, 25)]
+    for w in (None, weights):
+        groups = _group_by_variance(x2, s2, w)
+        assert groups.s2.size == 40 and np.all(np.diff(groups.s2) > 0)
+        pooled = _kernel_profile(t, groups.count, groups.s2, groups.mean, groups.ss, None, True)
+        count = np.ones(m) if w is None else w
+        clients = _kernel_profile(t, count, s2, x2, np.zeros(m), None, True)
+        _, _, scale_v, scale_s = naive.naive_normal_profile(t, count, s2, x2, np.zeros(m),
+                                                            restricted=True)
+        _assert_close_to_scale(pooled[0], clients[0], scale_v, "values")
+        _assert_close_to_scale(pooled[1], clients[1], scale_s, "slopes")
+    # distinct s^2: every client its own group, no reordering
+    distinct = _group_by_variance(x2, rng.uniform(0.1, 5.0, m))
+    assert distinct.s2.size == m
+    np.testing.assert_array_equal(distinct.mean, x2)
+    assert not distinct.ss.any() and (distinct.count == 1.0).all()
+
+
+def test_normal_profile_ignores_threads():
+    """Threaded or not, on any number of threads: the same bits (fixed blocks, in order)."""
+    numba = pytest.importorskip("numba")
+    rng = np.random.default_rng(8)
+    count, s2, xm, ss = _variance_groups(rng, 3000, 1, 1.0, "clients")
+    t = np.geomspace(1e-3, 1e3, _kernels.PROFILE_PARALLEL_MIN // 3000 + 1)
+    assert s2.size * t.size >= _kernels.PROFILE_PARALLEL_MIN > s2.size  # threads, then not
+    together = _kernel_profile(t, count, s2, xm, ss, None, True)
+    one_by_one = np.array([_kernel_profile(t[j:j + 1], count, s2, xm, ss, None, True)
+                           for j in range(t.size)])[:, :, 0].T
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        single = _kernel_profile(t, count, s2, xm, ss, None, True)
+    finally:
+        numba.set_num_threads(before)
+    for got in (one_by_one, single):
+        for a, b in zip(got, together, strict=True):
+            np.testing.assert_array_equal(a, b)

@@ -42,8 +42,6 @@ _MAX_ABS = 1e150
 GRID_PER_DECADE = 8
 #: The grid starts at this fraction of min_i s_i^2 (or of the upper bound, if smaller).
 GRID_FLOOR = 1e-3
-#: Largest number of (grid point, client group) pairs evaluated in one numpy pass.
-_BLOCK = 1 << 20
 
 
 def personalized_gaussian(xbar, n, *, sigma_theta, sigma_x, shared=None, sigma_q=0.0):
@@ -182,8 +180,9 @@ def gaussian_eb(x, s, *, method="mle", prior_mean=None, prior_sd=None):
     log-spaced grid (8 points per decade) from 1e-3 min_i s_i^2 up to a bound
     beyond which it provably decreases, every sign change of its slope is
     refined by Brent's root finder, and the best of these maxima and
-    sigma_theta^2 = 0 is kept. Clients with equal s_i are pooled first (exact),
-    so each evaluation costs O(d x number of distinct s_i).
+    sigma_theta^2 = 0 is kept. Clients with equal s_i are pooled first (exact;
+    done when it at least halves their number), so each evaluation costs
+    O(d x number of distinct s_i), in one parallel Numba pass for all grid points.
 
     Restricted log-likelihood (``"reml"``), in metafor's convention, summed over
     the d coordinates (each with its own mean):
@@ -428,10 +427,15 @@ def _weighted_mean(x2, s2, tau2):
 
 
 def _normal_loglik(x2, s2, mu, tau2):
-    d = x2.shape[1]
-    v = tau2 + s2
-    rss = np.sum((x2 - mu) ** 2, axis=1)
-    return float(-0.5 * np.sum(d * np.log(2 * np.pi * v) + rss / v))
+    """sum_i log N(x_i; mu, (tau2 + s_i^2) I_d): the profile at t = tau2 with mu known and
+    every client its own group (one parallel Numba pass)."""
+    m, d = x2.shape
+    mu = np.ascontiguousarray(np.broadcast_to(mu, (d,)), dtype=np.float64)
+    values, _ = _kernels._normal_profile(np.array([float(tau2)]), np.ones(m),
+                                         np.ascontiguousarray(s2), np.ascontiguousarray(x2),
+                                         np.zeros(m), float(s2.min()), float(m), mu, True, False,
+                                         True)
+    return float(values[0])
 
 
 def _restricted_loglik(loglik, s2, tau2, d):
@@ -458,65 +462,57 @@ class _VarianceGroups:
 
     With n_g clients (or total weight) at variance s2_g, weighted mean ``mean_g`` and
     within-group sum of squares ``ss_g``, sum_{i in g} r_i |x_i - mu|^2 =
-    ss_g + n_g |mean_g - mu|^2 for every mu, so pooling is exact.
+    ss_g + n_g |mean_g - mu|^2 for every mu, so pooling is exact. When pooling would not
+    halve the number of rows, every client is its own group (s2 then in client order).
     """
 
     count: np.ndarray  # (G,)
-    s2: np.ndarray  # (G,) ascending
-    mean: np.ndarray  # (G, d)
+    s2: np.ndarray  # (G,) distinct when pooled, in any order
+    mean: np.ndarray  # (G, d), C-contiguous
     ss: np.ndarray  # (G,)
+    s2_min: float  # min s2
+    total: float  # sum count
 
 
 def _group_by_variance(x2, s2, weights=None):
-    order = np.argsort(s2, kind="stable")
-    s2_sorted = s2[order]
-    starts = np.flatnonzero(np.r_[True, s2_sorted[1:] != s2_sorted[:-1]])
-    w = np.ones(s2.size) if weights is None else weights[order]
+    m = s2.size
+    s2 = np.ascontiguousarray(s2, dtype=np.float64)
+    w = np.ones(m) if weights is None else np.ascontiguousarray(weights, dtype=np.float64)
+    s2_sorted = np.sort(s2)  # fast (SIMD) sort of the values alone, to count them
+    new = s2_sorted[1:] != s2_sorted[:-1]
+    n_groups = 1 + int(np.count_nonzero(new))
+    if 2 * n_groups > m:
+        # pooling would save less than half of every profile evaluation: skip it
+        return _VarianceGroups(w, s2, np.ascontiguousarray(x2), np.zeros(m),
+                               float(s2_sorted[0]), float(w.sum()))
+    order = np.argsort(s2)  # equal s_i^2 in any order: it only rounds the pooled sums
+    starts = np.flatnonzero(np.r_[True, new])
+    w = w[order]
     xs = x2[order]
     count = np.add.reduceat(w, starts)
     mean = np.add.reduceat(w[:, None] * xs, starts, axis=0) / count[:, None]
-    sizes = np.diff(np.r_[starts, s2.size])
+    sizes = np.diff(np.r_[starts, m])
     resid = xs - np.repeat(mean, sizes, axis=0)  # two passes: no cancellation in ss
     ss = np.add.reduceat(w * np.einsum("ij,ij->i", resid, resid), starts)
-    return _VarianceGroups(count, s2_sorted[starts], mean, ss)
+    return _VarianceGroups(count, s2_sorted[starts], mean, ss, float(s2_sorted[0]),
+                           float(count.sum()))
 
 
-def _profile(t, groups, mean=None, restricted=False):
+def _profile(t, groups, mean=None, restricted=False, with_values=True):
     """Profile log-likelihood at each t (1-D array) and c(t) l'(t), c(t) = t + min_i s_i^2 > 0.
 
     The slope is returned multiplied by c(t) (same sign, same roots) and computed
     from a_i = c(t) / v_i in (0, 1], so nothing overflows even when s_i^2 ~ 1e-300.
+    One fused Numba pass over the groups per t (:func:`ebfl.eb._kernels._normal_profile`);
+    ``with_values=False`` skips the logarithms and returns NaN values.
     """
-    t = np.asarray(t, dtype=np.float64)
-    values = np.empty(t.size)
-    slopes = np.empty(t.size)
-    n_groups = groups.s2.size
-    step = max(1, _BLOCK // n_groups)
-    for lo in range(0, t.size, step):
-        block = slice(lo, lo + step)
-        values[block], slopes[block] = _profile_block(t[block], groups, mean, restricted)
-    return values, slopes
-
-
-def _profile_block(t, groups, mean, restricted):
-    n, xm, d = groups.count, groups.mean, groups.mean.shape[1]
-    c = t[:, None] + groups.s2[0]
-    v = t[:, None] + groups.s2[None, :]
-    a = c / v
-    na = n * a
-    na_sum = na.sum(axis=1)
-    mu = (na @ xm) / na_sum[:, None] if mean is None else np.broadcast_to(mean, (t.size, d))
-    dist2 = np.zeros_like(v)
-    for j in range(d):  # one coordinate at a time: no (T, G, d) temporary
-        dist2 += (xm[None, :, j] - mu[:, j, None]) ** 2
-    q = (groups.ss + n * dist2) / v
-    values = -0.5 * (d * (np.log(v) @ n + _LOG_2PI * n.sum()) + q.sum(axis=1))
-    slopes = 0.5 * (np.einsum("tg,tg->t", q, a) - d * na_sum)
-    if restricted:
-        log_w = np.log(na_sum) - np.log(c[:, 0])
-        values += 0.5 * d * (_LOG_2PI + math.log(n.sum()) - log_w)
-        slopes += 0.5 * d * np.sum(na * a, axis=1) / na_sum
-    return values, slopes
+    t = np.ascontiguousarray(t, dtype=np.float64)
+    d = groups.mean.shape[1]
+    known = mean is not None
+    mu = np.ascontiguousarray(mean, dtype=np.float64) if known else np.zeros(d)
+    return _kernels._normal_profile(t, groups.count, groups.s2, groups.mean, groups.ss,
+                                    groups.s2_min, groups.total, mu, known, bool(restricted),
+                                    with_values)
 
 
 def _stationary_bound(x2, s2, mean, restricted):
@@ -565,11 +561,11 @@ def _maximize_profile(groups, upper, *, mean=None, restricted=False, lower=0.0):
     info = {"converged": True, "at_upper": False, "n_local_maxima": 1}
     if not upper > lower:
         return lower, info
-    grid = _tau2_grid(lower, upper, float(groups.s2[0]))
+    grid = _tau2_grid(lower, upper, groups.s2_min)
     values, slopes = _profile(grid, groups, mean, restricted)
 
-    def slope(t):
-        return _profile(np.array([t]), groups, mean, restricted)[1][0]
+    def slope(t):  # the root finder needs no values: no logarithms
+        return _profile(np.array([t]), groups, mean, restricted, with_values=False)[1][0]
 
     best_t, best_value, best_ok = lower, values[0], True
     n_max = int(slopes[0] <= 0.0)
