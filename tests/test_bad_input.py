@@ -127,9 +127,6 @@ class Case:
     valid: bool = True  # False: too slow to run, only its refusals are tested
     finite: bool = True  # the valid call's results are all finite
     result: Callable = staticmethod(lambda out: out)  # what to compare between calls
-    # (argument, value, reason): a reported defect of a module edited elsewhere; the bad or
-    # extreme variant with that value is marked xfail(strict=True) until it is fixed.
-    known: tuple = ()
 
     def __str__(self):
         return self.id
@@ -395,35 +392,10 @@ def check_extreme(case, arg, value):
     _finite(out)
 
 
-def _equal(a, b):
-    if type(a) is not type(b):
-        return False
-    try:
-        _same(a, b)
-    except (AssertionError, TypeError, ValueError):
-        return False
-    return True
-
-
-def _mark_known(params, value_at):
-    """``params`` with each reported defect (``Case.known``) marked xfail(strict=True)."""
-    out = []
-    for p in params:
-        case, arg = p[0], p[1]
-        value = value_at(p)
-        reasons = [why for a, v, why in case.known
-                   if a == arg and value is not None and _equal(value, v)]
-        marks = [pytest.mark.xfail(strict=True, reason=reasons[0])] if reasons else []
-        out.append(pytest.param(*p, marks=marks))
-    return out
-
-
 def _table_tests(cases, section):
     """Define this section's table-driven tests (those with any parameters) in the module."""
     valid = [c for c in cases if c.valid]
     bad, ok, ext = _variants(cases), _dtype_variants(cases), _extremes(cases)
-    marked_bad = _mark_known(bad, lambda p: p[3](None) if p[2] == "specific" else None)
-    marked_ext = _mark_known(ext, lambda p: p[2])
     tests = {}
     if valid:
         @pytest.mark.parametrize("case", valid, ids=str)
@@ -433,7 +405,7 @@ def _table_tests(cases, section):
         tests["valid_call"] = test_valid_call
     if bad:
         @pytest.mark.parametrize(("case", "arg", "label", "value_of", "exc", "pattern"),
-                                 marked_bad, ids=_ids(bad))
+                                 bad, ids=_ids(bad))
         def test_refused_by_name(case, arg, label, value_of, exc, pattern):
             check_refusal(case, arg, value_of, exc, pattern)
 
@@ -445,7 +417,7 @@ def _table_tests(cases, section):
 
         tests["other_dtypes_give_the_same_result"] = test_other_dtypes_give_the_same_result
     if ext:
-        @pytest.mark.parametrize(("case", "arg", "value"), marked_ext, ids=_ids(ext))
+        @pytest.mark.parametrize(("case", "arg", "value"), ext, ids=_ids(ext))
         def test_extremes_compute_or_are_refused_by_name(case, arg, value):
             check_extreme(case, arg, value)
 
@@ -745,19 +717,8 @@ def _extremes_2d(extremes):
     return tuple((a, np.stack([v, v[::-1]], axis=1) if a == "x" else v) for a, v in extremes)
 
 
-#: Reported defects of ebfl/eb/gaussian.py (edited elsewhere): see Case.known.
-_WIDE_S = np.array([1e-150, 1e150, 1.0, 1e-150, 1e150])
-_REML_WIDE_S = ("s", _WIDE_S, "gaussian.py: method='reml' with s spanning [1e-150, 1e150] "
-                "raises OverflowError in _tau2_grid (upper / start overflows)")
 _ONE_SAMPLE_EACH = Ragged(np.array([0.5, 1.0]), np.array([0, 1, 2]))
 _EMPTY_CLIENT = Ragged(np.array([0.5, 0.5, 1.0]), np.array([0, 3, 3]))
-_SAMPLES_KNOWN = (
-    ("data", _ONE_SAMPLE_EACH, "gaussian.py: 'estimating sigma_x needs a client with at "
-     "least 2 samples' does not name data"),
-    ("data", _EMPTY_CLIENT, "gaussian.py: 'every client needs at least one sample' does not "
-     "name data"),
-)
-_HUGE_MEAN = "gaussian.py: personalized_gaussian's mean of |values| near 1e308 overflows to inf"
 
 
 def _gaussian_eb_case(label, x, **kw):
@@ -767,10 +728,8 @@ def _gaussian_eb_case(label, x, **kw):
     real = ("x", "s") + (("prior_mean",) if "prior_mean" in kw else ())
     scalars = {"prior_sd": "nonnegative"} if "prior_sd" in kw else {}
     extreme = _GAUSSIAN_EB_EXTREME if x is _x1 else _extremes_2d(_GAUSSIAN_EB_EXTREME)
-    fitted_reml = kw.get("method") == "reml" and not {"prior_mean", "prior_sd"} & set(kw)
-    known = (_REML_WIDE_S,) if fitted_reml else ()
     return Case(f"gaussian_eb-{label}", gaussian_eb, make, real=real, scalars=scalars,
-                bad=_GAUSSIAN_EB_BAD, extreme=extreme, known=known)
+                bad=_GAUSSIAN_EB_BAD, extreme=extreme)
 
 
 def _samples(values, counts, **kw):
@@ -886,8 +845,7 @@ GAUSSIAN_AND_BETA = [
               ("data", Ragged(np.array([0.5, INF, 1.0]), np.array([0, 2, 3])), ValueError),
               ("data", _ONE_SAMPLE_EACH, ValueError), ("data", _EMPTY_CLIENT, ValueError),
               ("method", "mom", ValueError), ("prior_sd", -1.0, ValueError),
-              ("prior_mean", np.zeros(2), ValueError)),
-         known=_SAMPLES_KNOWN),
+              ("prior_mean", np.zeros(2), ValueError))),
     Case("gaussian_eb_samples-sigma_x", _samples,
          lambda: dict(values=_sample_values(), counts=np.array([2, 3, 2]), sigma_x=0.5,
                       method="reml"),
@@ -908,15 +866,13 @@ GAUSSIAN_AND_BETA = [
               ("shared", np.zeros(4), ValueError), ("shared", "0.5", TypeError)),
          extreme=(("xbar", np.array([1e308, 1e308, -1e308, 0.0, 1e308])),
                   ("xbar", np.array([1e150, 1e150, -1e150, 0.0, 1e150])),
-                  ("n", np.array([1, 1, 10**18, 1, 1]))),
-         known=(("xbar", np.array([1e308, 1e308, -1e308, 0.0, 1e308]), _HUGE_MEAN),)),
+                  ("n", np.array([1, 1, 10**18, 1, 1])))),
     Case("personalized_gaussian-2d-shared", personalized_gaussian,
          lambda: dict(xbar=_x2(), n=4, sigma_theta=0.5, sigma_x=1.0, shared=_quarters((5, 2), 8),
                       sigma_q=0.25),
          real=("xbar", "shared"),
          bad=(("shared", np.zeros((5, 3)), ValueError), ("shared", np.zeros(5), ValueError)),
-         extreme=(("shared", np.full((5, 2), 1e308)), ("n", 10**18)),
-         known=(("shared", np.full((5, 2), 1e308), _HUGE_MEAN),)),
+         extreme=(("shared", np.full((5, 2), 1e308)), ("n", 10**18))),
     *[_beta_eb_case(method) for method in BETA_METHODS],
     _beta_eb_case("mle", "mle-prior", prior=BetaPrior(2.0, 3.0)),
     Case("beta_binomial_eb-fix_prior", beta_binomial_eb,

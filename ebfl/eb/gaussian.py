@@ -99,7 +99,7 @@ def personalized_gaussian(xbar, n, *, sigma_theta, sigma_x, shared=None, sigma_q
         if shared_arr.shape != xbar.shape:
             raise ValueError(f"shared must have the shape of xbar {xbar.shape}, "
                              f"got {shared_arr.shape}")
-    mu_hat = shared_arr.mean(axis=0)
+    mu_hat = _scaled_mean(shared_arr)
     # in units of the largest scale, so that no square under- or overflows
     scale = max(sigma_theta, sigma_q, sigma_x)
     het = (sigma_theta / scale) ** 2 + (sigma_q / scale) ** 2 / (m - 1)
@@ -299,7 +299,7 @@ def gaussian_eb_samples(data, *, sigma_x=None, **kwargs):
         raise TypeError(f"data.values must be numeric, got dtype {values.dtype}")
     counts = data.counts
     if np.any(counts == 0):
-        raise ValueError(f"every client needs at least one sample; "
+        raise ValueError(f"data: every client needs at least one sample; "
                          f"{int(np.sum(counts == 0))} client(s) are empty")
     v2 = values.astype(np.float64, copy=False)
     v2 = v2 if v2.ndim == 2 else v2[:, None]
@@ -311,11 +311,12 @@ def gaussian_eb_samples(data, *, sigma_x=None, **kwargs):
     if sigma_x is None:
         dof = int(np.sum(counts - 1))
         if dof == 0:
-            raise ValueError("estimating sigma_x needs a client with at least 2 samples; "
+            raise ValueError("data: estimating sigma_x needs a client with at least 2 samples; "
                              "pass sigma_x")
         sigma_x_used = float(np.sqrt(np.sum(ssd) / (d * dof)))
         if sigma_x_used == 0.0:
-            raise ValueError("all clients' samples are constant: sigma_x estimate is 0")
+            raise ValueError("data: all clients' samples are constant, so the sigma_x estimate "
+                             "is 0; pass sigma_x")
         s_name = "s = (estimated sigma_x) / sqrt(n_i)"
     else:
         sigma_x_used = check_positive_scalar(sigma_x, "sigma_x")
@@ -418,6 +419,12 @@ def _profile_fit_tau2(x2, s2, mean_known, restricted):
     tau2, info = _maximize_profile(groups, upper, mean=mean_known, restricted=restricted)
     info["at_zero"] = tau2 == 0.0
     return tau2, info
+
+
+def _scaled_mean(values):
+    """Mean over axis 0 in units of max |value|: a plain sum of values near 1e308 overflows."""
+    scale = float(np.max(np.abs(values)))
+    return values.mean(axis=0) if scale == 0.0 else scale * (values / scale).mean(axis=0)
 
 
 def _weighted_mean(x2, s2, tau2):
@@ -544,7 +551,10 @@ def _tau2_grid(lower, upper, s2_min):
     of its terms and the interval [lower, first point] holds at most one stationary point.
     """
     start = max(lower, GRID_FLOOR * min(s2_min, upper))
-    n = max(2, int(math.ceil(GRID_PER_DECADE * math.log10(upper / start))) + 1)
+    # log10(upper) - log10(start), not log10(upper / start): the ratio can overflow
+    # (s_i^2 from 1e-300 to 1e300)
+    decades = math.log10(upper) - math.log10(start)
+    n = max(2, int(math.ceil(GRID_PER_DECADE * decades)) + 1)
     grid = np.geomspace(start, upper, n)
     return grid if start == lower else np.concatenate(([lower], grid))
 
