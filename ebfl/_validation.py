@@ -28,6 +28,7 @@ __all__ = [
     "check_real_scalar",
     "check_standard_deviation",
     "check_standard_errors",
+    "real_dtype_array",
 ]
 
 #: Largest value of an int64 array: sizes and counts above it cannot be stored.
@@ -218,7 +219,7 @@ def check_finite_array(x, name, *, ndim=None, min_len=1, max_abs=None):
     into the result. ``max_abs`` also bounds every |value| (e.g. 1e150, so that
     squares and products of two values stay finite).
     """
-    arr = _as_real_float64(x, name)
+    arr = as_real_array(x, name)
     if ndim is not None and arr.ndim not in np.atleast_1d(ndim):
         raise ValueError(f"{name} must have ndim in {tuple(np.atleast_1d(ndim))}, "
                          f"got shape {arr.shape}")
@@ -233,18 +234,13 @@ def check_finite_array(x, name, *, ndim=None, min_len=1, max_abs=None):
     return arr
 
 
-def as_real_array(x, name):
-    """``x`` as a native float64 array (NaN and inf allowed); complex and text are refused."""
-    return _as_real_float64(x, name)
+def real_dtype_array(x, name):
+    """``x`` as an array of a real dtype (bool, integer, float, or object holding reals).
 
-
-def _as_real_float64(x, name):
-    """``x`` as a native-endian float64 array; complex, text and object data are refused.
-
-    ``np.asarray(..., dtype=float64)`` would silently drop an imaginary part and
-    parse strings, so the dtype is checked first. Any real dtype (float16,
-    big-endian, integers, bool) is converted to native float64 here, so no
-    kernel ever sees it.
+    No conversion is made: callers choose the dtype they need. Complex values
+    and text (also hidden in an object array, where ``float("1.5")`` would
+    parse it) are refused, since ``np.asarray(..., dtype=float64)`` would
+    silently drop an imaginary part and parse strings.
     """
     raw = x if isinstance(x, np.ndarray) else None
     if raw is None:
@@ -252,6 +248,27 @@ def _as_real_float64(x, name):
             raw = np.asarray(x)
         except (TypeError, ValueError) as exc:  # ragged nested sequences
             raise TypeError(f"{name} must be an array of real numbers") from exc
+    if raw.dtype.kind == "c" or (raw.dtype.kind == "O" and any(
+            isinstance(v, complex | np.complexfloating) for v in raw.ravel())):
+        raise TypeError(f"{name} must hold real numbers, got complex values")
+    if raw.dtype.kind == "O" and any(isinstance(v, str | bytes) for v in raw.ravel()):
+        raise TypeError(f"{name} must be an array of real numbers, got text")
+    if raw.dtype.kind not in "biufO":
+        raise TypeError(f"{name} must be an array of real numbers, got dtype {raw.dtype}")
+    return raw
+
+
+def as_real_array(x, name):
+    """``x`` as a native-endian float64 array (NaN and inf allowed); complex and text refused.
+
+    Any real dtype (float16, big-endian, integers, bool) is converted here, so no
+    kernel ever sees it.
+    """
+    raw = real_dtype_array(x, name)
+    try:
+        return np.asarray(raw, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be an array of real numbers") from exc
     if raw.dtype.kind == "c" or (raw.dtype.kind == "O" and any(
             isinstance(v, complex | np.complexfloating) for v in raw.ravel())):
         raise TypeError(f"{name} must hold real numbers, got complex values")

@@ -389,7 +389,7 @@ def _paper_gaussian(m, n, sigma_theta, sigma_x, epsilon, delta, r, d=1):
 
 
 def quantizer_sigma_q(m, n, sigma_theta, sigma_x, k_bits, r):
-    """sigma_q = b/(2^k - 1) of the k-bit quantizer with the paper's range b (spec C.3).
+    """sigma_q = b/(2^k - 1) of the k-bit quantizer with the paper's range b (Theorem 2.1).
 
     Computed as b 2^-k / (1 - 2^-k), so any k_bits up to 2^53 works (the
     quantizer object itself stops at 52 bits).
@@ -405,7 +405,7 @@ def quantizer_sigma_q(m, n, sigma_theta, sigma_x, k_bits, r):
 
 
 def gaussian_mechanism_sigma_q(m, n, sigma_theta, sigma_x, epsilon, delta, r):
-    """sigma_q = (b/epsilon) sqrt(8 log(2/delta)) of the paper's Gaussian mechanism (spec C.4).
+    """sigma_q = (b/epsilon) sqrt(8 log(2/delta)), the paper's Gaussian mechanism (Theorem 2.2).
 
     The paper's calibration, used on purpose: it does not always deliver
     (epsilon, delta)-LDP (see :func:`gaussian_mechanism_true_delta`).

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ebfl._validation import check_counts
+from ebfl._validation import check_counts, real_dtype_array
 
 __all__ = ["Ragged"]
 
@@ -123,14 +123,9 @@ def _native_values(values, name="values"):
     native-endian, since the kernels cannot read those. Complex, text and
     object data are refused.
     """
-    try:
-        arr = np.asarray(values)
-    except (TypeError, ValueError) as exc:  # ragged nested sequences
-        raise TypeError(f"{name} must be an array of real numbers") from exc
-    if arr.dtype.kind == "c":
-        raise TypeError(f"{name} must hold real numbers, got complex values")
-    if arr.dtype.kind not in "biuf":
-        raise TypeError(f"{name} must be an array of real numbers, got dtype {arr.dtype}")
+    arr = real_dtype_array(values, name)
+    if arr.dtype.kind == "O":  # the kernels need a numeric dtype
+        raise TypeError(f"{name} must be an array of real numbers, got dtype object")
     if arr.dtype.kind == "f" and arr.dtype.itemsize not in (4, 8):
         return arr.astype(np.float64)
     if not arr.dtype.isnative:

@@ -254,7 +254,9 @@ def _check_nonempty(trials, name):
 
 
 def _corrected_moments(counts):
-    """Mean of the local means and the variance of p they imply (spec C.6 [D]).
+    """Mean of the local means and the variance of p they imply.
+
+    The variance is that of eq. (6) less the binomial noise mean_l x_l(1-x_l)/(n_l-1).
 
     Computed on the distinct (n, z) pairs: the same sums as over the clients.
     """

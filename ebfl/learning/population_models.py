@@ -175,7 +175,7 @@ class GaussianMixtureLinear:
 
 
 def laplace_objective(data, theta, mu, b, sigma_x2):
-    """-log p(data, theta) under theta_ij ~ Laplace(mu_j, b) i.i.d. (md log(2b), spec [!9]).
+    """-log p(data, theta) under theta_ij ~ Laplace(mu_j, b) i.i.d. (md log(2b)).
 
     Parameters
     ----------

@@ -96,7 +96,9 @@ def _linear_objective(data, theta, mu, sigma_theta2, sigma_x2):
 
 
 def logistic_objective(data, theta, mu, sigma_theta2):
-    """Objective (20) with the cross-entropy's minus sign restored (spec [!9]).
+    """Objective (20) with the cross-entropy's minus sign restored.
+
+    As printed, the sign pushes theta away from mu.
 
     Parameters are those of :func:`linear_objective`.
     """

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ebfl._validation import INT64_MAX, check_counts, check_int_scalar
+from ebfl._validation import INT64_MAX, check_counts, check_int_scalar, real_dtype_array
 
 __all__ = ["FederatedDataset"]
 
@@ -26,14 +26,9 @@ def _client_list(items, name):
 
 def _features_iv(x, name):
     """One client's features, checked without a float64 copy (MNIST is 440 MB as float64)."""
-    try:
-        arr = np.asarray(x)
-    except (TypeError, ValueError) as exc:  # ragged nested sequences
-        raise TypeError(f"{name} must be an array of real numbers") from exc
-    if arr.dtype.kind == "c":
-        raise TypeError(f"{name} must hold real numbers, got complex values")
-    if arr.dtype.kind not in "biuf":
-        raise TypeError(f"{name} must be an array of real numbers, got dtype {arr.dtype}")
+    arr = real_dtype_array(x, name)
+    if arr.dtype.kind == "O":  # the kernels need a numeric dtype
+        raise TypeError(f"{name} must be an array of real numbers, got dtype object")
     if arr.ndim == 0:
         raise ValueError(f"{name} must have one row per sample, got a scalar")
     if arr.size and arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
