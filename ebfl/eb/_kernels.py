@@ -65,7 +65,7 @@ def _loo_client(xi, ni, m, total, ssq, corr_total, variant):
 
 @njit(parallel=True, cache=CACHE, fastmath=FASTMATH)
 def _loo_beta_shrinkage(x, n, z, variant, total, ssq, corr_total):
-    """Leave-one-out moment shrinkage of eq. (6), spec C.6, for every client.
+    """Leave-one-out moment shrinkage of eq. (6) for every client.
 
     Parameters (all validated by the caller)
     x : (m,) local means z/n;  n, z : (m,) trials and successes

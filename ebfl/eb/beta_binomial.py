@@ -116,18 +116,18 @@ def beta_binomial_eb(successes, trials, *, method="mle", prior=None, fix_prior=F
         - ``"moments"``: moment matching on all clients with the sampling-noise
           correction of ``"loo_corrected"``.
         - ``"loo_printed"``: the paper's eq. (6) exactly as printed: leave-one-out
-          mean mu_i, variance (1/(m-2)) sum_{l != i} (x_l - mu_l)^2 (with mu_l,
-          spec [!5]a) and a_i = n_i / (mu_i(1-mu_i)/sigma_i^2 - 1 + n_i).
+          mean mu_i, variance (1/(m-2)) sum_{l != i} (x_l - mu_l)^2 (centred on
+          mu_l, as printed) and a_i = n_i / (mu_i(1-mu_i)/sigma_i^2 - 1 + n_i).
         - ``"loo_proof"``: the proof's variant: centred on mu_i and without
           the "-1", a_i = n_i / (mu_i(1-mu_i)/sigma_i^2 + n_i).
         - ``"loo_corrected"``: centred on mu_i, and the variance of the local
           means minus their binomial noise, mean_l x_l(1-x_l)/(n_l-1), so that it
-          estimates Var(p) (spec C.6 [D]); needs every n_i >= 2.
+          estimates Var(p); needs every n_i >= 2.
 
         The leave-one-out methods estimate client i's prior without its own data
         (the server sends (mu_i, sigma_i^2) to client i) and need m >= 3.
     prior : BetaPrior, optional
-        With ``fix_prior=True``, the known prior (spec C.5); otherwise the
+        With ``fix_prior=True``, the known prior; otherwise the
         first starting point of ``"mle"``.
     fix_prior : bool, default=False
         Use ``prior`` as given, without fitting (ebnm's ``fix_g``).
@@ -141,10 +141,10 @@ def beta_binomial_eb(successes, trials, *, method="mle", prior=None, fix_prior=F
     With a known Beta(alpha, beta) prior the posterior mean is
     (alpha + z_i) / (alpha + beta + n_i) = a x_i + (1 - a) alpha/(alpha+beta), with
     a = n_i/(alpha + beta + n_i), and its Bayes risk is
-    alpha beta / ((alpha+beta)(alpha+beta+1)(alpha+beta+n)) (spec C.5).
+    alpha beta / ((alpha+beta)(alpha+beta+1)(alpha+beta+n)).
 
     The printed eq. (6) estimates Var(x_l) = sigma^2 + E[p(1-p)]/n rather than
-    sigma^2, so its weight leans towards the local mean (spec [!5]c).
+    sigma^2, so its weight leans towards the local mean.
     Leave-one-out weights outside [0, 1] are clipped to [0, 1] and counted in
     ``n_clipped``; a corrected variance below 0 is floored at 0 (weight 0),
     counted in ``diagnostics["n_variance_floored"]``.

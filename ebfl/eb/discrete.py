@@ -2,7 +2,7 @@
 
 Client parameters take one of k values, theta_i in {mu_1, ..., mu_k} with
 probabilities p_l, and client i reports xbar_i ~ N(theta_i, s_i^2 I_d) with
-s_i = sigma_x / sqrt(n_i) (spec C.8, C.9). Only xbar_i matters: the full-data
+s_i = sigma_x / sqrt(n_i). Only xbar_i matters: the full-data
 exponent sum_j |X_ij - mu_l|^2 differs from n_i |xbar_i - mu_l|^2 by a term
 that does not depend on l.
 """
@@ -180,7 +180,7 @@ def expected_posterior_variance(atoms, probs, sigma_x, n, *, n_samples=100_000, 
     """Monte Carlo estimate of the Bayes risk (MMSE) of Theorem 5's estimator.
 
     The MMSE is E[sum_l w_l |mu_l - theta_hat|^2], the expected posterior variance
-    (summed over coordinates; spec C.8 [D]). Draws theta ~ prior and
+    (summed over coordinates). Draws theta ~ prior and
     xbar ~ N(theta, sigma_x^2/n I).
 
     Returns
@@ -294,8 +294,8 @@ def discrete_mixture_eb(xbar, n, *, sigma_x, n_atoms, n_iter=10, cluster=kmeans_
     theta_i^0 = xbar_i; then for t = 1..T the server clusters the clients' latest
     theta^(t-1) into k groups (centres mu_l^(t), proportions p_l^(t) = |S_l|/m),
     broadcasts them, and each client updates theta_i^t to the Theorem 5 posterior
-    mean under that prior. The server clusters before the clients update, the
-    order the spec fixes for the printed step order (spec [!7]).
+    mean under that prior. The server clusters before the clients update (the
+    printed step order is ambiguous; this is the order that makes it well defined).
 
     Parameters
     ----------

@@ -78,7 +78,7 @@ def personalized_gaussian(xbar, n, *, sigma_theta, sigma_x, shared=None, sigma_q
     -----
     The per-coordinate Bayes risk is (sigma_x^2/n)((1 - a)/m + a) (see
     :func:`ebfl.bounds.theorem2_mse`), exact when the mechanism's variance is
-    sigma_q^2 for every input (spec C.1, C.2).
+    sigma_q^2 for every input (Theorems 1 and 2).
 
     Examples
     --------

@@ -1,4 +1,4 @@
-r"""Gaussian-mixture population prior: empirical Bayes by EM (spec C.8, C.9, D.0, D.3).
+r"""Gaussian-mixture population prior: empirical Bayes by EM.
 
 Client ``i`` has parameter theta_i ~ g = sum_l p_l N(mu_l, tau_l^2 I_d) and
 reports a mean x_i ~ N(theta_i, s_i^2 I_d) with a known standard error s_i
@@ -8,9 +8,9 @@ reports a mean x_i ~ N(theta_i, s_i^2 I_d) with a known standard error s_i
 
 and the posterior of theta_i is again a mixture. This generalizes the
 single-Gaussian prior of :func:`ebfl.eb.gaussian.gaussian_eb` (k = 1) and the
-discrete prior of Theorem 5 / Algorithm 1 (all tau_l = 0, spec C.8, C.9); it is
-the "Gaussian mixture" population of spec D.0, fitted here to client means
-instead of to learned models (the clustering step of Algorithm 4, D.3).
+discrete prior of Theorem 5 / Algorithm 1 (all tau_l = 0); it is the paper's
+"Gaussian mixture" population, fitted here to client means instead of to
+learned models (the clustering step of Algorithm 4).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ class GaussianMixturePrior:
                   \exp(-|\theta_i - \mu_l|^2 / (2\tau_l^2)),
 
         so ``-g.logpdf(theta).sum()`` is the corrected Gaussian-mixture
-        regularizer R({theta_i}) of spec D.0 (table, "Correct -log-prior").
+        regularizer R({theta_i}) of the paper's Gaussian-mixture population.
 
         Parameters
         ----------
@@ -343,8 +343,8 @@ def gaussian_mixture_posterior(x, s, prior):
 
     Notes
     -----
-    With every sd 0 this is Theorem 5's posterior (spec C.8,
-    :func:`ebfl.eb.discrete.discrete_posterior`); with one component it is the
+    With every sd 0 this is Theorem 5's posterior
+    (:func:`ebfl.eb.discrete.discrete_posterior`); with one component it is the
     conjugate normal posterior of :func:`ebfl.eb.gaussian.gaussian_eb`.
 
     Examples

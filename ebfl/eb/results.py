@@ -112,7 +112,7 @@ class BetaBinomialEBResult:
         (binomial coefficients included); NaN when ``prior`` is None.
     n_clipped : int
         Number of clients whose shrinkage weight left [0, 1] and was clipped
-        (leave-one-out methods only, spec [!5]g).
+        (leave-one-out methods only).
     diagnostics : mapping
         Method-specific details (optimizer status, moments, counts of floored
         variances, ...).
