@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch 2.13.0 first: a local CPU wheel that then satisfies the `learning` range.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[learning,dev]"
+	$(PY) -m pip install --quiet -e ".[learning,flower,dev]"
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -27,6 +27,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_validation.py
 	$(PY) benchmarks/bench_federated.py
 	$(PY) benchmarks/bench_adaped.py
+	$(PY) benchmarks/bench_flower.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ebfl tests benchmarks

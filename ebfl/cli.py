@@ -667,6 +667,73 @@ def _cmd_reproduce_adaped_fedem(args):
 
 # --------------------------------------------------------------------- hapt
 
+def _flower():
+    try:
+        from ebfl.federated import flower
+    except ImportError as exc:
+        raise ValueError(f"ebfl flower needs Flower: pip install 'ebfl[flower]' ({exc})") from None
+    return flower
+
+
+def _job_settings(args):
+    return {"algorithm": args.algorithm, "dataset": args.dataset, "clients": args.clients,
+            "rounds": args.rounds, "seed": args.seed, "clients-per-round": args.clients_per_round,
+            "local-steps": args.local_steps, "batch-size": args.batch_size, "lr": args.lr,
+            "eval-every": args.eval_every, "epsilon": args.epsilon}
+
+
+def _cmd_flower_simulate(args):
+    flower = _flower()
+    settings = _job_settings(args)
+    from ebfl.federated.jobs import build_job
+
+    build_job(settings)  # bad settings fail here, before Ray starts
+    failures = flower.parse_failures(args.failures)
+    payload = flower.compare_runtimes(settings, failures=failures, compare=args.compare,
+                                      verbose=args.verbose)
+
+    def render(p):
+        rows = []
+        for i, h in enumerate(p["flower"]["history"]):
+            row = {"round": h["round"], "replies": f"{h['replies']}/{h['clients']}",
+                   "bytes down": h["bytes_down"], "bytes up": h["bytes_up"],
+                   "flower": h.get("accuracy", h.get(next(iter(p["flower"]["final"]), ""), None))}
+            if "in_process" in p:
+                ih = p["in_process"]["history"][i]
+                row["in process"] = ih.get("accuracy", ih.get(next(iter(p["flower"]["final"]),
+                                                                  ""), None))
+            rows.append(row)
+        metric = "accuracy" if "accuracy" in p["flower"]["final"] else next(
+            iter(p["flower"]["final"]), "metric")
+        cols = ["round", "replies", "bytes down", "bytes up", "flower"]
+        if "in_process" in p:
+            cols.append("in process")
+        _print_table(f"\n{p['settings']['algorithm']} on {p['settings']['dataset']}, "
+                     f"{p['config']['n_clients']} clients, {p['config']['rounds']} rounds "
+                     f"(mean {metric} per round)", rows, cols)
+        print(f"Flower: {p['flower']['seconds']:.1f} s", end="")
+        if "in_process" in p:
+            print(f"; in process: {p['in_process']['seconds']:.2f} s; max |difference| of the "
+                  f"final parameters: {p['max_abs_diff']:.3g}")
+        else:
+            print()
+    _emit(args, payload, render)
+
+
+def _cmd_flower_app(args):
+    from ebfl.federated.deploy import write_app
+
+    settings = _job_settings(args)
+    path = write_app(args.directory, settings, superlink=args.superlink,
+                     overwrite=args.overwrite)
+    payload = {"app": str(path), "settings": {k: v for k, v in settings.items()
+                                              if v is not None}}
+
+    def render(p):
+        print(f"wrote the Flower App to {p['app']} (see its README.md for the steps)")
+    _emit(args, payload, render)
+
+
 def _cmd_hapt(args):
     from ebfl._validation import check_choice
     from ebfl.datasets import ACTIVITIES, hapt_windows, load_hapt_raw
@@ -748,6 +815,25 @@ def _open_unit(text):
     if not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"must lie in (0, 1), got {value:g}")
     return value
+
+
+def _job_arguments(p):
+    """Options of a federated job (``ebfl flower``)."""
+    from ebfl.federated.jobs import ALGORITHMS, DATASETS
+
+    p.add_argument("algorithm", choices=ALGORITHMS, help="the algorithm or EB protocol")
+    p.add_argument("--dataset", choices=DATASETS,
+                   help="digits (learning; bundled with scikit-learn), simulated or "
+                        "elections (eb-*)")
+    p.add_argument("--clients", type=_integer(1), default=6, help="clients (default 6)")
+    p.add_argument("--rounds", type=_integer(1), default=3, help="rounds (default 3)")
+    p.add_argument("--clients-per-round", type=_integer(1), help="K (default: all)")
+    p.add_argument("--local-steps", type=_integer(1), default=5, help="tau (default 5)")
+    p.add_argument("--batch-size", type=_integer(1), default=10, help="default 10")
+    p.add_argument("--eval-every", type=_integer(1), default=1, help="default 1")
+    p.add_argument("--lr", type=_positive, default=0.1, help="learning rate (default 0.1)")
+    p.add_argument("--epsilon", type=_positive, help="local privacy of the eb-* protocols")
+    p.add_argument("--seed", type=_integer(0), default=0)
 
 
 def build_parser():
@@ -917,6 +1003,26 @@ def build_parser():
     hapt.add_argument("--plot", metavar="DIR", help="save the accuracy figure there")
     _add_json(hapt)
     hapt.set_defaults(func=_cmd_hapt)
+
+    fl = sub.add_parser("flower", help="federated runs on Flower (needs ebfl[flower])"
+                        ).add_subparsers(dest="action", required=True)
+    fs = fl.add_parser("simulate", help="a job on Flower's Simulation Engine, in this process")
+    _job_arguments(fs)
+    fs.add_argument("--compare", action="store_true",
+                    help="also run in process; report max |difference| of the final parameters")
+    fs.add_argument("--failures", default="", metavar="R:C,...",
+                    help="clients that crash: round:client pairs, 0-based (e.g. 1:0,2:3)")
+    fs.add_argument("--verbose", action="store_true", help="Flower's and Ray's logs")
+    _add_json(fs)
+    fs.set_defaults(func=_cmd_flower_simulate)
+    fa = fl.add_parser("app", help="write a deployable Flower App for a job")
+    fa.add_argument("directory", help="folder to write the app to (new or empty)")
+    _job_arguments(fa)
+    fa.add_argument("--superlink", default="127.0.0.1:9093",
+                    help="address of the SuperLink's Control API (default 127.0.0.1:9093)")
+    fa.add_argument("--overwrite", action="store_true", help="replace an existing app")
+    _add_json(fa)
+    fa.set_defaults(func=_cmd_flower_app)
 
     demo = sub.add_parser("demo", help="simulate the paper's settings, compare with theory")
     demo.add_argument("--clients", type=_integer(2), default=10_000)

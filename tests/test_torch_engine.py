@@ -1,4 +1,9 @@
-"""The vectorized multi-client engine: equal to a client-by-client loop, reproducible, resumable."""
+"""The vectorized multi-client engine: equal to a client-by-client loop, reproducible, resumable.
+
+Each strategy's client half is checked against the printed update rules run for
+one client at a time with plain autograd, on the minibatches that client draws
+from its own stream of the round; the server half against the printed average.
+"""
 
 import numpy as np
 import pytest
@@ -9,6 +14,7 @@ import torch.nn.functional as F  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 from torch.func import functional_call  # noqa: E402
 
+from ebfl.federated import RoundContext, RunConfig  # noqa: E402
 from ebfl.learning.torch import (  # noqa: E402
     CNN5,
     MLP,
@@ -19,7 +25,8 @@ from ebfl.learning.torch import (  # noqa: E402
     LogisticModel,
     train,
 )
-from ebfl.learning.torch.functional import take  # noqa: E402
+from ebfl.learning.torch.engine import evaluate_strategy  # noqa: E402
+from ebfl.learning.torch.functional import client_generators, fresh_params  # noqa: E402
 
 
 def _digits_clients(m=12, classes_per_client=3, seed=0):
@@ -55,6 +62,48 @@ def _one(model, params, x):
     return functional_call(model, params, (x,))
 
 
+def _row(stack, i):
+    return {n: p[i].clone() for n, p in stack.items()}
+
+
+def _adaped_step(model, theta, mu, psi, x, y, lr, wd=1e-4, psi_floor=0.5, lr_psi=3e-2):
+    """The printed Algorithm 5 lines for one client and one minibatch, plain autograd.
+
+    ``lr`` is (eta1, eta2) after the epoch decay; returns (theta, mu, psi) after the step.
+    """
+    th = {n: p.clone().requires_grad_() for n, p in theta.items()}
+    z = _one(model, th, x)
+    teacher = _one(model, mu, x).detach()
+    loss = F.cross_entropy(z, y) + _kl(teacher, z) / (2 * psi)
+    g = torch.autograd.grad(loss, list(th.values()))
+    th_new = {n: (p - lr[0] * (gi + wd * p)).detach()
+              for (n, p), gi in zip(th.items(), g, strict=True)}
+    m = {n: p.clone().requires_grad_() for n, p in mu.items()}
+    kd = _kl(_one(model, m, x), _one(model, th_new, x).detach()) / (2 * psi)
+    h = torch.autograd.grad(kd, list(m.values()))
+    mu_new = {n: (p - lr[1] * (hi + wd * p)).detach()
+              for (n, p), hi in zip(m.items(), h, strict=True)}
+    with torch.no_grad():
+        kd_new = _kl(_one(model, mu_new, x), _one(model, th_new, x))
+    psi_new = torch.clamp(psi - lr_psi * (1 / (2 * psi) - kd_new / (2 * psi**2)), min=psi_floor)
+    return th_new, mu_new, psi_new
+
+
+def _own_batches(data, clients, seeds, steps, batch):
+    """Each client's minibatches of a round, drawn by hand from its own stream: B uniform
+    indices into its n_i training rows, with replacement."""
+    out = []
+    for c, seed in zip(clients, seeds, strict=True):
+        gen = torch.Generator().manual_seed(seed)
+        n = int(data.n_train[c])
+        rows = []
+        for _ in range(steps):
+            idx = (torch.rand(batch, generator=gen) * n).long()
+            rows.append((data.x_train[c, idx], data.y_train[c, idx]))
+        out.append(rows)
+    return out
+
+
 def test_vectorized_adaped_step_equals_a_client_by_client_loop():
     # float64, so that the comparison shows the algebra, not float32 summation order
     # (vmap runs the K convolutions as one grouped convolution).
@@ -64,61 +113,84 @@ def test_vectorized_adaped_step_equals_a_client_by_client_loop():
     x = torch.rand((k, b, 28, 28), generator=gen, dtype=torch.float64)
     y = torch.randint(0, 10, (k, b), generator=gen)
     strat = AdaPeD(model, 0.1, 0.05, 0.03, psi0=2.0, weight_decay=1e-3)
-    state = {"theta": _random_stack(model, k, 2), "mu": None, "psi": torch.tensor(2.0)}
-    state["work_mu"] = _random_stack(model, k, 3)
-    state["work_psi"] = torch.tensor([2.0, 1.0, 0.6, 3.0], dtype=torch.float64)
-    before = {key: (take(v, torch.arange(k)) if isinstance(v, dict) else v.clone())
-              for key, v in state.items() if v is not None}
-    strat.local_step(state, torch.arange(k), x, y, 0.5)
+    client = {"theta": _random_stack(model, k, 2)}
+    work = {"mu": _random_stack(model, k, 3),
+            "psi": torch.tensor([2.0, 1.0, 0.6, 3.0], dtype=torch.float64)}
+    before = {"theta": dict(client["theta"]), "mu": dict(work["mu"]), "psi": work["psi"].clone()}
+    strat.local_step(work, client, x, y, 0.5, client_generators(range(k)))
+    for i in range(k):
+        th, mu, psi = _adaped_step(model, _row(before["theta"], i), _row(before["mu"], i),
+                                   before["psi"][i], x[i], y[i], (0.05, 0.025), wd=1e-3,
+                                   lr_psi=0.03)
+        for n in th:
+            torch.testing.assert_close(client["theta"][n][i], th[n], atol=1e-10, rtol=0)
+            torch.testing.assert_close(work["mu"][n][i], mu[n], atol=1e-10, rtol=0)
+        torch.testing.assert_close(work["psi"][i], psi, atol=1e-10, rtol=0)
 
-    for i in range(k):  # the printed Algorithm 5 lines, one client, plain autograd
-        th = {n: p[i].clone().requires_grad_() for n, p in before["theta"].items()}
-        mu = {n: p[i].clone().requires_grad_() for n, p in before["work_mu"].items()}
-        psi = before["work_psi"][i]
-        z = _one(model, th, x[i])
-        loss = F.cross_entropy(z, y[i]) + _kl(_one(model, mu, x[i]).detach(), z) / (2 * psi)
-        g = torch.autograd.grad(loss, list(th.values()))
-        th_new = {n: (p - 0.05 * (gi + 1e-3 * p)).detach()
-                  for (n, p), gi in zip(th.items(), g, strict=True)}
-        kd = _kl(_one(model, mu, x[i]), _one(model, th_new, x[i]).detach()) / (2 * psi)
-        h = torch.autograd.grad(kd, list(mu.values()))
-        mu_new = {n: (p - 0.025 * (hi + 1e-3 * p)).detach()
-                  for (n, p), hi in zip(mu.items(), h, strict=True)}
-        kd_new = _kl(_one(model, mu_new, x[i]), _one(model, th_new, x[i]))
-        psi_new = max(float(psi - 0.03 * (1 / (2 * psi) - kd_new / (2 * psi**2))), 0.5)
-        for n in th_new:
-            torch.testing.assert_close(state["theta"][n][i], th_new[n], atol=1e-10, rtol=0)
-            torch.testing.assert_close(state["work_mu"][n][i], mu_new[n], atol=1e-10, rtol=0)
-        assert float(state["work_psi"][i]) == pytest.approx(psi_new, abs=1e-10)
+
+def test_adaped_round_and_aggregation_equal_the_printed_algorithm():
+    data = _digits_clients()
+    model = LogisticModel(64, 10)
+    cfg = RunConfig(n_clients=data.n_clients, rounds=3, clients_per_round=3, local_steps=4,
+                    batch_size=7, iters_per_epoch=6, lr_decay=0.5, seed=4)
+    strat = AdaPeD(model, psi0=1.5)
+    active = np.array([0, 6, 10])
+    rc = RoundContext(cfg, 1, active)  # iterations 4..7: the decay applies from the 7th
+    server = {"mu": fresh_params(model, 1), "psi": torch.tensor(1.5)}
+    client = {"theta": _random_stack(model, 3, 5)}
+    theta0 = {n: p.clone() for n, p in client["theta"].items()}
+    reply = strat.client_train(strat.broadcast(server, rc), client, data.subset(active), rc)
+    new = strat.aggregate(server, reply, data.n_train[active].numpy(), rc)
+
+    batches = _own_batches(data, active, rc.seeds(), 4, 7)
+    mus, psis = [], []
+    for j in range(3):
+        th, mu, psi = _row(theta0, j), dict(server["mu"]), server["psi"]
+        for s, (x, y) in enumerate(batches[j]):
+            scale = 0.5 ** ((1 * 4 + s) // 6)
+            th, mu, psi = _adaped_step(model, th, mu, psi, x, y, (0.1 * scale, 0.1 * scale))
+        for n in th:
+            torch.testing.assert_close(client["theta"][n][j], th[n], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(reply["mu"][n][j], mu[n], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(reply["psi"][j], psi, atol=1e-6, rtol=1e-6)
+        mus.append(mu)
+        psis.append(psi)
+    # the server averages mu and psi unweighted (as printed), whatever the sample counts
+    assert len(set(data.n_train[active].tolist())) > 1
+    for n in server["mu"]:
+        torch.testing.assert_close(new["mu"][n], sum(m[n] for m in mus) / 3, atol=1e-6,
+                                   rtol=1e-5)
+    torch.testing.assert_close(new["psi"], sum(psis) / 3, atol=1e-6, rtol=1e-6)
 
 
 def test_vectorized_fedavg_round_equals_a_loop_and_weighted_average():
     model = MLP(64, 10, hidden=(16,))
     data = _digits_clients()
-    init = {n: p.detach().clone() for n, p in model.named_parameters()}
+    init = fresh_params(model, 3)
     strat = FedAvg(model, 0.2, weight_decay=0.0)
-    state = strat.init_state(init, data.n_clients)
-    active = torch.tensor([0, 3, 5])
-    strat.broadcast(state, active)
-    gen = torch.Generator().manual_seed(0)
-    batches = [data.sample_batch(active, 8, gen) for _ in range(3)]
-    for x, y in batches:
-        strat.local_step(state, active, x, y, 1.0)
-    strat.aggregate(state, active, data.n_train[active])
+    cfg = RunConfig(n_clients=data.n_clients, rounds=2, clients_per_round=3, local_steps=3,
+                    batch_size=8, iters_per_epoch=2, lr_decay=0.5, seed=0)
+    active = np.array([0, 3, 5])
+    rc = RoundContext(cfg, 0, active)
+    reply = strat.client_train(strat.broadcast({"global": init}, rc), {}, data.subset(active), rc)
+    weights = strat.client_weights(data.subset(active))
+    new = strat.aggregate({"global": init}, reply, weights, rc)
 
     finals = []
-    for j in range(3):
+    for batches in _own_batches(data, active, rc.seeds(), 3, 8):
         p = {n: v.clone() for n, v in init.items()}
-        for x, y in batches:
+        for s, (x, y) in enumerate(batches):
             ps = {n: v.clone().requires_grad_() for n, v in p.items()}
-            g = torch.autograd.grad(F.cross_entropy(_one(model, ps, x[j]), y[j]),
-                                    list(ps.values()))
-            p = {n: (v - 0.2 * gi).detach() for (n, v), gi in zip(ps.items(), g, strict=True)}
+            g = torch.autograd.grad(F.cross_entropy(_one(model, ps, x), y), list(ps.values()))
+            lr = 0.2 * 0.5 ** (s // 2)
+            p = {n: (v - lr * gi).detach() for (n, v), gi in zip(ps.items(), g, strict=True)}
         finals.append(p)
-    w = data.n_train[active].float() / data.n_train[active].sum()
-    for n in init:
-        expect = sum(wj * f[n] for wj, f in zip(w, finals, strict=True))
-        torch.testing.assert_close(state["global"][n], expect, atol=1e-6, rtol=1e-5)
+    n = data.n_train[active].double()
+    np.testing.assert_array_equal(weights, n.numpy())
+    w = n / n.sum()
+    for name in init:
+        expect = sum(float(wj) * f[name] for wj, f in zip(w, finals, strict=True))
+        torch.testing.assert_close(new["global"][name], expect, atol=1e-6, rtol=1e-5)
 
 
 def test_psi_floor_and_its_printed_gradient():
@@ -126,8 +198,29 @@ def test_psi_floor_and_its_printed_gradient():
     data = _digits_clients()
     strat = AdaPeD(model, psi0=0.6, lr_psi=5.0)  # a large eta3 drives psi to the floor
     res = train(strat, data, rounds=3, local_steps=2, clients_per_round=4, batch_size=5)
-    assert float(res.state["psi"]) >= 0.5
-    assert all(h["psi"] >= 0.5 for h in res.history)
+    assert float(res.server["psi"]) == 0.5  # every client's psi stopped at the floor
+    assert all(h["psi"] == 0.5 for h in res.history)
+    # one step: the unclamped printed update would go below the floor
+    work = {"mu": _random_stack(model, 2, 1), "psi": torch.tensor([0.6, 0.6])}
+    client = {"theta": _random_stack(model, 2, 2)}
+    x, y = data.x_train[:2, :5], data.y_train[:2, :5]
+    _, _, unclamped = _adaped_step(model, _row(client["theta"], 0), _row(work["mu"], 0),
+                                   work["psi"][0], x[0], y[0], (0.1, 0.1), psi_floor=-np.inf,
+                                   lr_psi=5.0)
+    assert float(unclamped) < 0.5
+    strat.local_step(work, client, x, y, 1.0, client_generators([0, 1]))
+    assert work["psi"].tolist() == [0.5, 0.5]
+
+
+def _same_state(a, b):
+    for part in ("server", "clients"):
+        x, y = getattr(a, part), getattr(b, part)
+        assert sorted(x) == sorted(y)
+        for key in x:
+            tx = x[key] if isinstance(x[key], dict) else {"": x[key]}
+            ty = y[key] if isinstance(y[key], dict) else {"": y[key]}
+            for n in tx:
+                assert torch.equal(tx[n], ty[n]), (part, key, n)
 
 
 def test_same_seed_same_run_and_checkpoint_resume(tmp_path):
@@ -136,16 +229,18 @@ def test_same_seed_same_run_and_checkpoint_resume(tmp_path):
     full = train(AdaPeD(MLP(64, 10, hidden=(16,))), data, rounds=6, **kw)
     again = train(AdaPeD(MLP(64, 10, hidden=(16,))), data, rounds=6, **kw)
     assert full.history == again.history
+    _same_state(full, again)
     other = train(AdaPeD(MLP(64, 10, hidden=(16,))), data, rounds=6, **dict(kw, seed=6))
     assert other.history != full.history
 
+    # a run stopped after 4 rounds and continued to 6 (the README's and notebook's use)
     ckpt = tmp_path / "run.pt"
     part = train(AdaPeD(MLP(64, 10, hidden=(16,))), data, rounds=4, checkpoint=ckpt, **kw)
     assert ckpt.is_file() and part.history == full.history[:2]
     resumed = train(AdaPeD(MLP(64, 10, hidden=(16,))), data, rounds=6, checkpoint=ckpt, **kw)
     assert resumed.history == full.history
-    for n, p in full.state["theta"].items():
-        torch.testing.assert_close(resumed.state["theta"][n], p, atol=0, rtol=0)
+    _same_state(resumed, full)
+    torch.testing.assert_close(resumed.accuracy, full.accuracy, atol=0, rtol=0)
     with pytest.raises(ValueError, match="another configuration"):
         train(AdaPeD(MLP(64, 10, hidden=(16,)), lr_theta=0.05), data, rounds=6,
               checkpoint=ckpt, **kw)
@@ -174,9 +269,42 @@ def test_idle_clients_train_only_with_fine_tuning():
               init_params=init)
     for fine_tune, expected in ((False, 2), (True, data.n_clients)):
         res = train(AdaPeD(model, fine_tune=fine_tune), data, **kw)
-        w = res.state["theta"]["net.1.weight"]
+        w = res.clients["theta"]["net.1.weight"]
         moved = (w != init["net.1.weight"]).flatten(1).any(1)
         assert int(moved.sum()) == expected
+    # the caller's init_params and model are untouched
+    for n, p in model.named_parameters():
+        assert torch.equal(p, init[n])
+
+
+def _accuracy_by_hand(model, stack, data):
+    """Each client's share of its own test rows (padding excluded) classified right."""
+    out = []
+    for i in range(data.n_clients):
+        n = int(data.n_test[i])
+        with torch.no_grad():
+            logits = _one(model, _row(stack, i), data.x_test[i, :n])
+        out.append(float((logits.argmax(-1) == data.y_test[i, :n]).float().mean()))
+    return torch.tensor(out)
+
+
+def test_evaluation_is_each_clients_accuracy_on_its_own_test_rows():
+    data = _digits_clients(m=20)  # more than one chunk of 16 clients
+    kw = dict(rounds=2, local_steps=3, clients_per_round=5, batch_size=8, seed=1)
+    model = LogisticModel(64, 10)
+    ada = AdaPeD(model)
+    res = train(ada, data, **kw)
+    expect = _accuracy_by_hand(model, res.clients["theta"], data)
+    torch.testing.assert_close(res.accuracy, expect, atol=1e-6, rtol=0)
+    torch.testing.assert_close(evaluate_strategy(ada, res, data), expect, atol=1e-6, rtol=0)
+    fed = FedAvg(model)
+    res = train(fed, data, **kw)
+    everyone = {n: p.expand(20, *p.shape) for n, p in res.server["global"].items()}
+    expect = _accuracy_by_hand(model, everyone, data)
+    torch.testing.assert_close(evaluate_strategy(fed, res, data), expect, atol=1e-6, rtol=0)
+    assert res.history[-1]["accuracy"] == pytest.approx(float(expect.double().mean()), abs=1e-6)
+    with pytest.raises(TypeError, match="FederatedDataset"):
+        evaluate_strategy(fed, res, data.x_test)
 
 
 def test_sampling_ratio_is_k_of_m():
@@ -186,6 +314,7 @@ def test_sampling_ratio_is_k_of_m():
     k = max(1, round(0.34 * data.n_clients))
     by_k = train(FedAvg(LogisticModel(64, 10)), data, clients_per_round=k, **kw)
     assert by_ratio.history == by_k.history
+    assert by_k.history[0]["clients"] == k
     full = train(FedAvg(LogisticModel(64, 10)), data, **kw)
     assert full.history != by_k.history
 
@@ -202,6 +331,10 @@ def test_bad_input():
               clients_per_round=2)
     with pytest.raises(TypeError, match="FederatedDataset"):
         train(FedAvg(LogisticModel(64, 10)), data.x_train, rounds=1)
+    with pytest.raises(TypeError, match="failures"):
+        train(FedAvg(LogisticModel(64, 10)), data, rounds=1, failures=[0])
+    with pytest.raises(ValueError, match="failures round"):
+        train(FedAvg(LogisticModel(64, 10)), data, rounds=1, failures={-1: [0]})
     with pytest.raises(ValueError, match="psi0"):
         AdaPeD(LogisticModel(64, 10), psi0=0.1)
     with pytest.raises(ValueError, match="lr_theta"):

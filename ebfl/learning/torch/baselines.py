@@ -1,11 +1,18 @@
-"""Personalized-FL baselines of the paper's Table 1 and Figure 3, as engine strategies.
+"""Personalized-FL baselines of the paper's Table 1 and Figure 3, as federated strategies.
 
 FedAvg + fine-tuning, Ditto, pFedMe, Per-FedAvg (first order), QuPeD without
-quantization, Federated Mutual Learning, FedEM and DP-FedEM, each a strategy of
-the one round loop in :mod:`.engine` with the interface described in
-:mod:`.strategies`. Every local step is one vectorized call over the sampled
-clients (``torch.func.vmap`` through
-:func:`~ebfl.learning.torch.functional.client_grad`); nothing loops over clients.
+quantization, Federated Mutual Learning, FedEM and DP-FedEM, each one
+:class:`~ebfl.learning.torch.strategies.Strategy`: a server half and a client
+half (:mod:`ebfl.federated.protocol`), run in process by
+:func:`~ebfl.learning.torch.engine.train` (every sampled client at once, each
+local step one ``torch.func.vmap`` call through
+:func:`~ebfl.learning.torch.functional.client_grad`) and on Flower (one client
+per call) to the same result.
+
+Every class says what crosses the network: its *message* (server to the
+sampled clients) and its *reply* (each client to the server). What a client
+keeps between rounds (personal models, FedEM's mixture weights) is its
+persistent state and never leaves it.
 
 Conventions shared by all of them (the papers leave these open):
 
@@ -15,24 +22,33 @@ Conventions shared by all of them (the papers leave these open):
   code the paper used (github.com/CharlieDinh/pFedMe, github.com/omarfoq/FedEM)
   do; several papers print an unweighted mean;
 * weight decay applies to every gradient step on model parameters, and the
-  engine's per-epoch decay ``scale`` multiplies every learning rate unless a
-  class says otherwise;
+  per-epoch learning-rate decay multiplies every learning rate unless a class
+  says otherwise;
 * KD / KL terms are :func:`~ebfl.learning.torch.functional.distillation_kl`
   (temperature 1, summed over classes, mean over the batch).
 
-Two extra hooks:
+:class:`FedAvgFT` and :class:`PerFedAvg` adapt the global model on each
+client's own training set at evaluation time, in ``personal(message, client,
+data)``; :class:`FedEM` predicts with a mixture, through
+``personal_logits(message, client, data, x)``.
 
-* ``bind_data(data)`` (:class:`FedAvgFT`, :class:`PerFedAvg`): their personal
-  models are adapted on each client's full training set at evaluation time, so
-  they need the :class:`~.data.FederatedDataset`; pass ``data=`` to the
-  constructor (or call ``bind_data``) before training.
-* ``personal_logits(state, x)`` (:class:`FedEM`): per-client log-probabilities
-  of the mixture, which one stack of models cannot express;
-  :func:`~ebfl.learning.torch.engine.evaluate_strategy` uses it when present.
+Examples
+--------
+>>> import numpy as np
+>>> from ebfl.learning.torch import FederatedDataset, LogisticModel, train
+>>> from ebfl.learning.torch.baselines import Ditto
+>>> rng = np.random.default_rng(0)
+>>> xs = [rng.normal(size=(20, 4)).astype(np.float32) for _ in range(3)]
+>>> ys = [(x[:, 0] > 0).astype(np.int64) for x in xs]
+>>> data = FederatedDataset.from_clients(xs, ys, xs, ys, n_classes=2)
+>>> res = train(Ditto(LogisticModel(4, 2), 0.5), data, rounds=2, local_steps=2, batch_size=5)
+>>> sorted(res.server), sorted(res.clients), tuple(res.accuracy.shape)
+(['global'], ['personal'], (3,))
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
@@ -44,28 +60,32 @@ from ebfl._validation import (
     check_positive_scalar,
     check_probability,
 )
-from ebfl.learning.torch.data import FederatedDataset
+from ebfl.federated.protocol import MAX_SEED
+from ebfl.federated.streams import SERVER, stream_seed
+from ebfl.learning.torch.data import ClientSubset, FederatedDataset
 from ebfl.learning.torch.functional import (
     client_forward,
+    client_generators,
     client_grad,
     clone_params,
     cross_entropy,
     distillation_kl,
     fresh_params,
-    put,
     replicate,
     sgd_step,
-    take,
     weighted_mean,
 )
-from ebfl.learning.torch.strategies import FedAvg, GaussianRelease, Strategy, _model_iv
+from ebfl.learning.torch.strategies import (
+    FedAvg,
+    GaussianRelease,
+    Strategy,
+    _ce_loss,
+    _model_iv,
+    _weights,
+)
 
 __all__ = ["FML", "DPFedEM", "Ditto", "FedAvgFT", "FedEM", "PFedMe", "PerFedAvg", "QuPeDFP",
            "full_batch_steps", "minibatch_steps"]
-
-
-def _ce_loss(forward, params, x, y):
-    return cross_entropy(forward(params, x), y)
 
 
 def _masked_ce_loss(forward, params, x, y, mask):
@@ -78,6 +98,8 @@ def _dtype(stack):
     return next(iter(stack.values())).dtype
 
 
+# --- adaptation on the clients' own training sets -------------------------------------------
+
 def full_batch_steps(model, stack, data, steps, lr, weight_decay=0.0, *, chunk=16):
     """``steps`` full-batch gradient steps of every client's model on its own training set.
 
@@ -88,8 +110,9 @@ def full_batch_steps(model, stack, data, steps, lr, weight_decay=0.0, *, chunk=1
     ----------
     model : nn.Module
     stack : dict
-        One model per client (m, ...).
-    data : FederatedDataset
+        One model per client of ``data`` (K, ...).
+    data : FederatedDataset or ClientSubset
+        The clients, row i of ``stack`` being the i-th.
     steps : int
     lr, weight_decay : float
     chunk : int
@@ -99,92 +122,189 @@ def full_batch_steps(model, stack, data, steps, lr, weight_decay=0.0, *, chunk=1
     -------
     dict
         The updated stack (a new one; ``stack`` is not modified).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ebfl.learning.torch import FederatedDataset, LogisticModel
+    >>> from ebfl.learning.torch.functional import fresh_params, replicate
+    >>> x = [np.eye(4, dtype=np.float32)] * 2
+    >>> y = [np.array([0, 1, 0, 1]), np.array([1, 1, 0, 0])]
+    >>> data = FederatedDataset.from_clients(x, y, x, y)
+    >>> model = LogisticModel(4, 2)
+    >>> out = full_batch_steps(model, replicate(fresh_params(model, 0), 2), data, 3, 0.5)
+    >>> tuple(out["net.1.weight"].shape)
+    (2, 2, 4)
     """
-    steps, lr, weight_decay = _steps_iv(data, steps, lr, weight_decay)
+    data = _clients_iv(data)
+    steps, lr, weight_decay = _steps_iv(steps, lr, weight_decay)
     chunk = check_int_scalar(chunk, "chunk", minimum=1)
-    m = data.n_clients
-    dtype = _dtype(stack)
-    out = clone_params(stack)
-    width = data.x_train.shape[1]
-    for lo in range(0, m, chunk):
-        idx = torch.arange(lo, min(lo + chunk, m))
-        x, y = data.x_train[idx].to(dtype), data.y_train[idx]
-        mask = (torch.arange(width)[None, :] < data.n_train[idx, None]).to(dtype)
-        rows = take(out, idx)
-        for _ in range(steps):
-            g = client_grad(model, _masked_ce_loss, rows, x, y, mask)
-            rows = sgd_step(rows, g, lr, weight_decay)
-        put(out, idx, rows)
-    return out
+    _stack_iv(stack, data)
+    return _full_batch(model, stack, data, steps, lr, weight_decay, chunk)
 
 
 def minibatch_steps(model, stack, data, steps, lr, weight_decay=0.0, *, batch_size, seed=0):
     """``steps`` minibatch SGD steps of every client's model on its own training set.
 
-    All m clients at once, ``batch_size`` samples each per step, drawn with
-    replacement from a generator seeded with ``seed`` (deterministic, and
-    independent of the engine's generator). Much cheaper than
+    ``batch_size`` samples per client and step, drawn with replacement. Client
+    c (its id: the row of a :class:`~.data.FederatedDataset`, ``data.clients``
+    of a :class:`~.data.ClientSubset`) draws from its own stream,
+    ``stream_seed(seed, 0, c, "evaluate")`` (:mod:`ebfl.federated.streams`), so
+    it gets the same batches whether it is adapted alone or with others, and
+    the draws are independent of the training run's. Much cheaper than
     :func:`full_batch_steps` on large clients.
+
+    Parameters
+    ----------
+    model : nn.Module
+    stack : dict
+        One model per client of ``data`` (K, ...).
+    data : FederatedDataset or ClientSubset
+    steps : int
+    lr, weight_decay : float
+    batch_size : int
+    seed : int
+        In [0, 2^64 - 1], e.g. the run's seed.
+
+    Returns
+    -------
+    dict
+        The updated stack (a new one; ``stack`` is not modified).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ebfl.learning.torch import FederatedDataset, LogisticModel
+    >>> from ebfl.learning.torch.functional import fresh_params, replicate
+    >>> x = [np.eye(4, dtype=np.float32)] * 2
+    >>> y = [np.array([0, 1, 0, 1]), np.array([1, 1, 0, 0])]
+    >>> data = FederatedDataset.from_clients(x, y, x, y)
+    >>> model = LogisticModel(4, 2)
+    >>> stack = replicate(fresh_params(model, 0), 2)
+    >>> both = minibatch_steps(model, stack, data, 3, 0.5, batch_size=2, seed=7)
+    >>> alone = minibatch_steps(model, {n: p[1:] for n, p in stack.items()}, data.subset([1]),
+    ...                         3, 0.5, batch_size=2, seed=7)
+    >>> bool(torch.equal(both["net.1.weight"][1], alone["net.1.weight"][0]))
+    True
     """
-    steps, lr, weight_decay = _steps_iv(data, steps, lr, weight_decay)
+    data = _clients_iv(data)
+    steps, lr, weight_decay = _steps_iv(steps, lr, weight_decay)
     batch_size = check_int_scalar(batch_size, "batch_size", minimum=1)
-    gen = torch.Generator().manual_seed(check_int_scalar(seed, "seed", minimum=0,
-                                                         maximum=2**64 - 1))
-    everyone = torch.arange(data.n_clients)
+    seed = check_int_scalar(seed, "seed", minimum=0, maximum=MAX_SEED)
+    _stack_iv(stack, data)
+    rng = client_generators(_adaptation_seeds(seed, data.clients))
+    return _minibatch(model, stack, data, steps, lr, weight_decay, batch_size, rng)
+
+
+def _clients_iv(data):
+    """A FederatedDataset or ClientSubset, as a ClientSubset (client ids known)."""
+    if isinstance(data, FederatedDataset):
+        return data.subset(np.arange(data.n_clients))
+    if isinstance(data, ClientSubset):
+        return data
+    raise TypeError(f"data must be a FederatedDataset or a ClientSubset, got "
+                    f"{type(data).__name__}")
+
+
+def _steps_iv(steps, lr, weight_decay):
+    return (check_int_scalar(steps, "steps", minimum=0), check_positive_scalar(lr, "lr"),
+            check_nonnegative_scalar(weight_decay, "weight_decay"))
+
+
+def _stack_iv(stack, data):
+    if not isinstance(stack, dict) or not stack:
+        raise TypeError("stack must be a non-empty dict name -> Tensor (one row per client)")
+    for name, p in stack.items():
+        if not isinstance(p, torch.Tensor) or p.dim() == 0 or p.shape[0] != data.n_clients:
+            raise ValueError(f"stack[{name!r}] must be a Tensor with one row per client of data "
+                             f"({data.n_clients}), got "
+                             f"{tuple(p.shape) if isinstance(p, torch.Tensor) else type(p)}")
+
+
+def _adaptation_seeds(seed, clients):
+    """Client c's stream for evaluation-time adaptation: (seed, round 0, c, "evaluate")."""
+    return [stream_seed(seed, 0, int(c), "evaluate") for c in clients]
+
+
+def _full_batch(model, stack, data, steps, lr, weight_decay, chunk=16):
+    dtype = _dtype(stack)
+    out = clone_params(stack)
+    for lo in range(0, data.n_clients, chunk):
+        rows = np.arange(lo, min(lo + chunk, data.n_clients))
+        part = data.subset(rows)
+        x, y = part.x_train.to(dtype), part.y_train
+        mask = (torch.arange(x.shape[1])[None, :] < part.n_train[:, None]).to(dtype)
+        idx = torch.from_numpy(rows)
+        params = {n: p[idx] for n, p in out.items()}
+        for _ in range(steps):
+            g = client_grad(model, _masked_ce_loss, params, x, y, mask)
+            params = sgd_step(params, g, lr, weight_decay)
+        for n, p in params.items():
+            out[n][idx] = p
+    return out
+
+
+def _minibatch(model, stack, data, steps, lr, weight_decay, batch_size, rng):
+    """Minibatch SGD, client j's batches drawn from its own generator ``rng[j]``."""
     dtype = _dtype(stack)
     out = clone_params(stack)
     for _ in range(steps):
-        x, y = data.sample_batch(everyone, batch_size, gen)
+        x, y = data.sample_batch(rng, batch_size)
         g = client_grad(model, _ce_loss, out, x.to(dtype), y)
         out = sgd_step(out, g, lr, weight_decay)
     return out
 
 
-def _steps_iv(data, steps, lr, weight_decay):
-    if not isinstance(data, FederatedDataset):
-        raise TypeError(f"data must be a FederatedDataset, got {type(data).__name__}")
-    return (check_int_scalar(steps, "steps", minimum=0), check_positive_scalar(lr, "lr"),
-            check_nonnegative_scalar(weight_decay, "weight_decay"))
+# The adaptation stream of each client is persistent client state: an int64 tensor holds the
+# unsigned 64-bit seed in two's complement (tensors have no uint64 arithmetic we can rely on).
+def _seed_state(run, clients):
+    seeds = _adaptation_seeds(run.seed, clients)
+    return torch.tensor([s - 2**64 if s >= 2**63 else s for s in seeds], dtype=torch.int64)
 
 
-def _adapt(model, stack, data, steps, lr, weight_decay, batch_size, seed):
-    if batch_size is None:
-        return full_batch_steps(model, stack, data, steps, lr, weight_decay)
-    return minibatch_steps(model, stack, data, steps, lr, weight_decay, batch_size=batch_size,
-                           seed=seed)
+def _seed_generators(state):
+    return client_generators([int(s) % 2**64 for s in state.tolist()])
 
 
-class _BoundData:
-    """Holds the clients' training data for personal models adapted at evaluation time."""
+class _AdaptedGlobal:
+    """Personal models adapted from the global one on the client's data at evaluation time.
 
-    data = None
+    With ``batch`` None: full-batch steps (deterministic, nothing drawn). Otherwise
+    minibatches drawn from each client's stream ``stream_seed(run seed, 0,
+    client, "evaluate")``: a client keeps that seed in its state from the start of
+    the run (``adapt_seed``), so it needs nothing from the server or the other
+    clients, and the same batches serve every evaluation.
+    """
 
-    def bind_data(self, data):
-        """The run's :class:`~.data.FederatedDataset` (its training sets adapt the models)."""
-        if not isinstance(data, FederatedDataset):
-            raise TypeError("data must be a FederatedDataset")
-        self.data = data
+    def _adaptation_state(self, run, clients, batch):
+        if batch is None:
+            return {}
+        return {"adapt_seed": _seed_state(run, clients)}
 
-    def _bound(self, m):
-        if self.data is None:
-            raise RuntimeError(f"{self.name} adapts its personal models on the clients' training "
-                               "data: pass data= to the constructor (or call bind_data)")
-        if self.data.n_clients != m:
-            raise ValueError(f"bound data has {self.data.n_clients} clients, the state {m}")
-        return self.data
+    def _adapt(self, message, client, data, steps, lr, weight_decay, batch):
+        stack = replicate(message["global"], data.n_clients)
+        if batch is None:
+            return _full_batch(self.model, stack, data, steps, lr, weight_decay)
+        return _minibatch(self.model, stack, data, steps, lr, weight_decay, batch,
+                          _seed_generators(client["adapt_seed"]))
 
 
-class FedAvgFT(_BoundData, FedAvg):
+# --- FedAvg + fine-tuning -------------------------------------------------------------------
+
+class FedAvgFT(_AdaptedGlobal, FedAvg):
     """FedAvg + local fine-tuning ("FedAvg+" of Table 1; Jiang et al. 2019, arXiv:1909.12488).
 
-    Training is exactly :class:`~.strategies.FedAvg` (same state, same use of
-    the engine's generator). Each client's personal model is the current global
-    model after ``finetune_steps`` full-batch gradient steps (rate
-    ``finetune_lr``, same weight decay) on the client's whole training set,
-    computed at evaluation time in :meth:`personal`. The paper gives no details
-    ("fine-tuning details not given", spec B.4): full-batch steps make the
-    personal models deterministic and draw nothing from the engine's generator;
-    the learning-rate decay is not applied to them.
+    Training is exactly :class:`~.strategies.FedAvg` (message: the global
+    model; reply: each sampled client's model after the round). Each client's
+    personal model is the current global model after ``finetune_steps``
+    gradient steps (rate ``finetune_lr``, same weight decay) on the client's own
+    training set, computed at evaluation time in :meth:`personal`. Ozkara et
+    al. give no fine-tuning details (Section 4.1): full-batch steps make the
+    personal models deterministic; with ``finetune_batch`` the minibatches
+    come from each client's own stream (see :func:`minibatch_steps`; the
+    client keeps its stream's seed, derived from the run's seed and its id,
+    in its state ``adapt_seed``). The learning-rate decay is not applied to
+    the fine-tuning.
 
     Parameters
     ----------
@@ -196,42 +316,80 @@ class FedAvgFT(_BoundData, FedAvg):
     finetune_lr : float, optional
         Default: ``lr``.
     finetune_batch : int, optional
-        Fine-tune with minibatches of this size (drawn from a fixed seed, so still
-        deterministic) instead of full batches: far cheaper on large clients.
-    data : FederatedDataset, optional
-        The clients' data; needed by :meth:`personal` (or :meth:`bind_data`).
+        Fine-tune with minibatches of this size instead of full batches: far
+        cheaper on large clients.
 
     Notes
     -----
-    Cost: every evaluation runs ``finetune_steps`` full-batch steps of all m
-    clients.
+    Cost: every evaluation runs ``finetune_steps`` steps of all m clients.
+
+    Examples
+    --------
+    >>> from ebfl.learning.torch import LogisticModel
+    >>> FedAvgFT(LogisticModel(4, 3), 0.1, finetune_steps=5).config()["finetune_steps"]
+    5
     """
 
     name = "FedAvg-FT"
 
     def __init__(self, model, lr=0.1, *, weight_decay=1e-4, finetune_steps=10, finetune_lr=None,
-                 finetune_batch=None, data=None):
+                 finetune_batch=None):
         super().__init__(model, lr, weight_decay=weight_decay)
         self.finetune_steps = check_int_scalar(finetune_steps, "finetune_steps", minimum=1)
         self.finetune_batch = (None if finetune_batch is None else
                                check_int_scalar(finetune_batch, "finetune_batch", minimum=1))
         self.finetune_lr = (self.lr if finetune_lr is None
                             else check_positive_scalar(finetune_lr, "finetune_lr"))
-        if data is not None:
-            self.bind_data(data)
 
     def config(self):
         return {**super().config(), "finetune_steps": self.finetune_steps,
                 "finetune_lr": self.finetune_lr, "finetune_batch": self.finetune_batch}
 
-    def personal(self, state):
-        data = self._bound(state["m"])
-        return _adapt(self.model, replicate(state["global"], state["m"]), data,
-                      self.finetune_steps, self.finetune_lr, self.weight_decay,
-                      self.finetune_batch, 0)
+    def init_clients(self, run, data, clients):
+        return self._adaptation_state(run, clients, self.finetune_batch)
+
+    def personal(self, message, client, data):
+        return self._adapt(message, client, data, self.finetune_steps, self.finetune_lr,
+                           self.weight_decay, self.finetune_batch)
 
 
-class Ditto(Strategy):
+# --- one global model trained from local copies ----------------------------------------------
+
+class _LocalCopyOfGlobal(Strategy):
+    """The server's global model, trained by the sampled clients on local copies.
+
+    Message: the global model. Reply: each sampled client's copy after the
+    round. The server averages the copies weighted by the clients' weights.
+    """
+
+    def init_server(self, run):
+        return {"global": self.initial_params(run)}
+
+    def broadcast(self, server, rc):
+        return {"global": server["global"]}
+
+    def client_begin(self, message, client, rc):
+        return {"model": replicate(message["global"], rc.clients.size)}
+
+    def client_reply(self, work, client):
+        return {"model": work["model"]}
+
+    def aggregate(self, server, replies, weights, rc):
+        return {"global": weighted_mean(replies["model"], _weights(weights))}
+
+
+class _TwoModels(_LocalCopyOfGlobal):
+    """A personal model ``theta`` per client beside the local copy of the global one (QuPeD,
+    FML); the personal models are evaluated and never leave the clients."""
+
+    def init_clients(self, run, data, clients):
+        return {"theta": replicate(self.initial_params(run), len(clients))}
+
+    def personal(self, message, client, data):
+        return client["theta"]
+
+
+class Ditto(_LocalCopyOfGlobal):
     """Ditto (Li, Hu, Beirami & Smith, ICML 2021, Algorithm 1).
 
     The global model is trained by FedAvg. Each sampled client also takes, at
@@ -239,6 +397,10 @@ class Ditto(Strategy):
     model v_i of ``f_i(v) + lam/2 |v - w^t|^2``, where w^t is the global model
     received at the start of the round. Unsampled clients keep their v_i; the
     personal models are evaluated.
+
+    Message: the global model w^t. Reply: the client's local copy of the
+    global model after the round. v_i (client state ``personal``) stays on
+    the client.
 
     Parameters
     ----------
@@ -249,8 +411,15 @@ class Ditto(Strategy):
         Rate of the personal steps (default: ``lr``).
     lam : float
         lambda >= 0. Default 0.5: Ditto is not in the paper's table and Li et al.
-        tune lambda per dataset; 0.5 matches pFedMe's lambda in the same table.
+        tune lambda per dataset; 0.5 matches pFedMe's lambda in Section 4.1 of
+        Ozkara et al.
     weight_decay : float
+
+    Examples
+    --------
+    >>> from ebfl.learning.torch import LogisticModel
+    >>> Ditto(LogisticModel(4, 3), 0.1, lam=0.2).config()["lr_personal"]
+    0.1
     """
 
     name = "Ditto"
@@ -267,29 +436,25 @@ class Ditto(Strategy):
         return {"name": self.name, "lr": self.lr, "lr_personal": self.lr_personal,
                 "lam": self.lam, "weight_decay": self.weight_decay}
 
-    def init_state(self, params, m):
-        return {"global": clone_params(params), "personal": replicate(params, m)}
+    def init_clients(self, run, data, clients):
+        return {"personal": replicate(self.initial_params(run), len(clients))}
 
-    def broadcast(self, state, active):
-        state["work"] = replicate(state["global"], active.numel())
+    def client_begin(self, message, client, rc):
+        return {**super().client_begin(message, client, rc), "anchor": message["global"]}
 
-    def local_step(self, state, active, x, y, scale):
-        g = client_grad(self.model, _ce_loss, state["work"], x, y)
-        state["work"] = sgd_step(state["work"], g, self.lr * scale, self.weight_decay)
-        v, w = take(state["personal"], active), state["global"]
+    def local_step(self, work, client, x, y, scale, rng):
+        g = client_grad(self.model, _ce_loss, work["model"], x, y)
+        work["model"] = sgd_step(work["model"], g, self.lr * scale, self.weight_decay)
+        v, w = client["personal"], work["anchor"]
         h = client_grad(self.model, _ce_loss, v, x, y)
         h = {n: h[n] + self.lam * (v[n] - w[n]) for n in v}
-        put(state["personal"], active, sgd_step(v, h, self.lr_personal * scale,
-                                                self.weight_decay))
+        client["personal"] = sgd_step(v, h, self.lr_personal * scale, self.weight_decay)
 
-    def aggregate(self, state, active, n_samples):
-        state["global"] = weighted_mean(state.pop("work"), n_samples.to(torch.float64))
-
-    def personal(self, state):
-        return state["personal"]
+    def personal(self, message, client, data):
+        return client["personal"]
 
 
-class PFedMe(Strategy):
+class PFedMe(_LocalCopyOfGlobal):
     """pFedMe (Dinh, Tran & Nguyen, NeurIPS 2020, Algorithm 1).
 
     Per local iteration, on one minibatch, each sampled client approximately
@@ -301,18 +466,21 @@ class PFedMe(Strategy):
     warm-started across the round's local iterations; the last theta is the
     client's personal model.
 
+    Message: the global model w. Reply: the client's w_i after the round.
+    theta (client state) stays on the client.
+
     Parameters
     ----------
     model : nn.Module
     lr : float
-        eta, the rate of the w_i update (spec table: 0.2).
+        eta, the rate of the w_i update (Section 4.1 of Ozkara et al.: 0.2).
     lr_personal : float
-        The inner problem's rate. The table gives no value; 0.1, pFedMe's own
+        The inner problem's rate. The paper gives no value; 0.1, pFedMe's own
         MNIST setting and AdaPeD's eta1.
     lam : float
-        lambda (spec: 0.5).
+        lambda (Section 4.1: 0.5).
     inner_steps : int
-        K (spec: 3).
+        K (Section 4.1: 3).
     beta : float
         Server mixing (pFedMe: 1, plain averaging).
     weight_decay : float
@@ -321,8 +489,14 @@ class PFedMe(Strategy):
         The authors' code lets *every* client train each round and aggregates
         only the sampled ones; the unsampled clients' w_i are then discarded but
         their personal theta kept. ``True`` reproduces that (m clients' work per
-        round); default ``False``: only sampled clients train, as in every other
-        strategy here.
+        round: the unsampled clients receive the global model too); default
+        ``False``: only sampled clients train, as in every other strategy here.
+
+    Examples
+    --------
+    >>> from ebfl.learning.torch import LogisticModel
+    >>> PFedMe(LogisticModel(4, 3), train_idle=True).trains_idle
+    True
     """
 
     name = "pFedMe"
@@ -336,24 +510,19 @@ class PFedMe(Strategy):
         self.inner_steps = check_int_scalar(inner_steps, "inner_steps", minimum=1)
         self.beta = check_positive_scalar(beta, "beta")
         self.weight_decay = check_nonnegative_scalar(weight_decay, "weight_decay")
-        self.train_idle = check_bool(train_idle, "train_idle")
+        self.train_idle = self.trains_idle = check_bool(train_idle, "train_idle")
 
     def config(self):
         return {"name": self.name, "lr": self.lr, "lr_personal": self.lr_personal,
                 "lam": self.lam, "inner_steps": self.inner_steps, "beta": self.beta,
                 "weight_decay": self.weight_decay, "train_idle": self.train_idle}
 
-    def init_state(self, params, m):
-        return {"global": clone_params(params), "theta": replicate(params, m), "m": m}
+    def init_clients(self, run, data, clients):
+        return {"theta": replicate(self.initial_params(run), len(clients))}
 
-    def broadcast(self, state, active):
-        k = active.numel()
-        state["work_w"] = replicate(state["global"], k)
-        state["work_theta"] = replicate(state["global"], k)
-        if self.train_idle and k < state["m"]:
-            idle = state["m"] - k
-            state["idle_w"] = replicate(state["global"], idle)
-            state["idle_theta"] = replicate(state["global"], idle)
+    def client_begin(self, message, client, rc):
+        client["theta"] = replicate(message["global"], rc.clients.size)
+        return super().client_begin(message, client, rc)
 
     def client_step(self, w, theta, x, y, scale):
         """One local iteration of stacked clients: K inner steps on theta, then the w step."""
@@ -365,30 +534,30 @@ class PFedMe(Strategy):
         w = {n: w[n] - rate * (w[n] - theta[n]) for n in w}
         return w, theta
 
-    def local_step(self, state, active, x, y, scale):
-        state["work_w"], state["work_theta"] = self.client_step(
-            state["work_w"], state["work_theta"], x, y, scale)
+    def local_step(self, work, client, x, y, scale, rng):
+        work["model"], client["theta"] = self.client_step(work["model"], client["theta"], x, y,
+                                                          scale)
 
-    def idle_step(self, state, idle, x, y, scale):
-        if self.train_idle and idle.numel():
-            state["idle_w"], state["idle_theta"] = self.client_step(
-                state["idle_w"], state["idle_theta"], x, y, scale)
+    def aggregate(self, server, replies, weights, rc):
+        avg = weighted_mean(replies["model"], _weights(weights))
+        return {"global": {n: (1 - self.beta) * w + self.beta * avg[n]
+                           for n, w in server["global"].items()}}
 
-    def aggregate(self, state, active, n_samples):
-        put(state["theta"], active, state.pop("work_theta"))
-        avg = weighted_mean(state.pop("work_w"), n_samples.to(torch.float64))
-        state["global"] = {n: (1 - self.beta) * w + self.beta * avg[n]
-                           for n, w in state["global"].items()}
-        if "idle_theta" in state:
-            everyone = torch.arange(state["m"])
-            put(state["theta"], everyone[~torch.isin(everyone, active)], state.pop("idle_theta"))
-            del state["idle_w"]
+    # unsampled clients (train_idle): the same round, their w_i never sent
+    def idle_message(self, server, rc):
+        return {"global": server["global"]} if self.trains_idle else {}
 
-    def personal(self, state):
-        return state["theta"]
+    def idle_begin(self, message, client, rc):
+        return self.client_begin(message, client, rc)
+
+    def idle_step(self, work, client, x, y, scale, rng):
+        self.local_step(work, client, x, y, scale, rng)
+
+    def personal(self, message, client, data):
+        return client["theta"]
 
 
-class PerFedAvg(_BoundData, Strategy):
+class PerFedAvg(_AdaptedGlobal, _LocalCopyOfGlobal):
     """Per-FedAvg, first-order version (Fallah, Mokhtari & Ozdaglar, NeurIPS 2020).
 
     Each local iteration splits the client's minibatch into two halves D, D'
@@ -399,86 +568,73 @@ class PerFedAvg(_BoundData, Strategy):
     The server averages the sampled clients' models. A client's personal model
     is one adaptation step ``w - alpha grad f_i(w)`` from the global model on
     its whole training set (full batch, deterministic), or on one minibatch of
-    ``adapt_batch`` samples drawn from a fixed seed; computed in
-    :meth:`personal`, like the paper's evaluation after one local step.
-    Notation is Fallah et al.'s: alpha the adaptation (inner) rate, beta the
-    outer rate. Only beta decays per epoch; alpha, which also defines the
-    evaluated model, stays fixed; weight decay is on the outer step only.
+    ``adapt_batch`` samples from the client's own stream (as
+    :class:`FedAvgFT`'s ``finetune_batch``); computed in :meth:`personal`, like
+    the paper's evaluation after one local step. Notation is Fallah et al.'s:
+    alpha the adaptation (inner) rate, beta the outer rate. Only beta decays per
+    epoch; alpha, which also defines the evaluated model, stays fixed; weight
+    decay is on the outer step only.
+
+    Message: the global model. Reply: the client's model after the round.
 
     Parameters
     ----------
     model : nn.Module
     lr : float
-        beta (spec: 0.075).
+        beta (Section 4.1 of Ozkara et al.: 0.075).
     alpha : float
-        Spec: 0.001.
+        Section 4.1: 0.001.
     weight_decay : float
     adapt_batch : int, optional
-        Adapt on one minibatch of this size (fixed seed) instead of the whole
-        training set.
-    data : FederatedDataset, optional
-        The clients' data; needed by :meth:`personal` (or :meth:`bind_data`).
+        Adapt on one minibatch of this size instead of the whole training set.
+
+    Notes
+    -----
+    The run's ``batch_size`` must be >= 2 (each minibatch is split in two).
+
+    Examples
+    --------
+    >>> from ebfl.learning.torch import LogisticModel
+    >>> PerFedAvg(LogisticModel(4, 3), adapt_batch=32).config()["alpha"]
+    0.001
     """
 
     name = "Per-FedAvg"
 
-    def __init__(self, model, lr=0.075, alpha=0.001, *, weight_decay=1e-4, adapt_batch=None,
-                 data=None):
+    def __init__(self, model, lr=0.075, alpha=0.001, *, weight_decay=1e-4, adapt_batch=None):
         self.model = _model_iv(model)
         self.adapt_batch = (None if adapt_batch is None else
                             check_int_scalar(adapt_batch, "adapt_batch", minimum=1))
         self.lr = check_positive_scalar(lr, "lr")
         self.alpha = check_positive_scalar(alpha, "alpha")
         self.weight_decay = check_nonnegative_scalar(weight_decay, "weight_decay")
-        if data is not None:
-            self.bind_data(data)
 
     def config(self):
         return {"name": self.name, "lr": self.lr, "alpha": self.alpha,
                 "weight_decay": self.weight_decay, "adapt_batch": self.adapt_batch}
 
-    def init_state(self, params, m):
-        return {"global": clone_params(params), "m": m}
-
-    def broadcast(self, state, active):
-        state["work"] = replicate(state["global"], active.numel())
-
-    def local_step(self, state, active, x, y, scale):
-        b = x.shape[1]
-        if b < 2:
+    def init_clients(self, run, data, clients):
+        if run.batch_size < 2:  # checked here, before any work, on every runtime
             raise ValueError(f"Per-FedAvg splits each minibatch in two: batch_size must be >= 2, "
-                             f"got {b}")
-        h = b // 2
-        w = state["work"]
+                             f"got {run.batch_size}")
+        return self._adaptation_state(run, clients, self.adapt_batch)
+
+    def local_step(self, work, client, x, y, scale, rng):
+        h = x.shape[1] // 2
+        w = work["model"]
         g = client_grad(self.model, _ce_loss, w, x[:, :h], y[:, :h])
         tmp = sgd_step(w, g, self.alpha)
         g = client_grad(self.model, _ce_loss, tmp, x[:, h:], y[:, h:])
-        state["work"] = sgd_step(w, g, self.lr * scale, self.weight_decay)
+        work["model"] = sgd_step(w, g, self.lr * scale, self.weight_decay)
 
-    def aggregate(self, state, active, n_samples):
-        state["global"] = weighted_mean(state.pop("work"), n_samples.to(torch.float64))
+    def evaluation_message(self, server):
+        return {"global": server["global"]}
 
-    def personal(self, state):
-        data = self._bound(state["m"])
-        return _adapt(self.model, replicate(state["global"], state["m"]), data, 1, self.alpha,
-                      0.0, self.adapt_batch, 0)
+    def personal(self, message, client, data):
+        return self._adapt(message, client, data, 1, self.alpha, 0.0, self.adapt_batch)
 
 
-class _TwoModels(Strategy):
-    """A personal model per client plus local copies of one global model (QuPeD, FML)."""
-
-    def init_state(self, params, m):
-        return {"global": clone_params(params), "theta": replicate(params, m)}
-
-    def broadcast(self, state, active):
-        state["work"] = replicate(state["global"], active.numel())
-
-    def aggregate(self, state, active, n_samples):
-        state["global"] = weighted_mean(state.pop("work"), n_samples.to(torch.float64))
-
-    def personal(self, state):
-        return state["theta"]
-
+# --- knowledge-distillation baselines --------------------------------------------------------
 
 def _ce_kd(w_ce, w_kd):
     """The loss ``w_ce CE(z, y) + w_kd KL(p_teacher || p_z)`` of a client's model."""
@@ -502,14 +658,23 @@ class QuPeDFP(_TwoModels):
     of the global model; the server averages the copies. The global step
     distills from the *updated* personal model, as Algorithm 1 orders them.
 
+    Message: the global model. Reply: the client's copy w after the round.
+    theta (client state) stays on the client.
+
     Parameters
     ----------
     model : nn.Module
     lr_theta, lr_global : float
-        eta1 and eta3 (spec: 0.1, 0.1).
+        eta1 and eta3 (Section 4.1 of Ozkara et al.: 0.1, 0.1).
     lam_p : float
-        lambda_p (spec: 0.25).
+        lambda_p (Section 4.1: 0.25).
     weight_decay : float
+
+    Examples
+    --------
+    >>> from ebfl.learning.torch import LogisticModel
+    >>> QuPeDFP(LogisticModel(4, 3)).config()["lam_p"]
+    0.25
     """
 
     name = "QuPeD-FP"
@@ -525,8 +690,8 @@ class QuPeDFP(_TwoModels):
         return {"name": self.name, "lr_theta": self.lr_theta, "lr_global": self.lr_global,
                 "lam_p": self.lam_p, "weight_decay": self.weight_decay}
 
-    def local_step(self, state, active, x, y, scale):
-        w, theta = state["work"], take(state["theta"], active)
+    def local_step(self, work, client, x, y, scale, rng):
+        w, theta = work["model"], client["theta"]
         with torch.no_grad():
             teacher = client_forward(self.model, w, x)
         g = client_grad(self.model, _ce_kd(1.0, self.lam_p), theta, x, y, teacher)
@@ -534,8 +699,8 @@ class QuPeDFP(_TwoModels):
         with torch.no_grad():
             teacher = client_forward(self.model, theta, x)
         h = client_grad(self.model, _ce_kd(1.0, self.lam_p), w, x, y, teacher)
-        state["work"] = sgd_step(w, h, self.lr_global * scale, self.weight_decay)
-        put(state["theta"], active, theta)
+        work["model"] = sgd_step(w, h, self.lr_global * scale, self.weight_decay)
+        client["theta"] = theta
 
 
 class FML(_TwoModels):
@@ -552,16 +717,25 @@ class FML(_TwoModels):
     Federated-Mutual-Learning, ``train_mutual``). alpha and beta weight the
     cross-entropy, as in the paper and that code. The server averages the memes.
 
+    Message: the global meme. Reply: the client's meme after the round. The
+    private model (client state ``theta``) stays on the client.
+
     Parameters
     ----------
     model : nn.Module
     lr : float
-        Rate of both models ("same schedule", spec B.4).
+        Rate of both models (the same schedule, Section 4.1 of Ozkara et al.).
     lr_meme : float, optional
         Default: ``lr``.
     alpha, beta : float in [0, 1]
-        Spec: 0.25, 0.25.
+        Section 4.1: 0.25, 0.25.
     weight_decay : float
+
+    Examples
+    --------
+    >>> from ebfl.learning.torch import LogisticModel
+    >>> FML(LogisticModel(4, 3), 0.1, alpha=0.5).config()["lr_meme"]
+    0.1
     """
 
     name = "FML"
@@ -579,21 +753,18 @@ class FML(_TwoModels):
         return {"name": self.name, "lr": self.lr, "lr_meme": self.lr_meme, "alpha": self.alpha,
                 "beta": self.beta, "weight_decay": self.weight_decay}
 
-    def local_step(self, state, active, x, y, scale):
-        meme, theta = state["work"], take(state["theta"], active)
+    def local_step(self, work, client, x, y, scale, rng):
+        meme, theta = work["model"], client["theta"]
         with torch.no_grad():
             z_meme = client_forward(self.model, meme, x)
             z_personal = client_forward(self.model, theta, x)
         g = client_grad(self.model, _ce_kd(self.alpha, 1 - self.alpha), theta, x, y, z_meme)
         h = client_grad(self.model, _ce_kd(self.beta, 1 - self.beta), meme, x, y, z_personal)
-        put(state["theta"], active, sgd_step(theta, g, self.lr * scale, self.weight_decay))
-        state["work"] = sgd_step(meme, h, self.lr_meme * scale, self.weight_decay)
+        client["theta"] = sgd_step(theta, g, self.lr * scale, self.weight_decay)
+        work["model"] = sgd_step(meme, h, self.lr_meme * scale, self.weight_decay)
 
 
-def _fresh_params(model, seed, like):
-    """Fresh parameters of ``model`` drawn from ``seed`` (global RNG untouched), as ``like``."""
-    return {k: v.to(like[k].dtype) for k, v in fresh_params(model, seed).items()}
-
+# --- FedEM and DP-FedEM ----------------------------------------------------------------------
 
 def _per_sample_ce(logits, y):
     """Per-sample cross-entropy: logits (..., B, C), y (..., B) -> (..., B)."""
@@ -602,6 +773,12 @@ def _per_sample_ce(logits, y):
 
 def _weighted_ce_loss(forward, params, x, y, q):
     return (q * _per_sample_ce(forward(params, x), y)).mean()
+
+
+def _component_seed(base, c):
+    """Seed of component c >= 1's initialization: the server's "init" stream, the component
+    in the round's place, so it never equals the run seed that draws component 0."""
+    return stream_seed(base, c, SERVER, "init")
 
 
 class FedEM(Strategy):
@@ -617,16 +794,19 @@ class FedEM(Strategy):
 
     and at the end of the round ``pi_i`` becomes the mean responsibility over
     the round's minibatches (the paper's M-step, which uses the full local
-    dataset once per round; the engine hands out minibatches, so the E-step is
-    per minibatch and pi_i stays fixed within a round). The server averages
-    each component over the sampled clients.
+    dataset once per round; here the E-step is per minibatch and pi_i stays
+    fixed within a round). The server averages each component over the
+    sampled clients.
 
-    Component 0 starts from the engine's initial parameters, component c >= 1
-    from a fresh initialization of the model drawn from ``init_seed + c``
-    (identical components would stay identical); pi starts uniform.
+    Message: the M components. Reply: the client's M local copies after the
+    round. pi_i (client state ``pi``) stays on the client.
 
-    Evaluation: :meth:`personal_logits` gives the mixture's log-probabilities
-    (:func:`~ebfl.learning.torch.engine.evaluate_strategy` uses it);
+    Component 0 starts from the run's initial parameters, component c >= 1
+    from a fresh initialization of the model drawn from a stream keyed by
+    ``init_seed`` (default: the run's seed) and c, never the one of component
+    0 (identical components would stay identical); pi starts uniform.
+
+    Evaluation: :meth:`personal_logits` gives the mixture's log-probabilities;
     :meth:`personal` returns each client's highest-weight component, for
     callers that need one model per client.
 
@@ -634,96 +814,122 @@ class FedEM(Strategy):
     ----------
     model : nn.Module
     lr : float
-        Spec (E7): 0.2.
+        Section 4.1 of Ozkara et al.: 0.2.
     n_components : int
-        M (spec: 2).
+        M (Section 4.1: 2).
     weight_decay : float
-    init_seed : int
+    init_seed : int, optional
+        Keys the initialization of components 1..M-1 (default: the run's seed).
+
+    Examples
+    --------
+    >>> from ebfl.federated import RunConfig
+    >>> from ebfl.learning.torch import LogisticModel
+    >>> strat = FedEM(LogisticModel(4, 3), n_components=3)
+    >>> tuple(strat.init_server(RunConfig(n_clients=2, rounds=1))["components"]
+    ...       ["net.1.weight"].shape)
+    (3, 3, 4)
     """
 
     name = "FedEM"
 
-    def __init__(self, model, lr=0.2, *, n_components=2, weight_decay=1e-4, init_seed=0):
+    def __init__(self, model, lr=0.2, *, n_components=2, weight_decay=1e-4, init_seed=None):
         self.model = _model_iv(model)
         self.lr = check_positive_scalar(lr, "lr")
         self.n_components = check_int_scalar(n_components, "n_components", minimum=1)
         self.weight_decay = check_nonnegative_scalar(weight_decay, "weight_decay")
-        self.init_seed = check_int_scalar(init_seed, "init_seed", minimum=0)
+        self.init_seed = (None if init_seed is None else
+                          check_int_scalar(init_seed, "init_seed", minimum=0, maximum=MAX_SEED))
 
     def config(self):
         return {"name": self.name, "lr": self.lr, "n_components": self.n_components,
                 "weight_decay": self.weight_decay, "init_seed": self.init_seed}
 
-    def init_state(self, params, m):
-        comps = [clone_params(params)] + [_fresh_params(self.model, self.init_seed + c, params)
-                                    for c in range(1, self.n_components)]
-        dtype = _dtype(params)
-        return {"components": {n: torch.stack([c[n] for c in comps]) for n in params},
-                "pi": torch.full((m, self.n_components), 1 / self.n_components, dtype=dtype)}
+    # ---- server half
+    def init_server(self, run):
+        first = self.initial_params(run)
+        base = run.seed if self.init_seed is None else self.init_seed
+        comps = [first] + [{n: p.to(first[n].dtype) for n, p in
+                            fresh_params(self.model, _component_seed(base, c)).items()}
+                           for c in range(1, self.n_components)]
+        return {"components": {n: torch.stack([c[n] for c in comps]) for n in first}}
 
-    def broadcast(self, state, active):
-        k = active.numel()
-        state["work"] = {n: p.unsqueeze(0).expand(k, *p.shape).clone()
-                         for n, p in state["components"].items()}
-        state["work_q"] = torch.zeros(k, self.n_components, dtype=state["pi"].dtype)
-        state["work_steps"] = torch.zeros((), dtype=torch.int64)
+    def broadcast(self, server, rc):
+        return {"components": server["components"]}
 
-    def local_step(self, state, active, x, y, scale):
-        k, mc = active.numel(), self.n_components
-        flat = {n: p.reshape(k * mc, *p.shape[2:]) for n, p in state["work"].items()}
+    def evaluation_message(self, server):
+        return {"components": server["components"]}
+
+    def aggregate(self, server, replies, weights, rc):
+        return {"components": weighted_mean(replies["components"], _weights(weights))}
+
+    # ---- client half
+    def init_clients(self, run, data, clients):
+        dtype = _dtype(self.initial_params(run))
+        return {"pi": torch.full((len(clients), self.n_components), 1 / self.n_components,
+                                 dtype=dtype)}
+
+    def client_begin(self, message, client, rc):
+        k = rc.clients.size
+        comps = {n: p.unsqueeze(0).expand(k, *p.shape).clone()
+                 for n, p in message["components"].items()}
+        return {"components": comps, "q": torch.zeros_like(client["pi"]), "steps": 0}
+
+    def local_step(self, work, client, x, y, scale, rng):
+        k, mc = x.shape[0], self.n_components
+        # client j's M components are rows j*M .. (j+1)*M - 1 of one flat stack
+        flat = {n: p.reshape(k * mc, *p.shape[2:]) for n, p in work["components"].items()}
         xs = x.repeat_interleave(mc, dim=0)
         ys = y.repeat_interleave(mc, dim=0)
         with torch.no_grad():  # E-step: responsibilities (K, M, B)
             losses = _per_sample_ce(client_forward(self.model, flat, xs), ys).reshape(k, mc, -1)
-            q = torch.softmax(torch.log(state["pi"][active])[:, :, None] - losses, dim=1)
+            q = torch.softmax(torch.log(client["pi"])[:, :, None] - losses, dim=1)
         g = client_grad(self.model, _weighted_ce_loss, flat, xs, ys, q.reshape(k * mc, -1))
-        flat = sgd_step(flat, self.release(g), self.lr * scale, self.weight_decay)
-        state["work"] = {n: p.reshape(k, mc, *p.shape[1:]) for n, p in flat.items()}
-        state["work_q"] = state["work_q"] + q.mean(-1)
-        state["work_steps"] = state["work_steps"] + 1
+        flat = sgd_step(flat, self.release(g, rng), self.lr * scale, self.weight_decay)
+        work["components"] = {n: p.reshape(k, mc, *p.shape[1:]) for n, p in flat.items()}
+        work["q"] = work["q"] + q.mean(-1)
+        work["steps"] += 1
 
-    def release(self, g):
+    def release(self, g, rng):
         """The components' gradients as they leave the client (DP-FedEM privatizes them)."""
         return g
 
-    def aggregation_weights(self, n_samples):
-        """Server weights of the sampled clients: their training-set sizes."""
-        return n_samples.to(torch.float64)
+    def client_reply(self, work, client):
+        client["pi"] = work["q"] / work["steps"]  # the M-step closes the client's round
+        return {"components": work["components"]}
 
-    def aggregate(self, state, active, n_samples):
-        state["components"] = weighted_mean(state.pop("work"), self.aggregation_weights(n_samples))
-        steps = state.pop("work_steps")
-        q = state.pop("work_q")
-        if int(steps) > 0:
-            state["pi"][active] = q / steps
-
-    def personal(self, state):
-        best = state["pi"].argmax(1)
-        return {n: p[best] for n, p in state["components"].items()}
+    def personal(self, message, client, data):
+        best = client["pi"].argmax(1)
+        return {n: p[best] for n, p in message["components"].items()}
 
     @torch.no_grad()
-    def personal_logits(self, state, x, *, chunk=16):
+    def personal_logits(self, message, client, data, x, *, chunk=16):
         """Log-probabilities of every client's mixture on its own inputs.
 
         Parameters
         ----------
-        state : dict
-        x : Tensor (m, n, ...)
-            Client i's inputs in row i (e.g. ``data.x_test``).
+        message : dict
+            ``{"components": ...}`` (:meth:`evaluation_message`).
+        client : dict
+            The clients' states (``pi``: (K, M)).
+        data : ClientSubset
+            Unused: the mixture needs no data beyond ``x``.
+        x : Tensor (K, n, ...)
+            Client j's inputs in row j (e.g. ``data.x_test``).
         chunk : int
             Clients per forward pass.
 
         Returns
         -------
-        Tensor (m, n, classes)
-            ``log sum_c pi_ic softmax(h_c(x_ij))``.
+        Tensor (K, n, classes)
+            ``log sum_c pi_jc softmax(h_c(x_ji))``.
         """
         chunk = check_int_scalar(chunk, "chunk", minimum=1)
-        comps, pi = state["components"], state["pi"]
+        comps, pi = message["components"], client["pi"]
         dtype = _dtype(comps)
-        m, n = x.shape[:2]
+        k_all, n = x.shape[:2]
         out = []
-        for lo in range(0, m, chunk):
+        for lo in range(0, k_all, chunk):
             xb = x[lo:lo + chunk].to(dtype)
             k = xb.shape[0]
             flat = xb.reshape(k * n, *xb.shape[2:])
@@ -737,17 +943,18 @@ class FedEM(Strategy):
 
 
 class DPFedEM(GaussianRelease, FedEM):
-    """DP-FedEM as in the paper's Figure 3 (spec B.7, D.9.6): FedEM with the M components'
+    """DP-FedEM as in Figure 3 of Ozkara et al. (Section 4): FedEM with the M components'
     gradients concatenated, clipped and Gaussian-noised at every local step.
 
     Each sampled client's M component gradients, as one vector, are scaled to
     L2 norm at most ``clip`` and N(0, ``noise``^2) is added to every coordinate
-    (:func:`~ebfl.learning.torch.functional.clip_and_noise`), exactly the
-    mechanism of :class:`~ebfl.learning.torch.DPAdaPeD` with
-    ``concatenate=True``; the mixture weights pi never leave the client. The
-    server averages the components *unweighted*: weights by training-set size
-    would let a large client's update exceed the 1/K share the accountant
-    assumes.
+    (:func:`~ebfl.learning.torch.functional.clip_and_noise`, client j's noise
+    from its own stream of the round), exactly the mechanism of
+    :class:`~ebfl.learning.torch.DPAdaPeD` with ``concatenate=True``; the
+    mixture weights pi never leave the client. The server averages the
+    components *unweighted* (every client's weight is 1): weights by
+    training-set size would let a large client's update exceed the 1/K share
+    the accountant assumes.
 
     Parameters
     ----------
@@ -757,6 +964,13 @@ class DPFedEM(GaussianRelease, FedEM):
         C > 0 and sigma >= 0.
     **kwargs
         As :class:`FedEM`.
+
+    Examples
+    --------
+    >>> from ebfl.learning.torch import LogisticModel
+    >>> strat = DPFedEM(LogisticModel(4, 3), clip=1.0, noise=0.0)
+    >>> strat.privacy(1e-5, n_clients=50, n_sampled=5, n_iterations=100, sync_gap=10)
+    inf
     """
 
     name = "DP-FedEM"
@@ -769,11 +983,11 @@ class DPFedEM(GaussianRelease, FedEM):
     def config(self):
         return {**super().config(), "clip": self.clip, "noise": self.noise}
 
-    def release(self, g):
-        return self.privatize(g, self.clip, self.noise, rows_per_client=self.n_components)
+    def release(self, g, rng):
+        return self.privatize(g, self.clip, self.noise, rng, rows_per_client=self.n_components)
 
-    def aggregation_weights(self, n_samples):
-        return torch.ones(n_samples.shape, dtype=torch.float64)
+    def client_weights(self, data):
+        return np.ones(data.n_clients)
 
     def privacy(self, delta, *, n_clients, n_sampled, n_iterations, sync_gap,
                 sampling="without_replacement", trust="aggregator", accountant="rdp"):

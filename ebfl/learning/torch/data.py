@@ -10,7 +10,7 @@ import torch
 
 from ebfl._validation import INT64_MAX, check_counts, check_int_scalar, real_dtype_array
 
-__all__ = ["FederatedDataset"]
+__all__ = ["ClientSubset", "FederatedDataset"]
 
 
 #: Largest |feature| accepted: the tensors are float32, which overflows beyond 3.4e38.
@@ -122,6 +122,10 @@ class FederatedDataset:
     def n_clients(self) -> int:
         return self.x_train.shape[0]
 
+    def subset(self, clients):
+        """The clients ``clients`` (ids, in that order) as a :class:`ClientSubset` (no copy)."""
+        return ClientSubset(self, torch.as_tensor(np.asarray(clients, dtype=np.int64)))
+
     def sample_batch(self, clients, batch_size, generator):
         """A minibatch of ``batch_size`` samples per client, drawn uniformly with replacement.
 
@@ -132,3 +136,62 @@ class FederatedDataset:
         idx = (u * self.n_train[clients, None]).long()
         rows = clients[:, None]
         return self.x_train[rows, idx], self.y_train[rows, idx]
+
+
+class ClientSubset:
+    """Some clients of a :class:`FederatedDataset`, what a client half of a round sees.
+
+    Row j is client ``clients[j]`` of the parent dataset; arrays are gathered
+    lazily (a round touches only its minibatches, not the clients' whole data).
+    On Flower a client's data is the subset of its one id.
+    """
+
+    def __init__(self, parent, clients):
+        self.parent = parent
+        self.clients = clients
+        self.n_classes = parent.n_classes
+
+    @property
+    def n_clients(self):
+        return int(self.clients.numel())
+
+    @property
+    def n_train(self):
+        return self.parent.n_train[self.clients]
+
+    @property
+    def n_test(self):
+        return self.parent.n_test[self.clients]
+
+    @property
+    def x_train(self):
+        return self.parent.x_train[self.clients]
+
+    @property
+    def y_train(self):
+        return self.parent.y_train[self.clients]
+
+    @property
+    def x_test(self):
+        return self.parent.x_test[self.clients]
+
+    @property
+    def y_test(self):
+        return self.parent.y_test[self.clients]
+
+    def subset(self, rows):
+        """Rows ``rows`` of this subset (positions, not client ids)."""
+        rows = torch.as_tensor(np.asarray(rows, dtype=np.int64))
+        return ClientSubset(self.parent, self.clients[rows])
+
+    def sample_batch(self, generators, batch_size):
+        """``batch_size`` samples per client, uniformly with replacement.
+
+        Client j's indices come from ``generators[j]`` (its own stream), so a
+        client draws the same batch whether it runs alone or with others.
+        Returns ``(x, y)`` of shapes (K, B, ...) and (K, B).
+        """
+        u = torch.stack([torch.rand(batch_size, generator=g) for g in generators])
+        idx = (u * self.n_train[:, None]).long()
+        rows = self.clients[:, None]
+        return self.parent.x_train[rows, idx], self.parent.y_train[rows, idx]

@@ -1,26 +1,26 @@
-"""The one round loop every neural algorithm runs in.
+"""The in-process engine of the torch strategies: :func:`train`.
 
 Per round: the server samples clients (a fixed number K without replacement,
 or everyone), broadcasts, the sampled clients take ``local_steps`` (tau)
 vectorized local iterations on fresh minibatches (unsampled clients take the
-strategy's idle step), and the server aggregates. Learning rates decay by
-``lr_decay`` per epoch of ``iters_per_epoch`` iterations. Per-client test
+strategy's idle steps, if any), and the server aggregates. Learning rates decay
+by ``lr_decay`` per epoch of ``iters_per_epoch`` iterations. Per-client test
 accuracy is recorded every ``eval_every`` rounds.
 
-All randomness (model initialization, client sampling, minibatches, the
-strategies' own noise) comes from one seeded ``torch.Generator``, which is
-checkpointed with the state: a run resumed from a checkpoint continues exactly
-as the uninterrupted run.
+:func:`train` is the in-process runtime of :mod:`ebfl.federated` with the
+engine's defaults: every random number (client sampling, each client's
+minibatches and noise) comes from a stream keyed by (seed, round, client), so a
+run gives the same result on Flower (:mod:`ebfl.federated.flower`), and a run
+resumed from a checkpoint continues exactly as the uninterrupted run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -30,17 +30,12 @@ from ebfl._validation import (
     check_probability,
     check_real_scalar,
 )
+from ebfl.federated.protocol import MAX_SEED, RunConfig
+from ebfl.federated.runtime import run
 from ebfl.learning.torch.data import FederatedDataset
-from ebfl.learning.torch.functional import client_forward, fresh_params
+from ebfl.learning.torch.functional import client_forward, clone_params
 
 __all__ = ["TrainResult", "evaluate", "evaluate_strategy", "flush_denormals", "train"]
-
-#: Seeds of a torch.Generator lie in [0, 2^64 - 1].
-MAX_SEED = 2**64 - 1
-#: What the engine calls on every strategy (optional ones come from ``Strategy``).
-STRATEGY_METHODS = ("config", "init_state", "broadcast", "local_step", "idle_step", "aggregate",
-                    "personal", "summary")
-
 
 @contextlib.contextmanager
 def flush_denormals():
@@ -63,12 +58,31 @@ def flush_denormals():
 
 @dataclass
 class TrainResult:
-    """Final state, per-client test accuracy and the per-round history of a run."""
+    """Final states, per-client test accuracy and the per-round history of a run.
 
-    state: dict
+    Attributes
+    ----------
+    server : dict
+        The server's state (e.g. FedAvg's ``global`` model, AdaPeD's ``mu`` and ``psi``).
+    clients : dict
+        Every client's persistent state, stacks of m rows (e.g. AdaPeD's ``theta``).
+    accuracy : Tensor (m,)
+        Per-client test accuracy at the end.
+    history : list of dict
+        Per evaluated round (see :class:`ebfl.federated.RunResult`).
+    seconds : float
+    """
+
+    server: dict
+    clients: dict
     accuracy: torch.Tensor
     history: list = field(default_factory=list)
     seconds: float = 0.0
+
+    @property
+    def state(self):
+        """Server and client states in one dict (their keys never clash)."""
+        return {**self.server, **self.clients}
 
     def history_frame(self):
         """The history as a pandas DataFrame."""
@@ -101,25 +115,24 @@ def _accuracy(logits, data):
 
 
 @torch.no_grad()
-def evaluate_strategy(strategy, state, data):
-    """Per-client test accuracy of a strategy's personal predictors.
+def evaluate_strategy(strategy, result, data):
+    """Per-client test accuracy of a strategy's personal predictors after a run.
 
-    Strategies whose predictor is not one model per client (FedEM's mixture)
-    provide ``personal_logits(state, x_test) -> (m, n, classes)``.
+    ``result`` is a :class:`TrainResult` (or anything with ``server`` and
+    ``clients``) of ``strategy`` on ``data``.
     """
     if not isinstance(data, FederatedDataset):
         raise TypeError(f"data must be a FederatedDataset, got {type(data).__name__}")
-    if hasattr(strategy, "personal_logits"):
-        return _accuracy(strategy.personal_logits(state, data.x_test), data)
-    frozen = strategy.frozen(state) if hasattr(strategy, "frozen") else None
-    return evaluate(strategy.model, strategy.personal(state), data, frozen=frozen)
+    message = strategy.evaluation_message(result.server)
+    everyone = data.subset(range(data.n_clients))
+    return strategy.client_evaluate(message, result.clients, everyone)["accuracy"]
 
 
 @flush_denormals()
 def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, sampling_ratio=None,
           batch_size=None, iters_per_epoch=60, lr_decay=0.99, eval_every=1, seed=0, checkpoint=None,
-          checkpoint_every=None, init_params=None, progress=False):
-    """Run ``rounds`` synchronization rounds of ``strategy`` on ``data``.
+          checkpoint_every=None, init_params=None, failures=None, progress=False):
+    """Run ``rounds`` synchronization rounds of ``strategy`` on ``data``, in this process.
 
     Parameters
     ----------
@@ -143,20 +156,21 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, sam
     eval_every : int
         Record test accuracy every this many rounds (and after the last).
     seed : int
-        Seeds the one generator behind initialization, sampling and batches
-        (in [0, 2^64 - 1]).
+        Keys every random stream of the run (in [0, 2^64 - 1]): initialization,
+        client sampling, and each client's batches and noise per round.
     checkpoint : path-like, optional
         File to save the run to every ``checkpoint_every`` rounds (and at the
         end); if it exists, the run resumes from it, to the same state and
-        history as an uninterrupted run. (A run extended from a shorter one also
-        keeps that run's final evaluation in its history, when it fell between
-        two ``eval_every`` rounds.)
+        history as an uninterrupted run.
     checkpoint_every : int, optional
         Default: ``eval_every``.
     init_params : dict, optional
         Initial parameters of one model, shared by all clients (default: a fresh
         initialization of the strategy's model drawn from ``seed``); names and
         shapes as in ``strategy.model.named_parameters()``.
+    failures : dict round -> client ids, optional
+        Clients that fail in those rounds (0-based): sampled, but they neither
+        train nor reply, as a crashed Flower client (see :func:`ebfl.federated.run`).
     progress : bool
         Progress bar with the latest mean accuracy.
 
@@ -167,19 +181,33 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, sam
     if not isinstance(data, FederatedDataset):
         raise TypeError(f"data must be a FederatedDataset, got {type(data).__name__}")
     _strategy_iv(strategy, data)
+    config = run_config(data, rounds=rounds, local_steps=local_steps,
+                        clients_per_round=clients_per_round, sampling_ratio=sampling_ratio,
+                        batch_size=batch_size, iters_per_epoch=iters_per_epoch,
+                        lr_decay=lr_decay, eval_every=eval_every, seed=seed)
+    if checkpoint is not None and not isinstance(checkpoint, str | os.PathLike):
+        raise TypeError(f"checkpoint must be a path, got {type(checkpoint).__name__}")
+    progress = check_bool(progress, "progress")
+    if init_params is not None:
+        _init_params_iv(init_params, strategy.model)
+        strategy = copy.copy(strategy)  # the caller's strategy is not modified
+        strategy.init_params = clone_params(init_params)
+    res = run(strategy, data, config, failures=failures, checkpoint=checkpoint,
+              checkpoint_every=checkpoint_every, progress=progress)
+    return TrainResult(res.server, res.clients,
+                       torch.as_tensor(res.metrics["accuracy"], dtype=torch.float32),
+                       res.history, res.seconds)
+
+
+def run_config(data, *, rounds, local_steps=10, clients_per_round=None, sampling_ratio=None,
+               batch_size=None, iters_per_epoch=60, lr_decay=0.99, eval_every=1, seed=0):
+    """The :class:`~ebfl.federated.RunConfig` of :func:`train`'s arguments on ``data``."""
     rounds = check_int_scalar(rounds, "rounds", minimum=0)
     local_steps = check_int_scalar(local_steps, "local_steps", minimum=1)
     iters_per_epoch = check_int_scalar(iters_per_epoch, "iters_per_epoch", minimum=1)
     eval_every = check_int_scalar(eval_every, "eval_every", minimum=1)
-    checkpoint_every = (eval_every if checkpoint_every is None else
-                        check_int_scalar(checkpoint_every, "checkpoint_every", minimum=1))
     lr_decay = check_real_scalar(lr_decay, "lr_decay", low=0.0, high=1.0, low_open=True)
     seed = check_int_scalar(seed, "seed", minimum=0, maximum=MAX_SEED)
-    if checkpoint is not None and not isinstance(checkpoint, str | os.PathLike):
-        raise TypeError(f"checkpoint must be a path, got {type(checkpoint).__name__}")
-    if init_params is not None:
-        _init_params_iv(init_params, strategy.model)
-    progress = check_bool(progress, "progress")
     m = data.n_clients
     if sampling_ratio is not None:
         if clients_per_round is not None:
@@ -195,79 +223,18 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, sam
     if batch_size is None:
         batch_size = max(1, round(float(data.n_train.float().mean()) / iters_per_epoch))
     batch_size = check_int_scalar(batch_size, "batch_size", minimum=1)
-    config = {"strategy": strategy.config(), "local_steps": local_steps, "clients_per_round": k,
-              "batch_size": batch_size, "iters_per_epoch": iters_per_epoch,
-              "lr_decay": lr_decay, "seed": seed, "m": m}
-
-    gen = torch.Generator().manual_seed(seed)
-    start, history = 0, []
-    checkpoint = None if checkpoint is None else Path(checkpoint)
-    if checkpoint is not None and checkpoint.is_file():
-        saved = torch.load(checkpoint, weights_only=False)
-        if saved["config"] != config:
-            raise ValueError(f"checkpoint {checkpoint} was written by another configuration: "
-                             f"{saved['config']} != {config}")
-        state, start, history = saved["state"], saved["round"], saved["history"]
-        gen.set_state(saved["generator"])
-    else:
-        if init_params is None:
-            init_params = fresh_params(strategy.model, seed)
-        state = strategy.init_state(init_params, m)
-
-    if hasattr(strategy, "bind_generator"):  # strategies with noise of their own (DP)
-        strategy.bind_generator(gen)
-    if hasattr(strategy, "bind_data"):  # strategies that fine-tune on local data to predict
-        strategy.bind_data(data)
-    everyone = torch.arange(m)
-    t0 = time.perf_counter()
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=rounds, initial=start, desc=strategy.name, disable=None, leave=False)
-    acc = None
-    for r in range(start, rounds):
-        if strategy.all_clients_train or k == m:
-            active = everyone
-        else:
-            active = torch.randperm(m, generator=gen)[:k].sort().values
-        idle = everyone[~torch.isin(everyone, active)]
-        strategy.broadcast(state, active)
-        for s in range(local_steps):
-            scale = lr_decay ** ((r * local_steps + s) // iters_per_epoch)
-            x, y = data.sample_batch(active, batch_size, gen)
-            strategy.local_step(state, active, x, y, scale)
-            if idle.numel():
-                x, y = data.sample_batch(idle, batch_size, gen)
-                strategy.idle_step(state, idle, x, y, scale)
-        strategy.aggregate(state, active, data.n_train[active])
-        done = r + 1
-        if done % eval_every == 0 or done == rounds:
-            acc = evaluate_strategy(strategy, state, data)
-            history.append({"round": done, "iteration": done * local_steps,
-                            "accuracy": float(acc.mean()),
-                            "accuracy_sd": float(acc.std()) if m > 1 else 0.0,
-                            **strategy.summary(state)})
-            if bar is not None:
-                bar.set_postfix(acc=f"{history[-1]['accuracy']:.4f}")
-        if checkpoint is not None and (done % checkpoint_every == 0 or done == rounds):
-            _save(checkpoint, {"config": config, "state": state, "round": done,
-                               "history": history, "generator": gen.get_state()})
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    if acc is None:
-        acc = evaluate_strategy(strategy, state, data)
-    return TrainResult(state, acc, history, time.perf_counter() - t0)
+    return RunConfig(n_clients=m, rounds=rounds, seed=seed, clients_per_round=k,
+                     local_steps=local_steps, batch_size=batch_size,
+                     iters_per_epoch=iters_per_epoch, lr_decay=lr_decay, eval_every=eval_every)
 
 
 def _strategy_iv(strategy, data):
     """The strategy implements the protocol and its model fits the data's inputs and classes."""
-    missing = [n for n in STRATEGY_METHODS if not callable(getattr(strategy, n, None))]
-    if missing:
-        raise TypeError(f"strategy must implement the protocol of ebfl.learning.torch.strategies "
-                        f"(derive from Strategy); {type(strategy).__name__} lacks {missing}")
+    from ebfl.learning.torch.strategies import Strategy
+
+    if not isinstance(strategy, Strategy):
+        raise TypeError(f"strategy must be a Strategy of ebfl.learning.torch.strategies, got "
+                        f"{type(strategy).__name__}")
     model = getattr(strategy, "model", None)
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"strategy.model must be a torch.nn.Module, got {type(model).__name__}")
@@ -312,12 +279,3 @@ def _init_params_iv(init_params, model):
                              f"{tuple(value.shape)}")
         if not bool(torch.isfinite(value).all()):
             raise ValueError(f"init_params[{name!r}] must be finite")
-
-
-def _save(path, payload):
-    """Write atomically: a crash mid-write never leaves a truncated checkpoint."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(payload, tmp)
-    tmp.replace(path)
-

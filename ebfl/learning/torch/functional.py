@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-__all__ = ["clip_and_noise", "client_forward", "client_grad", "clone_params", "cross_entropy",
-           "distillation_kl", "fresh_params", "replicate", "sgd_step", "take", "weighted_mean"]
+__all__ = ["clip_and_noise", "client_forward", "client_generators", "client_grad", "clone_params",
+           "cross_entropy", "distillation_kl", "fresh_params", "replicate", "sgd_step", "take",
+           "weighted_mean"]
 
 
 def fresh_params(model, seed):
@@ -140,7 +141,10 @@ def clip_and_noise(tensors, clip, noise_std, generator, *, rows_per_client=1):
     noise_std : float
         sigma: N(0, sigma^2) is added to every coordinate after clipping (drawn
         even when sigma = 0, so the generator's stream does not depend on it).
-    generator : torch.Generator
+    generator : torch.Generator or list of torch.Generator
+        One generator for all the noise, or one per client (client j's noise
+        from ``generator[j]``: the same numbers whether a client runs alone or
+        stacked with others).
 
     Returns
     -------
@@ -151,5 +155,22 @@ def clip_and_noise(tensors, clip, noise_std, generator, *, rows_per_client=1):
     sq = sum(t.reshape(k, -1).pow(2).sum(1) for t in tensors.values())
     factor = 1 / torch.clamp(torch.sqrt(sq) / clip, min=1.0)
     return {name: (t.reshape(k, -1) * factor[:, None].to(t.dtype)).reshape(t.shape)
-            + noise_std * torch.randn(t.shape, generator=generator, dtype=t.dtype)
+            + noise_std * _gaussian(t, generator, k)
             for name, t in tensors.items()}
+
+
+def _gaussian(t, generator, k):
+    """Standard normal noise shaped as ``t``: from one generator, or client j's rows from
+    ``generator[j]``."""
+    if isinstance(generator, torch.Generator):
+        return torch.randn(t.shape, generator=generator, dtype=t.dtype)
+    if len(generator) != k:
+        raise ValueError(f"need one generator per client: {k} clients, {len(generator)} "
+                         "generators")
+    rows = (t.shape[0] // k, *t.shape[1:])
+    return torch.cat([torch.randn(rows, generator=g, dtype=t.dtype) for g in generator])
+
+
+def client_generators(seeds):
+    """One ``torch.Generator`` per seed (the clients' streams of a round)."""
+    return [torch.Generator().manual_seed(int(s)) for s in seeds]

@@ -1,40 +1,37 @@
-"""Federated algorithms as strategies of the one round loop in :mod:`.engine`.
+"""Federated algorithms in torch: each a client half and a server half (:mod:`ebfl.federated`).
 
-A strategy keeps its state as a dict of tensors and parameter stacks (so a
-checkpoint is ``torch.save(state)``) and implements
+Every strategy is one :class:`~ebfl.federated.FederatedAlgorithm`, run by the
+in-process engine (:func:`~.engine.train`, all sampled clients vectorized with
+``torch.func.vmap``) and by Flower (:mod:`ebfl.federated.flower`, one client per
+``ClientApp`` call). :class:`Strategy` supplies the local loop; a strategy
+implements
 
-* ``init_state(params, m)``: from the initial parameters of one model;
-* ``broadcast(state, active)``: the server's message to the sampled clients;
-* ``local_step(state, active, x, y, scale)``: one local iteration of every
-  sampled client at once (x: (K, B, ...), y: (K, B)); ``scale`` is the
-  learning-rate decay factor of the current epoch;
-* ``idle_step(state, idle, x, y, scale)``: what unsampled clients do (most: nothing);
-* ``aggregate(state, active, n_samples)``: the server's update at round end;
-* ``personal(state)``: every client's model for evaluation (a stack of m);
-* ``frozen(state)``: parameters shared by every client's model and left out of
-  ``personal`` (default: none);
-* ``summary(state)``: scalars for the history.
+server half
 
-:class:`Strategy` gives the optional ones (broadcast, idle step, aggregate,
-frozen, summary) as no-ops; every strategy here and in :mod:`.baselines`
-derives from it. Optional hooks the engine calls when present:
-``bind_generator(gen)`` (strategies that draw noise), ``bind_data(data)``
-(strategies that adapt on local data to predict) and
-``personal_logits(state, x)`` (predictors that are not one model per client).
+* ``init_server(run)``: the server state, from :meth:`Strategy.initial_params`;
+* ``broadcast(server, rc)``: the message to the sampled clients (a dict of tensors);
+* ``aggregate(server, replies, weights, rc)``: the new server state from the
+  replies (stacks, client-id order) and the clients' weights (training-set sizes);
+* ``evaluation_message(server)``: what clients need to evaluate (default: nothing);
+* ``summary(server)``: scalars for the history;
 
-The same loop is meant to carry the algorithms of the other papers:
+client half (vectorized over a stack of K clients; K = 1 on Flower)
 
-* heterogeneous privacy levels (FedHDP): per-client clip and noise levels are
-  strategy attributes indexed by ``active``, the noise comes from the bound
-  generator (:class:`GaussianRelease`), and the group-wise weighted average is
-  the strategy's ``aggregate``;
-* a frozen backbone with small trainable adapters (PerAda): the stacks hold
-  only the adapters, the backbone is passed once as ``frozen=`` to
-  :func:`~.functional.client_grad` / :func:`~.functional.client_forward` and
-  returned by ``frozen(state)`` for evaluation; server-side distillation on
-  unlabeled data runs inside ``aggregate``.
+* ``init_clients(run, data, ids)``: the clients' persistent state (stacks);
+* ``client_begin(message, client, rc)``: the round's working state from the message;
+* ``local_step(work, client, x, y, scale, rng)``: one local iteration on a
+  minibatch (x: (K, B, ...), y: (K, B)); ``scale`` is the learning-rate decay
+  factor of the current epoch, ``rng`` the clients' generators of the round
+  (one each: privacy noise is drawn from them);
+* ``client_reply(work, client)``: what the clients send back;
+* ``personal(message, client, data)``: the clients' models for evaluation (or
+  ``personal_logits(message, client, data, x)`` for predictors that are not one
+  model per client, as FedEM's mixture);
+* ``idle_begin`` / ``idle_step`` with ``trains_idle = True``: what unsampled
+  clients do (AdaPeD with fine-tuning).
 
-``tests/test_torch_extensibility.py`` runs both shapes through :func:`~.engine.train`.
+``frozen()`` returns parameters shared by every client's model and left out of
+the stacks (a pretrained backbone under adapters; default: none).
 
 ``model`` (an ``nn.Module``) is only the architecture: every call goes through
 ``torch.func.functional_call`` with stacked parameters.
@@ -42,20 +39,23 @@ The same loop is meant to carry the algorithms of the other papers:
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ebfl._validation import check_bool, check_nonnegative_scalar, check_positive_scalar
+from ebfl.federated.protocol import FederatedAlgorithm
+from ebfl.federated.tree import tree_take
 from ebfl.learning.torch.functional import (
     client_forward,
+    client_generators,
     client_grad,
     clip_and_noise,
     clone_params,
     cross_entropy,
     distillation_kl,
-    put,
+    fresh_params,
     replicate,
     sgd_step,
-    take,
     weighted_mean,
 )
 
@@ -75,31 +75,92 @@ def _model_iv(model):
     return model
 
 
-class Strategy:
-    """The protocol of the module docstring, with the optional steps as no-ops.
+def _weights(weights):
+    return torch.as_tensor(np.asarray(weights, dtype=np.float64))
 
-    Subclasses implement ``config``, ``init_state``, ``local_step`` and
-    ``personal``, and override the others when they do something.
+
+#: Clients evaluated per vectorized call (bounds the memory of the test-set forward pass).
+EVAL_CHUNK = 16
+
+
+class Strategy(FederatedAlgorithm):
+    """A federated algorithm in torch: the local loop around the strategy's steps.
+
+    Subclasses implement ``config``, ``init_server``, ``broadcast``,
+    ``aggregate``, ``client_begin``, ``local_step``, ``client_reply`` and
+    ``personal`` (see the module docstring); the rest default to nothing.
     """
 
     name = "Strategy"
-    #: True: every client trains every round (no sampling), as in local training.
-    all_clients_train = False
+    array_api = "torch"
+    #: Initial parameters of one model (default: drawn from the run's seed).
+    init_params = None
 
-    def broadcast(self, state, active):
+    def initial_params(self, run):
+        """The run's initial parameters of one model: ``init_params`` or a fresh
+        initialization drawn from ``run.seed`` (the same on every participant)."""
+        if self.init_params is not None:
+            return clone_params(self.init_params)
+        return fresh_params(self.model, run.seed)
+
+    def init_clients(self, run, data, clients):
+        return {}
+
+    def client_weights(self, data):
+        return data.n_train.numpy().astype(np.float64)
+
+    def client_begin(self, message, client, rc):
+        return {}
+
+    def client_reply(self, work, client):
+        return {}
+
+    def client_train(self, message, client, data, rc):
+        rng = client_generators(rc.seeds())
+        work = self.client_begin(message, client, rc)
+        for step in range(rc.config.local_steps):
+            x, y = data.sample_batch(rng, rc.config.batch_size)
+            self.local_step(work, client, x, y, rc.lr_scale(step), rng)
+        return self.client_reply(work, client)
+
+    def idle_begin(self, message, client, rc):
+        return {}
+
+    def idle_step(self, work, client, x, y, scale, rng):
         pass
 
-    def idle_step(self, state, idle, x, y, scale):
-        pass
+    def client_idle(self, message, client, data, rc):
+        rng = client_generators(rc.seeds())
+        work = self.idle_begin(message, client, rc)
+        for step in range(rc.config.local_steps):
+            x, y = data.sample_batch(rng, rc.config.batch_size)
+            self.idle_step(work, client, x, y, rc.lr_scale(step), rng)
 
-    def aggregate(self, state, active, n_samples):
-        pass
-
-    def frozen(self, state):
+    def frozen(self):
         return None
 
-    def summary(self, state):
-        return {}
+    @torch.no_grad()
+    def client_logits(self, message, client, data, x):
+        """Every client's logits on its inputs x (K, n, ...)."""
+        if hasattr(self, "personal_logits"):
+            return self.personal_logits(message, client, data, x)
+        return client_forward(self.model, self.personal(message, client, data), x,
+                              frozen=self.frozen())
+
+    @torch.no_grad()
+    def client_evaluate(self, message, client, data):
+        """Test accuracy of every client's personal predictor: {"accuracy": (K,)}."""
+        k = data.n_clients
+        acc = []
+        for lo in range(0, k, EVAL_CHUNK):
+            rows = np.arange(lo, min(lo + EVAL_CHUNK, k))
+            part = data.subset(rows)
+            logits = self.client_logits(message, tree_take(client, rows), part,
+                                        part.x_test)
+            hit = (logits.argmax(-1) == part.y_test).float()
+            valid = torch.arange(part.x_test.shape[1])[None, :] < part.n_test[:, None]
+            acc.append((hit * valid).sum(1) / part.n_test.float())
+        return {"accuracy": torch.cat(acc)}
 
 
 class _PlainSGD(Strategy):
@@ -117,6 +178,8 @@ class _PlainSGD(Strategy):
 class FedAvg(_PlainSGD):
     """FedAvg: local SGD from the global model, server averages weighted by sample counts.
 
+    Message: the global model. Reply: each client's model after the round.
+
     Parameters
     ----------
     model : nn.Module
@@ -126,21 +189,30 @@ class FedAvg(_PlainSGD):
 
     name = "FedAvg"
 
-    def init_state(self, params, m):
-        return {"global": clone_params(params), "m": m}
+    def init_server(self, run):
+        return {"global": self.initial_params(run)}
 
-    def broadcast(self, state, active):
-        state["work"] = replicate(state["global"], active.numel())
+    def broadcast(self, server, rc):
+        return {"global": server["global"]}
 
-    def local_step(self, state, active, x, y, scale):
-        g = client_grad(self.model, _ce_loss, state["work"], x, y)
-        state["work"] = sgd_step(state["work"], g, self.lr * scale, self.weight_decay)
+    def evaluation_message(self, server):
+        return {"global": server["global"]}
 
-    def aggregate(self, state, active, n_samples):
-        state["global"] = weighted_mean(state.pop("work"), n_samples.to(torch.float32))
+    def client_begin(self, message, client, rc):
+        return {"model": replicate(message["global"], rc.clients.size)}
 
-    def personal(self, state):
-        return replicate(state["global"], state["m"])
+    def local_step(self, work, client, x, y, scale, rng):
+        g = client_grad(self.model, _ce_loss, work["model"], x, y)
+        work["model"] = sgd_step(work["model"], g, self.lr * scale, self.weight_decay)
+
+    def client_reply(self, work, client):
+        return {"model": work["model"]}
+
+    def aggregate(self, server, replies, weights, rc):
+        return {"global": weighted_mean(replies["model"], _weights(weights))}
+
+    def personal(self, message, client, data):
+        return replicate(message["global"], data.n_clients)
 
 
 class Local(_PlainSGD):
@@ -149,22 +221,30 @@ class Local(_PlainSGD):
     name = "Local"
     all_clients_train = True
 
-    def init_state(self, params, m):
-        return {"theta": replicate(params, m)}
+    def init_server(self, run):
+        return {}
 
-    def local_step(self, state, active, x, y, scale):
-        rows = take(state["theta"], active)
-        g = client_grad(self.model, _ce_loss, rows, x, y)
-        put(state["theta"], active, sgd_step(rows, g, self.lr * scale, self.weight_decay))
+    def init_clients(self, run, data, clients):
+        return {"theta": replicate(self.initial_params(run), len(clients))}
 
-    def personal(self, state):
-        return state["theta"]
+    def broadcast(self, server, rc):
+        return {}
+
+    def local_step(self, work, client, x, y, scale, rng):
+        g = client_grad(self.model, _ce_loss, client["theta"], x, y)
+        client["theta"] = sgd_step(client["theta"], g, self.lr * scale, self.weight_decay)
+
+    def aggregate(self, server, replies, weights, rc):
+        return server
+
+    def personal(self, message, client, data):
+        return client["theta"]
 
 
 class AdaPeD(Strategy):
     """AdaPeD (Algorithm 5): personalized models regularized by distillation from a global one.
 
-    Each sampled client, per local iteration (spec D.7):
+    Each sampled client, per local iteration:
 
     * theta <- theta - eta1 (grad f(theta) + grad_theta KD(theta, mu) / (2 psi));
     * mu <- mu - eta2 grad_mu KD(theta_new, mu) / (2 psi);
@@ -173,7 +253,8 @@ class AdaPeD(Strategy):
     and at the end of a round the server averages the sampled clients' mu and
     psi (unweighted, as printed). KD is KL(p_mu || p_theta) on the client's batch
     (:func:`~ebfl.learning.torch.functional.distillation_kl`); the global model
-    learns only by distillation.
+    learns only by distillation. Message: mu and psi. Reply: the client's mu
+    and psi after the round. theta never leaves the client.
 
     Parameters
     ----------
@@ -206,7 +287,7 @@ class AdaPeD(Strategy):
         if self.psi0 < self.psi_floor:
             raise ValueError(f"psi0 must be >= psi_floor {psi_floor}, got {psi0}")
         self.weight_decay = check_nonnegative_scalar(weight_decay, "weight_decay")
-        self.fine_tune = check_bool(fine_tune, "fine_tune")
+        self.fine_tune = self.trains_idle = check_bool(fine_tune, "fine_tune")
         if self.fine_tune:
             self.name = "AdaPeD-FT"
 
@@ -215,22 +296,36 @@ class AdaPeD(Strategy):
                 "lr_psi": self.lr_psi, "psi0": self.psi0, "psi_floor": self.psi_floor,
                 "weight_decay": self.weight_decay, "fine_tune": self.fine_tune}
 
-    def init_state(self, params, m):
-        state = {"theta": replicate(params, m),
-                 "mu": clone_params(params),
-                 "psi": torch.tensor(self.psi0)}
+    # ---- server half
+    def init_server(self, run):
+        return {"mu": self.initial_params(run), "psi": torch.tensor(self.psi0)}
+
+    def broadcast(self, server, rc):
+        return {"mu": server["mu"], "psi": server["psi"]}
+
+    def aggregate(self, server, replies, weights, rc):
+        return {"mu": weighted_mean(replies["mu"], torch.ones(len(weights))),
+                "psi": replies["psi"].mean()}
+
+    def summary(self, server):
+        return {"psi": float(server["psi"])}
+
+    # ---- client half
+    def init_clients(self, run, data, clients):
+        params, k = self.initial_params(run), len(clients)
+        state = {"theta": replicate(params, k)}
         if self.fine_tune:  # what each client last received from the server
-            state["mu_client"] = replicate(params, m)
-            state["psi_client"] = torch.full((m,), self.psi0)
+            state["mu_client"] = replicate(params, k)
+            state["psi_client"] = torch.full((k,), self.psi0)
         return state
 
-    def broadcast(self, state, active):
-        k = active.numel()
-        state["work_mu"] = replicate(state["mu"], k)
-        state["work_psi"] = state["psi"].expand(k).clone()
-        if self.fine_tune:  # Algorithm 6: idle clients use what they last received
-            put(state["mu_client"], active, state["work_mu"])
-            state["psi_client"][active] = state["work_psi"]
+    def client_begin(self, message, client, rc):
+        k = rc.clients.size
+        work = {"mu": replicate(message["mu"], k), "psi": message["psi"].expand(k).clone()}
+        if self.fine_tune:  # Algorithm 6: kept for the rounds this client is not sampled
+            client["mu_client"] = replicate(message["mu"], k)
+            client["psi_client"] = work["psi"].clone()
+        return work
 
     def theta_step(self, theta, mu, psi, x, y, scale):
         """eta1 step of the personal models against teachers mu (stacks of K)."""
@@ -244,9 +339,9 @@ class AdaPeD(Strategy):
         g = client_grad(self.model, loss, theta, x, y, teacher, psi)
         return sgd_step(theta, g, self.lr_theta * scale, self.weight_decay)
 
-    def local_step(self, state, active, x, y, scale):
-        mu, psi = state["work_mu"], state["work_psi"]
-        theta = self.theta_step(take(state["theta"], active), mu, psi, x, y, scale)
+    def local_step(self, work, client, x, y, scale, rng):
+        mu, psi = work["mu"], work["psi"]
+        theta = self.theta_step(client["theta"], mu, psi, x, y, scale)
         with torch.no_grad():
             student = client_forward(self.model, theta, x)
 
@@ -255,14 +350,14 @@ class AdaPeD(Strategy):
 
         h = client_grad(self.model, kd_mu, mu, x, student, psi)
         if self.joint_release:  # [h; k] released together: k at the round's mu (see DPAdaPeD)
-            h, k = self.release_joint(h, self._psi_grad(mu, student, psi, x))
+            h, k = self.release_joint(h, self._psi_grad(mu, student, psi, x), rng)
             mu = sgd_step(mu, h, self.lr_mu * scale, self.weight_decay)
         else:
-            mu = sgd_step(mu, self.release_mu(h), self.lr_mu * scale, self.weight_decay)
-            k = self.release_psi(self._psi_grad(mu, student, psi, x))
+            mu = sgd_step(mu, self.release_mu(h, rng), self.lr_mu * scale, self.weight_decay)
+            k = self.release_psi(self._psi_grad(mu, student, psi, x), rng)
         psi = torch.clamp(psi - self.lr_psi * k, min=self.psi_floor)
-        put(state["theta"], active, theta)
-        state["work_mu"], state["work_psi"] = mu, psi
+        client["theta"] = theta
+        work["mu"], work["psi"] = mu, psi
 
     def _psi_grad(self, mu, student, psi, x):
         """k = 1/(2 psi) - KD(theta, mu) / (2 psi^2), per client (the printed gradient)."""
@@ -270,64 +365,46 @@ class AdaPeD(Strategy):
             kd = torch.vmap(distillation_kl)(client_forward(self.model, mu, x), student)
         return 1 / (2 * psi) - kd / (2 * psi**2)
 
-    def release_mu(self, h):
+    def release_mu(self, h, rng):
         """What leaves the client for mu: the gradient itself (DP-AdaPeD privatizes it)."""
         return h
 
-    def release_psi(self, k):
+    def release_psi(self, k, rng):
         """What leaves the client for psi."""
         return k
 
-    def idle_step(self, state, idle, x, y, scale):
-        if not self.fine_tune or idle.numel() == 0:
-            return
-        theta = self.theta_step(take(state["theta"], idle), take(state["mu_client"], idle),
-                                state["psi_client"][idle], x, y, scale)
-        put(state["theta"], idle, theta)
+    def client_reply(self, work, client):
+        return {"mu": work["mu"], "psi": work["psi"]}
 
-    def aggregate(self, state, active, n_samples):
-        mu, psi = state.pop("work_mu"), state.pop("work_psi")
-        state["mu"] = weighted_mean(mu, torch.ones(active.numel()))
-        state["psi"] = psi.mean()
+    def idle_step(self, work, client, x, y, scale, rng):
+        client["theta"] = self.theta_step(client["theta"], client["mu_client"],
+                                          client["psi_client"], x, y, scale)
 
-    def personal(self, state):
-        return state["theta"]
-
-    def summary(self, state):
-        return {"psi": float(state["psi"])}
+    def personal(self, message, client, data):
+        return client["theta"]
 
 
 class GaussianRelease:
-    """Mixin of the DP strategies: clip-and-noise drawing from the engine's generator."""
+    """Mixin of the DP strategies: clip-and-noise on the client, before the reply leaves."""
 
-    generator = None
-
-    def bind_generator(self, generator):
-        """The engine's generator, the source of the privacy noise."""
-        self.generator = generator
-
-    def privatize(self, tensors, clip, noise_std, *, rows_per_client=1):
-        """:func:`~ebfl.learning.torch.functional.clip_and_noise` with the bound generator."""
-        if self.generator is None:
-            raise RuntimeError(f"{type(self).__name__} draws its noise from the engine's "
-                               "generator: run it through ebfl.learning.torch.train (or call "
-                               "bind_generator)")
-        return clip_and_noise(tensors, clip, noise_std, self.generator,
-                              rows_per_client=rows_per_client)
+    def privatize(self, tensors, clip, noise_std, rng, *, rows_per_client=1):
+        """:func:`~ebfl.learning.torch.functional.clip_and_noise`, client j's noise drawn
+        from ``rng[j]``, its stream of the round."""
+        return clip_and_noise(tensors, clip, noise_std, rng, rows_per_client=rows_per_client)
 
 
 _PSI = "\0psi"  # key of k beside the parameter names in the joint release (no name clash)
 
 
 class DPAdaPeD(GaussianRelease, AdaPeD):
-    """DP-AdaPeD (spec D.9): AdaPeD with clipped, Gaussian-noised mu and psi gradients.
+    """DP-AdaPeD: AdaPeD with clipped, Gaussian-noised mu and psi gradients.
 
     At every local step each sampled client replaces h and k by
     ``h / max(|h|_2 / C1, 1) + N(0, noise_mu^2 I)`` and
     ``k / max(|k| / C2, 1) + N(0, noise_psi^2)`` (user-level clipping of the
-    whole mu gradient, noise before the learning rate, D.9.1). With
-    ``concatenate=True`` (E6/E7, D.9.6) the vector [h; k] is clipped to
-    ``clip_mu`` and noised with ``noise_mu`` as one; k is then taken at the
+    whole mu gradient, noise before the learning rate). With
+    ``concatenate=True`` (as in the paper's experiments) the vector [h; k] is
+    clipped to ``clip_mu`` and noised with ``noise_mu`` as one; k is then taken at the
     round's mu rather than the updated one, since both must exist before the
     joint clip (the paper does not say how). theta never leaves the client and
     is not noised. Weight decay on mu is data-independent and kept.
@@ -371,14 +448,14 @@ class DPAdaPeD(GaussianRelease, AdaPeD):
                 "clip_psi": self.clip_psi, "noise_psi": self.noise_psi,
                 "concatenate": self.concatenate}
 
-    def release_mu(self, h):
-        return self.privatize(h, self.clip_mu, self.noise_mu)
+    def release_mu(self, h, rng):
+        return self.privatize(h, self.clip_mu, self.noise_mu, rng)
 
-    def release_psi(self, k):
-        return self.privatize({"psi": k}, self.clip_psi, self.noise_psi)["psi"]
+    def release_psi(self, k, rng):
+        return self.privatize({"psi": k}, self.clip_psi, self.noise_psi, rng)["psi"]
 
-    def release_joint(self, h, k):
-        out = self.privatize({**h, _PSI: k}, self.clip_mu, self.noise_mu)
+    def release_joint(self, h, k, rng):
+        out = self.privatize({**h, _PSI: k}, self.clip_mu, self.noise_mu, rng)
         return {n: out[n] for n in h}, out[_PSI]
 
     def privacy(self, delta, *, n_clients, n_sampled, n_iterations, sync_gap,

@@ -1,0 +1,25 @@
+"""Federated algorithms defined once, run in process or on Flower.
+
+:class:`FederatedAlgorithm` is the protocol (a client half and a server half
+with explicit messages), :func:`run` the in-process runtime, and
+:mod:`ebfl.federated.flower` (``ebfl[flower]``) the Flower runtime. The
+federated empirical-Bayes protocols are in :mod:`ebfl.federated.eb`.
+"""
+
+from ebfl.federated.eb import (
+    ClientCounts,
+    ClientMeans,
+    EBBetaBinomial,
+    EBGaussian,
+    election_federation,
+    election_shares,
+    simulated_counts,
+    simulated_means,
+)
+from ebfl.federated.protocol import FederatedAlgorithm, RoundContext, RunConfig, sample_clients
+from ebfl.federated.runtime import RunResult, run
+from ebfl.federated.streams import stream_seed
+
+__all__ = ["ClientCounts", "ClientMeans", "EBBetaBinomial", "EBGaussian", "FederatedAlgorithm",
+           "RoundContext", "RunConfig", "RunResult", "election_federation", "election_shares",
+           "run", "sample_clients", "simulated_counts", "simulated_means", "stream_seed"]

@@ -1,0 +1,532 @@
+"""The Flower runtime: any :class:`~ebfl.federated.FederatedAlgorithm` as a Flower App.
+
+:func:`server_app` wraps the server half in a ``ServerApp`` and
+:func:`client_app` the client half in a ``ClientApp``; both build the job
+(algorithm, data, :class:`~ebfl.federated.RunConfig`) from the run's scalar
+``run_config`` through :func:`ebfl.federated.jobs.build_job`, so a run
+configured in a Flower ``pyproject.toml`` and one started by
+``ebfl flower simulate`` are the same job. Needs ``pip install 'ebfl[flower]'``.
+
+How a run goes
+--------------
+1. *Hello.* The server waits for m nodes, asks each its client id (the node's
+   ``partition-id``) and aggregation weight, and maps ids to nodes.
+2. *Rounds.* The server samples clients from its stream of the round (the same
+   clients as in process), sends each sampled node ``broadcast(server, rc)``
+   and, if the algorithm trains idle clients, the other nodes
+   ``idle_message``. A node runs the client half for its one client, keeps its
+   persistent state in ``Context.state`` and replies. The server aggregates the
+   replies that arrived, in client-id order.
+3. *Evaluation* every ``eval-every`` rounds: every node evaluates its
+   predictor and returns its metrics.
+4. *Collect* (optional, ``collect-states``): every node returns its persistent
+   state, so that the final parameters can be compared with the in-process run.
+
+Faults
+------
+A node that fails in a round (its ``ClientApp`` raises, or it does not answer
+within ``round-timeout`` seconds) is left out of that round: the server
+aggregates the replies that arrived (if none did, its state stays), the
+node's persistent state stays as before the round (it is written only after the
+client half returns), and the history records ``clients`` (sampled) and
+``replies`` (arrived). Privacy accounting is unaffected: a client's release is
+privatized on the client before it leaves, and the accountants count every
+round in which a client was sampled, whether or not its reply arrived (an
+upper bound on what it released). A node that stops answering keeps being
+sampled; its rounds count as failures. Evaluation averages the clients that
+answered (``answered`` in the history).
+
+Messages
+--------
+Every message carries ``ConfigRecord`` ``ebfl`` (phase, round, client id) and
+an ``ArrayRecord`` ``payload``: the algorithm's message, flattened
+(``"mu/net.1.weight"``) to numpy arrays; torch tensors travel as their numpy
+arrays and come back bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import pickle
+import time
+from pathlib import Path
+
+import numpy as np
+
+#: Environment of every Flower process ebfl starts: no telemetry, no update checks,
+#: no dependency installs at run time, Ray's usage statistics off, and Ray on one
+#: machine only: with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 every Ray server listens on
+#: 127.0.0.1 (by default Ray 2.55 binds the machine's network address and wildcards).
+FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
+              "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+              "RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_DOCKER_CPU_WARNING": "1",
+              "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+              "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def apply_flower_env():
+    """Set :data:`FLOWER_ENV` in this process where not set already.
+
+    Called on importing this module, before Flower and Ray are imported (Ray
+    reads its settings once, at import).
+    """
+    for key, value in FLOWER_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+apply_flower_env()
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict  # noqa: E402
+from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.serverapp import Grid, ServerApp  # noqa: E402
+
+from ebfl.federated.jobs import build_job  # noqa: E402
+from ebfl.federated.protocol import RoundContext, sample_clients  # noqa: E402
+from ebfl.federated.runtime import RunResult, history_row  # noqa: E402
+from ebfl.federated.tree import flatten, tree_cat, tree_nbytes, unflatten  # noqa: E402
+
+__all__ = ["FLOWER_ENV", "apply_flower_env", "client_app", "compare_runtimes", "decode",
+           "encode", "max_abs_diff", "parse_failures", "server_app", "simulate"]
+
+STATE_KEY = "ebfl-client-state"  # the node's persistent client state in Context.state
+FLOWER_KEYS = ("round-timeout", "hello-timeout", "result-path", "collect-states", "failures")
+
+
+class SimulatedFailure(RuntimeError):
+    """Raised by a client told to fail in a round (``failures`` in the run config)."""
+
+
+# ------------------------------------------------------------------ transport
+
+def encode(tree):
+    """An ``ArrayRecord`` of a tree of numpy arrays or torch tensors (flattened keys)."""
+    arrays = {}
+    for name, value in flatten(tree).items():
+        if hasattr(value, "detach"):
+            value = value.detach().cpu().numpy()
+        arrays[name] = Array(np.ascontiguousarray(value))
+    return ArrayRecord(arrays)
+
+
+def decode(record, array_api):
+    """The tree of an ``ArrayRecord`` written by :func:`encode` (torch tensors if
+    ``array_api == "torch"``)."""
+    flat = {name: arr.numpy() for name, arr in record.items()}
+    if array_api == "torch":
+        import torch
+
+        flat = {k: torch.from_numpy(np.array(v)) for k, v in flat.items()}
+    return unflatten(flat)
+
+
+def _content(phase, round_=-1, payload=None, **extra):
+    rd = RecordDict({"ebfl": ConfigRecord({"phase": phase, "round": int(round_), **extra})})
+    rd["payload"] = encode(payload or {})
+    return rd
+
+
+def _job_settings(run_config):
+    return {k: v for k, v in run_config.items() if k not in FLOWER_KEYS}
+
+
+def parse_failures(text):
+    """``"1:0,2:3"`` (round:client pairs, 0-based) as {round: {clients}}."""
+    out = {}
+    for item in filter(None, (t.strip() for t in str(text or "").split(","))):
+        try:
+            r, c = (int(v) for v in item.split(":"))
+        except ValueError:
+            raise ValueError(f"failures must be round:client pairs like '1:0,2:3', got "
+                             f"{item!r}") from None
+        out.setdefault(r, set()).add(c)
+    return out
+
+
+# ------------------------------------------------------------------ client half
+
+def client_app(settings=None):
+    """A ``ClientApp`` running the client half of a job.
+
+    The job comes from ``settings`` (a simulation in this process; a list of
+    jobs that the server runs one after the other) or else from the run's
+    ``run_config`` (a deployment: the app's ``pyproject.toml`` and
+    ``flwr run --run-config``). The node's client id is its ``partition-id``
+    (node config). Its data is the job's data of that one client; its
+    persistent state lives in ``Context.state`` between rounds.
+    """
+    app = ClientApp()
+    jobs = {}
+    listed = None if settings is None else _as_list(settings)
+    current = {}
+
+    def run_config_of(context):
+        return dict(context.run_config) if listed is None else dict(listed[current["job"]])
+
+    def job_of(context):
+        key = json.dumps(_job_settings(run_config_of(context)), sort_keys=True, default=str)
+        if key not in jobs:
+            jobs[key] = build_job(_job_settings(run_config_of(context)))
+        return jobs[key]
+
+    def handle(msg, context):
+        head = msg.content["ebfl"]
+        current["job"] = int(head["job"])
+        job = job_of(context)
+        alg, cfg = job.algorithm, job.config
+        cid = int(context.node_config["partition-id"])
+        if not 0 <= cid < cfg.n_clients:
+            raise ValueError(f"partition-id {cid} outside the job's clients 0..{cfg.n_clients - 1}")
+        data = job.data.subset([cid])
+        phase, r = head["phase"], int(head["round"])
+        if phase == "hello":
+            weight = float(np.asarray(alg.client_weights(data), dtype=np.float64)[0])
+            return _reply(msg, {"client": cid, "weight": weight})
+        failures = parse_failures(run_config_of(context).get("failures", ""))
+        if phase in ("train", "idle") and cid in failures.get(r, ()):
+            raise SimulatedFailure(f"client {cid} told to fail in round {r}")
+        client = _load_state(context, f"{STATE_KEY}-{head['job']}", alg, cfg, data, cid)
+        message = decode(msg.content["payload"], alg.array_api)
+        rc = RoundContext(cfg, r, np.array([cid]))
+        reply = {}
+        with _numerics(alg):
+            if phase == "train":
+                reply = alg.client_train(message, client, data, rc)
+            elif phase == "idle":
+                alg.client_idle(message, client, data, rc)
+            elif phase == "evaluate":
+                reply = alg.client_evaluate(message, client, data)
+            elif phase == "collect":
+                reply = client
+            else:
+                raise ValueError(f"unknown phase {phase!r}")
+        if phase in ("train", "idle"):  # written only once the client half has returned
+            context.state[f"{STATE_KEY}-{head['job']}"] = encode(client)
+        return _reply(msg, {"client": cid, "phase": phase}, reply)
+
+    @app.query()
+    def query(msg: Message, context: Context):
+        return handle(msg, context)
+
+    @app.train()
+    def train(msg: Message, context: Context):
+        return handle(msg, context)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context):
+        return handle(msg, context)
+
+    return app
+
+
+def _reply(msg, head, payload=None):
+    rd = RecordDict({"ebfl": ConfigRecord(head)})
+    rd["payload"] = encode(payload or {})
+    return Message(rd, reply_to=msg)
+
+
+def _load_state(context, key, alg, cfg, data, cid):
+    if key in context.state:
+        return decode(context.state[key], alg.array_api)
+    return alg.init_clients(cfg, data, np.array([cid]))
+
+
+class _numerics:
+    """The torch strategies run with denormals flushed, as in the in-process engine."""
+
+    def __init__(self, alg):
+        self.torch = alg.array_api == "torch"
+
+    def __enter__(self):
+        if self.torch:
+            import torch
+
+            torch.set_flush_denormal(True)
+
+    def __exit__(self, *exc):
+        if self.torch:
+            import torch
+
+            torch.set_flush_denormal(False)
+
+
+# ------------------------------------------------------------------ server half
+
+def server_app(settings=None, *, sink=None):
+    """A ``ServerApp`` running the server half of a job.
+
+    Parameters
+    ----------
+    settings : dict or list of dict, optional
+        The job and the Flower options (``round-timeout``, ``collect-states``,
+        ``failures``, ``result-path``); default: the run's ``run_config``. A
+        list runs its jobs one after the other on the same nodes (the sink
+        receives each result).
+    sink : callable, optional
+        Called with the :class:`~ebfl.federated.RunResult` at the end (in a
+        simulation, the caller's process receives the result this way). The
+        run config's ``result-path``, when set, also receives it as a pickle
+        and ``<result-path>.json`` (the history).
+    """
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context):
+        for index, run_config in enumerate([dict(context.run_config)] if settings is None
+                                           else _as_list(settings)):
+            result = run_server(grid, run_config, job=index)
+            if sink is not None:
+                sink(result)
+            path = run_config.get("result-path")
+            if path:
+                _write_result(Path(str(path)), result)
+
+    return app
+
+
+def run_server(grid, run_config, *, job=0):
+    """The server half's round loop on a Flower ``Grid`` (see the module docstring).
+
+    ``job`` numbers the job among those the nodes run (their client states are
+    kept apart).
+    """
+    spec = build_job(_job_settings(run_config))
+    alg, cfg = spec.algorithm, spec.config
+    timeout = float(run_config.get("round-timeout", 120.0))
+    _msg = functools.partial(_message, job=job)
+    node_of, weights = _hello(grid, cfg.n_clients, float(run_config.get("hello-timeout", 120.0)),
+                              job)
+    m = cfg.n_clients
+    server = alg.init_server(cfg)
+    history, metrics = [], None
+    t0 = time.perf_counter()
+    for r in range(cfg.rounds):
+        sampled = sample_clients(cfg, r, everyone=alg.all_clients_train)
+        message = alg.broadcast(server, RoundContext(cfg, r, sampled))
+        out = [_msg(node_of[c], "train", r, message, c) for c in sampled]
+        traffic = {"clients": int(sampled.size), "replies": 0,
+                   "bytes_down": tree_nbytes(message) * int(sampled.size), "bytes_up": 0}
+        if alg.trains_idle:
+            idle = np.setdiff1d(np.arange(m), sampled)
+            if idle.size:
+                idle_msg = alg.idle_message(server, RoundContext(cfg, r, idle))
+                out += [_msg(node_of[c], "idle", r, idle_msg, c) for c in idle]
+                traffic["bytes_down"] += tree_nbytes(idle_msg) * int(idle.size)
+        replies = _arrived(grid.send_and_receive(out, timeout=timeout), alg, "train")
+        if replies:
+            ids = np.array(sorted(replies))
+            stacked = tree_cat([replies[c] for c in ids])
+            traffic["replies"], traffic["bytes_up"] = int(ids.size), tree_nbytes(stacked)
+            server = alg.aggregate(server, stacked, weights[ids], RoundContext(cfg, r, ids))
+        done = r + 1
+        if done % cfg.eval_every == 0 or done == cfg.rounds:
+            metrics = _evaluate(grid, alg, server, node_of, m, r, timeout, _msg)
+            history.append(history_row(cfg, done, metrics, alg.summary(server), traffic))
+    if metrics is None:
+        metrics = _evaluate(grid, alg, server, node_of, m, cfg.rounds, timeout, _msg)
+    clients = {}
+    if str(run_config.get("collect-states", "false")).lower() in ("1", "true", "yes"):
+        clients = _collect(grid, alg, node_of, m, timeout, _msg)
+    return RunResult(server, clients, metrics, history, time.perf_counter() - t0,
+                     cfg.to_dict())
+
+
+def _as_list(settings):
+    return [settings] if isinstance(settings, dict) else list(settings)
+
+
+def _message(node, phase, round_, payload, client, *, job):
+    return Message(_content(phase, round_, payload, client=int(client), job=int(job)),
+                   dst_node_id=int(node),
+                   message_type={"train": "train", "idle": "train",
+                                 "evaluate": "evaluate"}.get(phase, "query"))
+
+
+def _arrived(replies, alg, phase):
+    """{client id: reply tree} of the replies of ``phase`` that came without error."""
+    out = {}
+    for reply in replies:
+        if reply.has_error() or reply.content["ebfl"]["phase"] != phase:
+            continue
+        out[int(reply.content["ebfl"]["client"])] = decode(reply.content["payload"],
+                                                           alg.array_api)
+    return out
+
+
+def _hello(grid, m, timeout, job):
+    """Wait for m nodes; map client ids to node ids; the clients' weights."""
+    deadline = time.monotonic() + timeout
+    while len(nodes := list(grid.get_node_ids())) < m:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(nodes)} of {m} nodes connected within {timeout} s")
+        time.sleep(0.2)
+    hello = [Message(_content("hello", job=int(job)), dst_node_id=int(n), message_type="query")
+             for n in nodes]
+    node_of, weights = {}, np.full(m, np.nan)
+    for reply in grid.send_and_receive(hello, timeout=timeout):
+        if reply.has_error():
+            raise RuntimeError(f"node {reply.metadata.src_node_id} failed to join: "
+                               f"{reply.error.reason}")
+        head = reply.content["ebfl"]
+        cid = int(head["client"])
+        if cid in node_of:
+            raise ValueError(f"two nodes claim client {cid} (partition-id); each client "
+                             "needs its own node")
+        node_of[cid], weights[cid] = reply.metadata.src_node_id, float(head["weight"])
+    missing = sorted(set(range(m)) - set(node_of))
+    if missing:
+        raise RuntimeError(f"no node answered for clients {missing[:10]}")
+    return node_of, weights
+
+
+def _evaluate(grid, alg, server, node_of, m, r, timeout, _msg):
+    message = alg.evaluation_message(server)
+    out = [_msg(node_of[c], "evaluate", r, message, c) for c in range(m)]
+    got = _arrived(grid.send_and_receive(out, timeout=timeout), alg, "evaluate")
+    names = sorted({k for v in got.values() for k in v})
+    metrics = {k: np.full(m, np.nan) for k in names}
+    for c, values in got.items():
+        for k in names:
+            metrics[k][c] = float(np.asarray(_numpy(values[k]), dtype=np.float64).reshape(-1)[0])
+    return metrics
+
+
+def _collect(grid, alg, node_of, m, timeout, _msg):
+    out = [_msg(node_of[c], "collect", -1, {}, c) for c in range(m)]
+    got = _arrived(grid.send_and_receive(out, timeout=timeout), alg, "collect")
+    if len(got) < m or not got[0]:
+        return {c: got[c] for c in sorted(got)} if got else {}
+    return tree_cat([got[c] for c in range(m)])
+
+
+def _numpy(v):
+    return v.detach().cpu().numpy() if hasattr(v, "detach") else v
+
+
+def _write_result(path, result):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "wb") as fh:
+        pickle.dump(result, fh)
+    tmp.replace(path)
+    Path(str(path) + ".json").write_text(json.dumps({"history": result.history}))
+
+
+
+def simulate(settings, *, failures=None, collect_states=True, round_timeout=600.0,
+             verbose=False):
+    """Run jobs on Flower's Simulation Engine in this process (one node per client).
+
+    Parameters
+    ----------
+    settings : dict or list of dict
+        A job (:func:`ebfl.federated.jobs.build_job`), or several with the same
+        number of clients, run one after the other on the same nodes (one Ray
+        start-up for all).
+    failures : str or dict, optional
+        Clients that fail: ``"round:client,..."`` or {round: clients} (0-based);
+        their ``ClientApp`` raises in those rounds (of every job).
+    collect_states : bool
+        Collect every client's final persistent state into the result.
+    round_timeout : float
+        Seconds the server waits for a round's replies.
+    verbose : bool
+        Flower's and Ray's logs.
+
+    Returns
+    -------
+    RunResult, or a list of them for a list of jobs
+    """
+    from flwr.simulation import run_simulation
+
+    if isinstance(failures, dict):
+        failures = ",".join(f"{r}:{c}" for r, cs in sorted(failures.items()) for c in sorted(cs))
+    jobs = [build_job(_job_settings(s)) for s in _as_list(settings)]
+    sizes = {job.config.n_clients for job in jobs}
+    if len(sizes) != 1:
+        raise ValueError(f"jobs simulated together need the same number of clients, got "
+                         f"{sorted(sizes)}")
+    full = [{**s, "failures": failures or "", "round-timeout": float(round_timeout),
+             "collect-states": "true" if collect_states else "false"}
+            for s in _as_list(settings)]
+    got = []
+    logger = logging.getLogger("flwr")
+    level = logger.level
+    if not verbose:  # run_simulation logs a deprecation notice and every client's failure
+        logger.setLevel(logging.CRITICAL)
+    try:
+        run_simulation(server_app(full, sink=got.append), client_app(full),
+                       num_supernodes=sizes.pop(),
+                       backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                       "init_args": {"include_dashboard": False,
+                                                     "log_to_driver": verbose}},
+                       verbose_logging=verbose)
+    finally:
+        logger.setLevel(level)
+    if len(got) != len(full):
+        raise RuntimeError("the Flower simulation ended without a result (see its log: "
+                           "--verbose)")
+    return got[0] if isinstance(settings, dict) else got
+
+
+def compare_runtimes(settings, *, failures=None, compare=True, verbose=False):
+    """Run a job on Flower's Simulation Engine and, with ``compare``, in process too.
+
+    Returns
+    -------
+    dict
+        ``settings``; ``flower`` (history, final mean accuracy, seconds); with
+        ``compare``: ``in_process`` (the same) and ``max_abs_diff``, the largest
+        absolute difference over every final server and client array.
+    """
+    from ebfl.federated.runtime import run
+
+    failures = parse_failures(failures) if isinstance(failures, str) else (failures or {})
+    job = build_job(_job_settings(settings))
+    flower = simulate(settings, failures=failures, collect_states=compare, verbose=verbose)
+    payload = {"settings": job.settings, "config": job.config.to_dict(),
+               "failures": {str(r): sorted(c) for r, c in sorted(failures.items())},
+               "flower": _summary(flower)}
+    if compare:
+        local = run(job.algorithm, job.data, job.config, failures=failures)
+        payload["in_process"] = _summary(local)
+        payload["max_abs_diff"] = max_abs_diff(flower, local)
+    return payload
+
+
+def _summary(result):
+    return {"history": result.history, "seconds": result.seconds,
+            "final": {k: _mean_answered(v) for k, v in result.metrics.items()}}
+
+
+def _mean_answered(values):
+    """Mean over the clients that answered (NaN if none did)."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    return float(v.mean()) if v.size else float("nan")
+
+
+def max_abs_diff(a, b):
+    """Largest absolute difference between two results' final server and client arrays.
+
+    Positions where one run holds NaN and the other a number count as infinite.
+    Raises ValueError if they do not hold the same arrays (names and shapes).
+    """
+    fa, fb = flatten({"server": a.server, "clients": a.clients}), \
+        flatten({"server": b.server, "clients": b.clients})
+    if sorted(fa) != sorted(fb):
+        raise ValueError(f"the runs hold different arrays: {sorted(set(fa) ^ set(fb))[:5]}")
+    worst = 0.0
+    for key, x in fa.items():
+        x, y = np.asarray(_numpy(x), dtype=np.float64), np.asarray(_numpy(fb[key]),
+                                                                   dtype=np.float64)
+        if x.shape != y.shape:
+            raise ValueError(f"{key} has shape {x.shape} in one run, {y.shape} in the other")
+        if not np.array_equal(np.isnan(x), np.isnan(y)):
+            return float("inf")  # NaN in one run where the other has a number
+        both = ~np.isnan(x)
+        if both.any():
+            worst = max(worst, float(np.max(np.abs(x[both] - y[both]))))
+    return worst

@@ -1,0 +1,145 @@
+"""Named federated jobs: an algorithm, the clients' data and a run configuration, from
+scalar settings.
+
+The Flower apps receive only scalars (a run's ``run_config``), and every
+participant builds the same job from them: the server its half, each client
+its half and its own data. ``ebfl flower simulate`` and the deployable app
+(``ebfl flower app``) go through :func:`build_job`, and so does the in-process
+comparison run, so the two runtimes run the very same configuration.
+
+Settings (keys as in a Flower ``pyproject.toml``; all optional but ``algorithm``):
+
+``algorithm``
+    One of :data:`ALGORITHMS`.
+``dataset``
+    ``digits`` (scikit-learn's bundled 8x8 digits, split pathologically: each
+    client holds 3 classes) for the learning algorithms; ``simulated`` (the
+    default of the empirical-Bayes protocols) or ``elections`` (US counties as
+    clients; needs the county-elections data) for ``eb-*``.
+``clients``, ``rounds``, ``seed``, ``clients-per-round``, ``local-steps``,
+``batch-size``, ``eval-every``, ``lr``
+    The run (:class:`~ebfl.federated.RunConfig`) and the learning rate.
+``clip``, ``noise``
+    DP-AdaPeD / DP-FedEM: clip norm and noise standard deviation.
+``epsilon``
+    Local privacy of the ``eb-*`` protocols (omitted: non-private).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ebfl._validation import check_choice
+from ebfl.federated.protocol import RunConfig
+
+__all__ = ["ALGORITHMS", "DATASETS", "Job", "build_job", "digits_federation"]
+
+#: Learning algorithms (torch, ``learning`` extra) and empirical-Bayes protocols (numpy).
+LEARNING = ("fedavg", "local", "adaped", "adaped-ft", "dp-adaped", "fedavg-ft", "ditto",
+            "pfedme", "perfedavg", "quped", "fml", "fedem", "dp-fedem")
+EB = ("eb-beta-binomial", "eb-gaussian")
+ALGORITHMS = LEARNING + EB
+DATASETS = ("digits", "simulated", "elections")
+
+DEFAULTS = {"dataset": None, "clients": 6, "rounds": 3, "seed": 0, "clients-per-round": None,
+            "local-steps": 5, "batch-size": 10, "eval-every": 1, "lr": 0.1, "clip": 1.0,
+            "noise": 0.1, "epsilon": None}
+
+
+@dataclass
+class Job:
+    """What both runtimes run: the algorithm, every client's data and the run's config."""
+
+    algorithm: object
+    data: object
+    config: RunConfig
+    settings: dict
+
+
+def digits_federation(n_clients=6, *, seed=0, classes_per_client=3):
+    """scikit-learn's digits (8x8, 1797 images) split among ``n_clients`` clients.
+
+    Each client holds ``classes_per_client`` classes (a pathological split) and
+    keeps a quarter of its images, stratified, for testing. Bundled with
+    scikit-learn: no download.
+    """
+    from sklearn.datasets import load_digits
+
+    from ebfl.learning.partition import pathological, train_test_split_per_client
+    from ebfl.learning.torch.data import FederatedDataset
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    rng = np.random.default_rng(seed)
+    clients = pathological(y, n_clients, classes_per_client, rng=rng)
+    train, test = train_test_split_per_client(y, clients, 0.25, rng=rng)
+    return FederatedDataset.from_clients([x[i] for i in train], [y[i] for i in train],
+                                         [x[i] for i in test], [y[i] for i in test],
+                                         n_classes=10)
+
+
+def settings_of(settings):
+    """``settings`` completed with :data:`DEFAULTS` (hyphens or underscores in keys)."""
+    given = {str(k).replace("_", "-"): v for k, v in dict(settings).items()}
+    unknown = sorted(set(given) - set(DEFAULTS) - {"algorithm"})
+    if unknown:
+        raise ValueError(f"unknown job settings {unknown}; known: "
+                         f"{sorted(['algorithm', *DEFAULTS])}")
+    out = {**DEFAULTS, **{k: v for k, v in given.items() if v is not None and v != ""}}
+    out["algorithm"] = check_choice(given.get("algorithm"), "algorithm", ALGORITHMS)
+    if out["dataset"] is None:
+        out["dataset"] = "digits" if out["algorithm"] in LEARNING else "simulated"
+    check_choice(out["dataset"], "dataset", DATASETS)
+    if (out["algorithm"] in LEARNING) != (out["dataset"] == "digits"):
+        kind = "learning" if out["algorithm"] in LEARNING else "empirical-Bayes"
+        raise ValueError(f"dataset {out['dataset']!r} does not fit the {kind} algorithm "
+                         f"{out['algorithm']!r}: learning algorithms take 'digits', the eb-* "
+                         "protocols 'simulated' or 'elections'")
+    return out
+
+
+def build_job(settings):
+    """The :class:`Job` of ``settings`` (see the module docstring)."""
+    s = settings_of(settings)
+    if s["algorithm"] in LEARNING:
+        data = digits_federation(int(s["clients"]), seed=int(s["seed"]))
+        algorithm = _learning_algorithm(s, data)
+    else:
+        from ebfl.federated import eb
+
+        data = eb.job_data(s)
+        algorithm = eb.job_algorithm(s)
+    config = RunConfig(n_clients=data.n_clients, rounds=int(s["rounds"]), seed=int(s["seed"]),
+                       clients_per_round=(None if s["clients-per-round"] is None
+                                          else int(s["clients-per-round"])),
+                       local_steps=int(s["local-steps"]), batch_size=int(s["batch-size"]),
+                       eval_every=int(s["eval-every"]), lr_decay=1.0)
+    return Job(algorithm, data, config, s)
+
+
+def _learning_algorithm(s, data):
+    from ebfl.learning.torch import baselines as b
+    from ebfl.learning.torch import strategies as st
+    from ebfl.learning.torch.models import LogisticModel
+
+    model = LogisticModel(64, 10)
+    lr, clip, noise = float(s["lr"]), float(s["clip"]), float(s["noise"])
+    makers = {
+        "fedavg": lambda: st.FedAvg(model, lr),
+        "local": lambda: st.Local(model, lr),
+        "adaped": lambda: st.AdaPeD(model, lr, lr),
+        "adaped-ft": lambda: st.AdaPeD(model, lr, lr, fine_tune=True),
+        "dp-adaped": lambda: st.DPAdaPeD(model, lr, lr, clip_mu=clip, noise_mu=noise,
+                                         concatenate=True),
+        "fedavg-ft": lambda: b.FedAvgFT(model, lr),
+        "ditto": lambda: b.Ditto(model, lr),
+        "pfedme": lambda: b.PFedMe(model),
+        "perfedavg": lambda: b.PerFedAvg(model),
+        "quped": lambda: b.QuPeDFP(model, lr, lr),
+        "fml": lambda: b.FML(model, lr),
+        "fedem": lambda: b.FedEM(model),
+        "dp-fedem": lambda: b.DPFedEM(model, clip=clip, noise=noise),
+    }
+    return makers[s["algorithm"]]()

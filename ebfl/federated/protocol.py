@@ -1,0 +1,216 @@
+"""One definition per federated algorithm: a client half and a server half.
+
+An algorithm is written once, as the two halves of a protocol whose messages
+are explicit: the server's *broadcast* to the sampled clients and each
+client's *reply*, both nested dicts of arrays (numpy arrays or torch tensors),
+so what crosses the network is visible and countable
+(:func:`~ebfl.federated.tree.tree_nbytes`), and privacy mechanisms sit in the
+half where they act (a client privatizes its reply before it leaves).
+
+Two runtimes run the same object:
+
+* :func:`ebfl.federated.run` (in process): the client half runs once for all
+  the sampled clients at a time, vectorized over their stacked states;
+* :mod:`ebfl.federated.flower` (Flower): the client half runs inside a
+  ``ClientApp`` for one client (a stack of 1), its persistent state kept in
+  the node's ``Context.state``; the server half inside a ``ServerApp``.
+
+Both draw every random number from streams keyed by (seed, round, client)
+(:mod:`ebfl.federated.streams`), and the server processes replies in
+client-id order, so the two runtimes give the same result.
+
+A round
+-------
+1. The server samples clients (:func:`sample_clients`: K of m without
+   replacement, from the server's stream of the round) and sends each
+   ``broadcast(server, rc)``.
+2. Every sampled client runs ``client_train(message, client, data, rc)``: it
+   updates its persistent state ``client`` in place (a dict of stacks, one row
+   per client) and returns its reply (a dict of stacks, one row per client).
+3. If ``trains_idle``, every unsampled client runs ``client_idle(message,
+   client, data, rc)`` on ``idle_message(server)`` and replies nothing.
+4. The server calls ``aggregate(server, replies, weights, rc)`` with the
+   replies that arrived, stacked in client-id order, and the clients'
+   aggregation weights (``client_weights``, e.g. training-set sizes); it
+   returns the new server state. A client that failed during the round is
+   absent from ``replies``, and its persistent state is as before the round.
+5. Every ``eval_every`` rounds, every client runs ``client_evaluate(message,
+   client, data)`` on ``evaluation_message(server)`` and returns per-client
+   metrics (arrays of length K).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ebfl._validation import check_int_scalar, check_real_scalar
+from ebfl.federated.streams import SERVER, stream_seed
+
+__all__ = ["FederatedAlgorithm", "RoundContext", "RunConfig", "sample_clients"]
+
+#: Seeds lie in [0, 2^64 - 1] (a torch.Generator's range).
+MAX_SEED = 2**64 - 1
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What every participant of a run knows: sent to the clients in every message.
+
+    Attributes
+    ----------
+    n_clients : int
+        m.
+    rounds : int
+    seed : int
+        Keys every random stream of the run.
+    clients_per_round : int
+        K sampled per round (m: everyone).
+    local_steps : int
+        tau, local iterations per round (learning algorithms).
+    batch_size : int
+        Minibatch per client and local iteration (learning algorithms).
+    iters_per_epoch : int
+        The learning-rate decay applies once per this many iterations.
+    lr_decay : float
+        Learning-rate factor per epoch, in (0, 1].
+    eval_every : int
+        Evaluate every this many rounds (and after the last).
+    """
+
+    n_clients: int
+    rounds: int
+    seed: int = 0
+    clients_per_round: int | None = None
+    local_steps: int = 1
+    batch_size: int = 1
+    iters_per_epoch: int = 60
+    lr_decay: float = 1.0
+    eval_every: int = 1
+
+    def __post_init__(self):
+        m = check_int_scalar(self.n_clients, "n_clients", minimum=1)
+        k = m if self.clients_per_round is None else self.clients_per_round
+        object.__setattr__(self, "n_clients", m)
+        object.__setattr__(self, "clients_per_round",
+                           check_int_scalar(k, "clients_per_round", minimum=1, maximum=m))
+        for name, low in (("rounds", 0), ("local_steps", 1), ("batch_size", 1),
+                          ("iters_per_epoch", 1), ("eval_every", 1)):
+            object.__setattr__(self, name, check_int_scalar(getattr(self, name), name,
+                                                            minimum=low))
+        object.__setattr__(self, "seed", check_int_scalar(self.seed, "seed", minimum=0,
+                                                          maximum=MAX_SEED))
+        object.__setattr__(self, "lr_decay", check_real_scalar(
+            self.lr_decay, "lr_decay", low=0.0, high=1.0, low_open=True))
+
+    def to_dict(self):
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """The round a client half (or the server half) is working on.
+
+    Attributes
+    ----------
+    config : RunConfig
+    round : int
+        0-based.
+    clients : ndarray of int
+        The ids of the clients this call handles (row j of the stacks is
+        client ``clients[j]``); on Flower, one id.
+    """
+
+    config: RunConfig
+    round: int
+    clients: np.ndarray
+
+    def seeds(self, purpose="round"):
+        """The 64-bit seed of each client's stream of this round (see :mod:`.streams`)."""
+        return [stream_seed(self.config.seed, self.round, int(c), purpose) for c in self.clients]
+
+    def lr_scale(self, step):
+        """Learning-rate factor of local iteration ``step`` of this round (per-epoch decay)."""
+        c = self.config
+        return c.lr_decay ** ((self.round * c.local_steps + step) // c.iters_per_epoch)
+
+
+def sample_clients(config, round_, *, everyone=False):
+    """The sorted ids of the clients sampled in round ``round_``.
+
+    K = ``config.clients_per_round`` of m without replacement, drawn from the
+    server's stream of the round; all m when K = m or ``everyone``.
+    """
+    m, k = config.n_clients, config.clients_per_round
+    if everyone or k == m:
+        return np.arange(m)
+    rng = np.random.default_rng(stream_seed(config.seed, round_, SERVER))
+    return np.sort(rng.permutation(m)[:k])
+
+
+class FederatedAlgorithm:
+    """Base class: the two halves of the module docstring, the optional steps as defaults.
+
+    Subclasses implement ``config``, ``init_server``, ``init_clients``,
+    ``broadcast``, ``client_train``, ``aggregate`` and ``client_evaluate``.
+    Client-half methods are vectorized over a stack of K clients (K = 1 on
+    Flower); rows of ``client`` and of ``data`` follow ``rc.clients``.
+    """
+
+    name = "algorithm"
+    #: True: every client trains every round (no sampling), as in local training.
+    all_clients_train = False
+    #: True: unsampled clients run ``client_idle`` each round.
+    trains_idle = False
+    #: "torch" or "numpy": the array type of messages and states (for transport).
+    array_api = "numpy"
+
+    def config(self):
+        """The algorithm's hyperparameters (a JSON-able dict)."""
+        return {"name": self.name}
+
+    # ---- server half
+    def init_server(self, run):
+        """The server's state at the start of the run (``run``: :class:`RunConfig`)."""
+        raise NotImplementedError
+
+    def broadcast(self, server, rc):
+        """The message to every sampled client of round ``rc.round``."""
+        raise NotImplementedError
+
+    def idle_message(self, server, rc):
+        """The message to unsampled clients when ``trains_idle`` (default: nothing)."""
+        return {}
+
+    def evaluation_message(self, server):
+        """What the clients need to evaluate their predictors (default: nothing)."""
+        return {}
+
+    def aggregate(self, server, replies, weights, rc):
+        """The new server state from the replies that arrived (client-id order)."""
+        raise NotImplementedError
+
+    def summary(self, server):
+        """Scalars of the server state for the history."""
+        return {}
+
+    # ---- client half
+    def init_clients(self, run, data, clients):
+        """The persistent state of clients ``clients`` (a dict of stacks, one row each)."""
+        raise NotImplementedError
+
+    def client_weights(self, data):
+        """Aggregation weight of each client of ``data`` (default: 1)."""
+        return np.ones(data.n_clients)
+
+    def client_train(self, message, client, data, rc):
+        """One round of the sampled clients: update ``client`` in place, return the reply."""
+        raise NotImplementedError
+
+    def client_idle(self, message, client, data, rc):
+        """One round of unsampled clients (only when ``trains_idle``); replies nothing."""
+
+    def client_evaluate(self, message, client, data):
+        """Per-client metrics: a dict name -> array of length K."""
+        raise NotImplementedError

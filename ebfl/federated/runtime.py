@@ -1,0 +1,232 @@
+"""The in-process runtime: every client of a federated algorithm in one process.
+
+The client half runs once per round for all sampled clients at once, on their
+stacked states (vectorized); the server half as on any other runtime. Results
+equal those of the Flower runtime (:mod:`ebfl.federated.flower`) on the same
+configuration, since both key every random stream by (seed, round, client) and
+aggregate replies in client-id order.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ebfl._validation import check_bool, check_int_scalar
+from ebfl.federated.protocol import FederatedAlgorithm, RoundContext, RunConfig, sample_clients
+from ebfl.federated.tree import tree_cat, tree_nbytes, tree_put, tree_take
+
+__all__ = ["RunResult", "history_row", "run"]
+
+
+@dataclass
+class RunResult:
+    """Final server and client states, the last per-client metrics and the history.
+
+    Attributes
+    ----------
+    server : dict
+        The server's state.
+    clients : dict
+        Every client's persistent state (stacks of m rows, client-id order).
+    metrics : dict of name -> ndarray (m,)
+        The last evaluation, per client (NaN where a client did not answer).
+    history : list of dict
+        Per evaluated round: metric means (and ``*_sd``), the server's
+        summary, and the round's traffic (``bytes_down``, ``bytes_up``: array
+        payload of the training messages, summed over clients).
+    seconds : float
+    """
+
+    server: dict
+    clients: dict
+    metrics: dict
+    history: list = field(default_factory=list)
+    seconds: float = 0.0
+    config: dict = field(default_factory=dict)
+
+    def history_frame(self):
+        """The history as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame(self.history)
+
+
+def history_row(config, done, metrics, summary, traffic):
+    """One history entry: identical on both runtimes (means in float64, client-id order)."""
+    row = {"round": done, "iteration": done * config.local_steps}
+    for name, values in metrics.items():
+        v = np.asarray(values, dtype=np.float64)
+        ok = v[np.isfinite(v)]
+        row[name] = float(ok.mean()) if ok.size else float("nan")
+        row[f"{name}_sd"] = float(ok.std(ddof=1)) if ok.size > 1 else 0.0
+    row["answered"] = int(np.isfinite(np.asarray(next(iter(metrics.values())),
+                                                 dtype=np.float64)).sum()) if metrics else 0
+    return {**row, **summary, **traffic}
+
+
+def _failures_iv(failures, m):
+    if failures is None:
+        return {}
+    if not isinstance(failures, Mapping):
+        raise TypeError("failures must be a dict round -> client ids that fail in that round")
+    return {check_int_scalar(r, "failures round", minimum=0):
+            {check_int_scalar(c, "failures client", minimum=0, maximum=m - 1) for c in clients}
+            for r, clients in failures.items()}
+
+
+def run(algorithm, data, config, *, failures=None, checkpoint=None, checkpoint_every=None,
+        progress=False):
+    """Run ``config.rounds`` rounds of ``algorithm`` on ``data`` in this process.
+
+    Parameters
+    ----------
+    algorithm : FederatedAlgorithm
+    data
+        The clients' data: has ``n_clients`` and ``subset(ids)`` (the data of
+        those clients, in that order).
+    config : RunConfig
+    failures : dict round -> iterable of client ids, optional
+        Clients that fail in a round (for studying faults): they are sampled
+        but neither update their state nor reply, exactly as a client that
+        crashes on Flower; the server aggregates the others.
+    checkpoint : path-like, optional
+        Saved every ``checkpoint_every`` rounds (default ``config.eval_every``)
+        and at the end; if the file exists the run resumes from it, to the same
+        result as an uninterrupted run (also with more ``rounds`` than the run that
+        wrote it).
+    progress : bool
+        A progress bar.
+
+    Returns
+    -------
+    RunResult
+    """
+    if not isinstance(algorithm, FederatedAlgorithm):
+        raise TypeError(f"algorithm must be a FederatedAlgorithm, got "
+                        f"{type(algorithm).__name__}")
+    if not isinstance(config, RunConfig):
+        raise TypeError(f"config must be a RunConfig, got {type(config).__name__}")
+    if getattr(data, "n_clients", None) != config.n_clients:
+        raise ValueError(f"data has {getattr(data, 'n_clients', None)} clients, config.n_clients "
+                         f"is {config.n_clients}")
+    failures = _failures_iv(failures, config.n_clients)
+    progress = check_bool(progress, "progress")
+    if checkpoint is not None and not isinstance(checkpoint, str | os.PathLike):
+        raise TypeError(f"checkpoint must be a path, got {type(checkpoint).__name__}")
+    checkpoint_every = (config.eval_every if checkpoint_every is None else
+                        check_int_scalar(checkpoint_every, "checkpoint_every", minimum=1))
+    # What a checkpoint must agree on to be continued: everything but the length of the
+    # run and its evaluation schedule (a run may be extended from a shorter one; the
+    # shorter run's final evaluation then stays in the history).
+    run_identity = {k: v for k, v in config.to_dict().items() if k not in ("rounds", "eval_every")}
+    identity = {"algorithm": algorithm.config(), "run": run_identity,
+                "failures": {r: sorted(c) for r, c in sorted(failures.items())}}
+    m = config.n_clients
+    everyone = np.arange(m)
+    checkpoint = None if checkpoint is None else Path(checkpoint)
+    if checkpoint is not None and checkpoint.is_file():
+        saved = _load(checkpoint)
+        if saved["identity"] != identity:
+            raise ValueError(f"checkpoint {checkpoint} was written by another configuration: "
+                             f"{saved['identity']} != {identity}")
+        server, clients, start = saved["server"], saved["clients"], saved["round"]
+        history, metrics = saved["history"], saved["metrics"]
+    else:
+        server = algorithm.init_server(config)
+        clients = algorithm.init_clients(config, data, everyone)
+        start, history, metrics = 0, [], None
+    weights = np.asarray(algorithm.client_weights(data), dtype=np.float64)
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=config.rounds, initial=start, desc=algorithm.name, disable=None,
+                   leave=False)
+    t0 = time.perf_counter()
+    for r in range(start, config.rounds):
+        sampled = sample_clients(config, r, everyone=algorithm.all_clients_train)
+        failed = failures.get(r, set())
+        active = np.array([c for c in sampled if c not in failed], dtype=np.int64)
+        message = algorithm.broadcast(server, RoundContext(config, r, sampled))
+        traffic = {"clients": int(sampled.size), "replies": int(active.size),
+                   "bytes_down": tree_nbytes(message) * int(sampled.size), "bytes_up": 0}
+        replies = None
+        if active.size:
+            rc = RoundContext(config, r, active)
+            rows = tree_take(clients, active)
+            replies = algorithm.client_train(message, rows, data.subset(active), rc)
+            tree_put(clients, active, rows)
+            traffic["bytes_up"] = tree_nbytes(replies)
+        if algorithm.trains_idle:
+            idle = np.setdiff1d(everyone, np.union1d(sampled, list(failed)))
+            if idle.size:
+                rc = RoundContext(config, r, idle)
+                idle_msg = algorithm.idle_message(server, rc)
+                rows = tree_take(clients, idle)
+                algorithm.client_idle(idle_msg, rows, data.subset(idle), rc)
+                tree_put(clients, idle, rows)
+                traffic["bytes_down"] += tree_nbytes(idle_msg) * int(idle.size)
+        if replies is not None:
+            server = algorithm.aggregate(server, replies, weights[active],
+                                         RoundContext(config, r, active))
+        done = r + 1
+        if done % config.eval_every == 0 or done == config.rounds:
+            metrics = evaluate(algorithm, server, clients, data)
+            history.append(history_row(config, done, metrics, algorithm.summary(server),
+                                       traffic))
+            if bar is not None and "accuracy" in metrics:
+                bar.set_postfix(acc=f"{history[-1]['accuracy']:.4f}")
+        if checkpoint is not None and (done % checkpoint_every == 0 or done == config.rounds):
+            _save(checkpoint, {"identity": identity, "server": server, "clients": clients,
+                               "round": done, "history": history, "metrics": metrics})
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    if metrics is None:
+        metrics = evaluate(algorithm, server, clients, data)
+    return RunResult(server, clients, metrics, history, time.perf_counter() - t0,
+                     config.to_dict())
+
+
+def evaluate(algorithm, server, clients, data):
+    """Every client's metrics (name -> ndarray (m,)) under the current server state."""
+    message = algorithm.evaluation_message(server)
+    out = algorithm.client_evaluate(message, clients, data.subset(np.arange(data.n_clients)))
+    return {k: _to_numpy(v) for k, v in out.items()}
+
+
+def _to_numpy(v):
+    if hasattr(v, "detach"):
+        v = v.detach().cpu().numpy()
+    return np.asarray(v, dtype=np.float64)
+
+
+def stack_replies(replies):
+    """Replies of single clients, in client-id order, as one stack (Flower's server side)."""
+    return tree_cat(replies)
+
+
+def _save(path, payload):
+    """Write atomically: a crash mid-write never leaves a truncated checkpoint."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "wb") as fh:
+        pickle.dump(payload, fh, protocol=pickle.HIGHEST_PROTOCOL)
+    tmp.replace(path)
+
+
+def _load(path):
+    try:
+        with open(path, "rb") as fh:
+            return pickle.load(fh)
+    except (OSError, pickle.UnpicklingError, EOFError) as exc:
+        raise ValueError(f"checkpoint {path} cannot be read: {exc}") from None

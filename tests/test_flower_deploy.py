@@ -1,0 +1,368 @@
+"""A Flower deployment on loopback: SuperLink, SuperNodes and ``flwr run`` as processes.
+
+The app comes from :func:`ebfl.federated.deploy.write_app`; the processes are
+Flower's own commands, started as the deployment guide (docs/flower.md) says,
+with every address on 127.0.0.1 and free ports picked at run time. Each test
+stops every process it started (and their children) by PID and checks that
+none is left and that none listened on anything but loopback.
+"""
+
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr", reason="the Flower runtime needs the flower extra: "
+                                   "pip install 'ebfl[flower]'")
+pytest.importorskip("torch", reason="the deployed jobs are learning jobs: "
+                                    "pip install 'ebfl[learning]'")
+psutil = pytest.importorskip("psutil", reason="finding every process Flower started "
+                                              "needs psutil")
+
+from ebfl.federated import run  # noqa: E402
+from ebfl.federated.deploy import FLOWER_OPTIONS, connection_toml, write_app  # noqa: E402
+from ebfl.federated.flower import FLOWER_ENV, FLOWER_KEYS  # noqa: E402
+from ebfl.federated.jobs import build_job  # noqa: E402
+from ebfl.federated.tree import flatten  # noqa: E402
+
+pytestmark = pytest.mark.flower
+
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+BIN = Path(sys.executable).parent  # flower-superlink, flower-supernode, flwr
+#: A run must end within this many seconds (it takes 20-60 s on two busy cores).
+RUN_LIMIT = 300
+
+
+def _free_ports(n):
+    """n distinct free TCP ports on 127.0.0.1 (all held open until all are picked)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _wait_listening(port, proc, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
+
+
+class Federation:
+    """A SuperLink and ``n`` SuperNodes on loopback, each in its own process group."""
+
+    def __init__(self, workdir, n):
+        self.dir = Path(workdir)
+        self.n = n
+        # FLOWER_ENV keeps Flower off the network; the SuperExecs look for tasks every
+        # 0.2 s instead of 1 s (a shorter run; the SuperNodes still poll every 3 s).
+        # EBFL_TEST_FEDERATION marks every process of this federation (children inherit
+        # it), so that one that escaped its parent is still found and stopped.
+        self.token = f"{os.getpid()}-{id(self)}-{time.time_ns()}"
+        self.env = {**os.environ, **FLOWER_ENV, "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2",
+                    "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+                    "PYTHONUNBUFFERED": "1", "EBFL_TEST_FEDERATION": self.token}
+        self.port, *self.node_ports = _free_ports(n + 1)
+        self.superlink = f"127.0.0.1:{self.port}"
+        self.procs, self.nodes, self.seen = [], [], set()
+        self.known = {}  # pid -> psutil.Process of everything seen in our trees
+        self._stop_watch = threading.Event()
+        self._watch = threading.Thread(target=self._watch_loop, daemon=True)
+
+    def _start(self, name, args, home=None):
+        """Start a Flower command; its FLWR_HOME is its own, as on a machine of its own."""
+        env = {**self.env, "FLWR_HOME": str(home or self.dir / f"home-{name}")}
+        log = open(self.dir / f"{name}.log", "wb")  # noqa: SIM115 (closed in stop)
+        proc = subprocess.Popen([str(BIN / args[0]), *args[1:]], cwd=self.dir, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)  # own group: killpg reaches children
+        proc.log = log
+        self.procs.append(proc)
+        return proc
+
+    def start(self):
+        link = self._start("superlink", ["flower-superlink", "--insecure", "--host", "127.0.0.1",
+                                         "--port", str(self.port)])
+        _wait_listening(self.port, link)
+        for i, port in enumerate(self.node_ports):
+            self.nodes.append(self._start(f"node{i}", [
+                "flower-supernode", "--insecure", "--superlink", self.superlink,
+                "--node-config", f"partition-id={i} num-partitions={self.n}",
+                "--host", "127.0.0.1", "--port", str(port)]))
+        for proc, port in zip(self.nodes, self.node_ports, strict=True):
+            _wait_listening(port, proc)
+        self._watch.start()
+        return self
+
+    def flwr_run(self, app):
+        """``flwr run APP ebfl --stream`` with the app's own Flower configuration."""
+        return self._start("flwr-run", ["flwr", "run", str(app), "ebfl", "--stream"],
+                           home=Path(app) / ".flwr")
+
+    def log(self, name):
+        return (self.dir / f"{name}.log").read_text(errors="replace")
+
+    # ---------------------------------------------------------- processes
+
+    def tree(self):
+        """Every live process we started and its descendants (recorded in ``known``)."""
+        out = []
+        for proc in self.procs:
+            try:
+                root = psutil.Process(proc.pid)
+                out += [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                pass
+        for p in out:
+            self.known.setdefault(p.pid, p)
+        return out
+
+    def marked(self):
+        """Every process on this machine that carries this federation's token."""
+        out = []
+        for p in psutil.process_iter():
+            try:
+                if p.environ().get("EBFL_TEST_FEDERATION") == self.token:
+                    out.append(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                pass
+        return out
+
+    def _watch_loop(self):
+        """Records every listening address of our processes while they run."""
+        while not self._stop_watch.is_set():
+            for p in self.tree():
+                try:
+                    for conn in p.net_connections(kind="inet"):
+                        if conn.status == psutil.CONN_LISTEN:
+                            self.seen.add((p.name(), conn.laddr.ip, conn.laddr.port))
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    pass
+            self._stop_watch.wait(0.25)
+
+    def kill_node(self, i):
+        """SIGKILL SuperNode ``i`` and its process group (its SuperExec, its ClientApp)."""
+        self.tree()
+        os.killpg(self.nodes[i].pid, signal.SIGKILL)
+        self.nodes[i].wait(timeout=10)
+
+    def stop(self):
+        """Stop everything by PID: TERM, then KILL after 10 s; reap our children."""
+        self._stop_watch.set()
+        if self._watch.is_alive():
+            self._watch.join(timeout=5)
+        self.tree()
+        for p in self.marked():
+            self.known.setdefault(p.pid, p)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for p in list(self.known.values()):
+                with_suppress(lambda p=p, sig=sig: p.send_signal(sig))
+            deadline = time.monotonic() + 10
+            while self.alive() and time.monotonic() < deadline:
+                for proc in self.procs:
+                    proc.poll()
+                time.sleep(0.2)
+        for proc in self.procs:
+            with_suppress(lambda proc=proc: proc.wait(timeout=5))
+            proc.log.close()
+
+    def alive(self):
+        """Processes of ours still running (a zombie whose parent is gone counts as ended)."""
+        out = []
+        for p in {**self.known, **{p.pid: p for p in self.marked()}}.values():
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                pass
+        return out
+
+
+def with_suppress(fn):
+    try:
+        fn()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, ProcessLookupError,
+            subprocess.TimeoutExpired):
+        pass
+
+
+@pytest.fixture
+def federation(tmp_path, request):
+    fed = Federation(tmp_path, request.param)
+    try:
+        yield fed.start()
+    finally:
+        fed.stop()
+    left = fed.alive()
+    assert not left, f"processes left running: {[(p.pid, p.name()) for p in left]}"
+    assert any(port == fed.port for _, _, port in fed.seen), "the socket watch saw nothing"
+    wide = sorted(s for s in fed.seen if s[1] not in LOOPBACK)
+    assert not wide, f"listening beyond loopback: {wide}"
+
+
+def _wait_run(fed, proc, limit=RUN_LIMIT, until=None):
+    """Wait for ``flwr run`` to end; ``until`` (a callable) is polled meanwhile."""
+    deadline = time.monotonic() + limit
+    while proc.poll() is None:
+        if until is not None and until():
+            until = None
+        if time.monotonic() > deadline:
+            pytest.fail(f"flwr run did not end within {limit} s; superlink log:\n"
+                        + fed.log("superlink")[-3000:])
+        time.sleep(0.2)
+    assert proc.returncode == 0, fed.log("flwr-run")[-3000:]
+
+
+def _result(path, fed):
+    assert path.is_file(), ("no result written; flwr run log:\n" + fed.log("flwr-run")[-4000:])
+    with open(path, "rb") as fh:
+        return pickle.load(fh)
+
+
+def _max_diff(tree, reference):
+    """Largest absolute difference between two trees of the same arrays."""
+    a, b = flatten(tree), flatten(reference)
+    assert sorted(a) == sorted(b)
+    return max(float(np.max(np.abs(np.asarray(a[k]) - np.asarray(b[k])))) for k in b)
+
+
+# ------------------------------------------------------------------ tests
+
+
+@pytest.mark.parametrize("federation", [3], indirect=True)
+def test_deployment_matches_in_process_run(federation, tmp_path):
+    """AdaPeD on three SuperNodes ends with the in-process run's server arrays and
+    per-client accuracies. Every task runs in a fresh ClientApp process, so round 2
+    depends on the personal state kept in Context.state by the SuperNode."""
+    job = {"algorithm": "adaped", "clients": 3, "rounds": 2, "local-steps": 2,
+           "eval-every": 2, "seed": 3}
+    result_path = tmp_path / "out" / "result.pkl"
+    app = write_app(tmp_path / "app", {**job, "result-path": str(result_path),
+                                       "round-timeout": 240.0},
+                    superlink=federation.superlink)
+    t0 = time.perf_counter()
+    _wait_run(federation, federation.flwr_run(app))
+    wall = time.perf_counter() - t0
+    got = _result(result_path, federation)
+
+    spec = build_job(job)
+    ref = run(spec.algorithm, spec.data, spec.config)
+    assert [(h["round"], h["clients"], h["replies"], h["answered"]) for h in got.history] \
+        == [(2, 3, 3, 3)]
+    diff = _max_diff(got.server, ref.server)
+    assert diff <= 1e-6, diff
+    np.testing.assert_allclose(got.metrics["accuracy"], ref.metrics["accuracy"], rtol=0,
+                               atol=1e-6)
+    print(f"deployment: {wall:.1f} s, max diff {diff}")
+
+
+def _reply_sent(log, phase):
+    """Whether a SuperNode's log shows its first ``phase`` reply pushed to the SuperLink."""
+    at = log.find(f"Sending: {phase} message")
+    return at >= 0 and "Sent successfully" in log[at:]
+
+
+@pytest.mark.parametrize("federation", [3], indirect=True)
+def test_killed_supernode_is_left_out(federation, tmp_path):
+    """SIGKILL one SuperNode once its round-1 reply is in: the run still ends; round 2
+    aggregates the two replies that arrive within round-timeout, exactly as the
+    in-process run with that client failing in round 2, and the evaluation averages
+    the two clients that answer."""
+    job = {"algorithm": "adaped", "clients": 3, "rounds": 2, "local-steps": 2,
+           "eval-every": 2, "seed": 1}
+    result_path = tmp_path / "result.pkl"
+    # Every phase after the kill waits round-timeout for the dead node: short, but well
+    # above a live node's answer time (a fresh process per task: 5-15 s on 2 busy cores).
+    app = write_app(tmp_path / "app", {**job, "result-path": str(result_path),
+                                       "round-timeout": 20.0},
+                    superlink=federation.superlink)
+    victim, killed = 2, []
+
+    def kill_after_round_one():
+        if _reply_sent(federation.log(f"node{victim}"), "train"):
+            federation.kill_node(victim)
+            killed.append(time.perf_counter())
+            return True
+        return False
+
+    t0 = time.perf_counter()
+    _wait_run(federation, federation.flwr_run(app), until=kill_after_round_one)
+    wall = time.perf_counter() - t0
+    assert killed, "the SuperNode was never killed"
+    assert federation.nodes[victim].returncode == -signal.SIGKILL
+    got = _result(result_path, federation)
+    assert [(h["round"], h["clients"], h["replies"], h["answered"]) for h in got.history] \
+        == [(2, 3, 2, 2)]
+    assert np.isfinite(got.history[0]["accuracy"])
+    assert all(np.all(np.isfinite(np.asarray(v))) for v in flatten(got.server).values())
+
+    spec = build_job(job)
+    ref = run(spec.algorithm, spec.data, spec.config, failures={1: {victim}})
+    assert _max_diff(got.server, ref.server) <= 1e-6
+    live = [c for c in range(3) if c != victim]
+    assert np.isnan(got.metrics["accuracy"][victim])
+    np.testing.assert_allclose(got.metrics["accuracy"][live], ref.metrics["accuracy"][live],
+                               rtol=0, atol=1e-6)
+    print(f"fault run: {wall:.1f} s, killed at {killed[0] - t0:.1f} s")
+
+
+# ------------------------------------------------------------------ the app files
+
+
+def test_write_app_files(tmp_path):
+    app = write_app(tmp_path / "app", {"algorithm": "fedavg", "clients": 4, "lr": 0.05,
+                                       "round_timeout": 30},
+                    superlink="10.0.0.5:9093")
+    config = tomllib.loads((app / "pyproject.toml").read_text())
+    flwr = config["tool"]["flwr"]["app"]
+    assert flwr["components"] == {"serverapp": "ebfl_app.apps:server",
+                                  "clientapp": "ebfl_app.apps:client"}
+    assert "ebfl[flower,learning]" in config["project"]["dependencies"]
+    run_config = flwr["config"]
+    assert run_config["clients"] == 4 and run_config["lr"] == 0.05
+    assert run_config["round-timeout"] == 30.0 and run_config["clients-per-round"] == ""
+    assert set(FLOWER_OPTIONS) == set(FLOWER_KEYS) <= set(run_config)
+    home = tomllib.loads((app / ".flwr" / "config.toml").read_text())
+    assert home["superlink"]["ebfl"] == {"address": "10.0.0.5:9093", "insecure": True}
+    # the settings come back as the same job
+    assert build_job({k: v for k, v in run_config.items()
+                      if k not in FLOWER_KEYS}).settings["lr"] == 0.05
+
+
+def test_write_app_refuses(tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(ValueError, match="directory"):
+        write_app(tmp_path / "full", {"algorithm": "fedavg"})
+    write_app(tmp_path / "full", {"algorithm": "fedavg"}, overwrite=True)
+    assert (tmp_path / "full" / "x").read_text() == "x"
+    with pytest.raises(ValueError, match="algorithm"):
+        write_app(tmp_path / "a", {"algorithm": "nope"})
+    with pytest.raises(ValueError, match="unknown job settings"):
+        write_app(tmp_path / "b", {"algorithm": "fedavg", "epochs": 3})
+    with pytest.raises(ValueError, match="superlink"):
+        write_app(tmp_path / "c", {"algorithm": "fedavg"}, superlink="127.0.0.1")
+    with pytest.raises(ValueError, match="round-timeout"):
+        write_app(tmp_path / "d", {"algorithm": "fedavg", "round-timeout": 0})
+    with pytest.raises(TypeError, match="clients"):
+        write_app(tmp_path / "e", {"algorithm": "fedavg", "clients": [3]})
+    assert not any((tmp_path / n).exists() for n in "abcde")
+    assert connection_toml("[::1]:9093").count('"[::1]:9093"') == 1
