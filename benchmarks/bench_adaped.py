@@ -5,8 +5,9 @@ round, 20 MNIST-shaped images (1 x 28 x 28) per client per iteration (the
 paper's batch: 1200 samples per client / 60 iterations per epoch), the
 paper's step sizes. Inputs are random: the cost does not depend on pixel values.
 
-ours   ``AdaPeD.local_step`` of ``ebfl.learning.torch``: all 50 clients' theta, mu
-       and psi updates as three ``torch.func.vmap`` calls per iteration.
+ours   the client half of ``AdaPeD`` (``ebfl.learning.torch``), its ``local_step``:
+       all 50 clients' theta, mu and psi updates as three ``torch.func.vmap`` calls
+       per iteration.
 loop   the same Algorithm 5 iteration written the way client-by-client
        frameworks run it: for each client, load its parameters into an
        ``nn.Module`` and take the steps with ``torch.autograd``.
@@ -24,10 +25,12 @@ import argparse
 import copy
 import json
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from _timing import best_of
 
+from ebfl.federated import RoundContext, RunConfig
 from ebfl.learning.torch import CNN5, MLP, AdaPeD
 from ebfl.learning.torch.engine import flush_denormals
 from ebfl.learning.torch.functional import replicate
@@ -104,14 +107,18 @@ def main(argv=None):
     gen = torch.Generator().manual_seed(1)
     batches = [(torch.rand((m, batch, 28, 28), generator=gen),
                 torch.randint(0, 10, (m, batch), generator=gen)) for _ in range(tau)]
-    active = torch.arange(m)
+
+    strat.init_params = init
+    run = RunConfig(n_clients=m, rounds=1)
+    message = strat.broadcast(strat.init_server(run), None)
 
     def ours():
-        state = strat.init_state(init, m)
-        strat.broadcast(state, active)
+        """The client half of one round for all m clients (batches given, no rng draws)."""
+        client = strat.init_clients(run, None, range(m))
+        work = strat.client_begin(message, client, RoundContext(run, 0, np.arange(m)))
         for x, y in batches:
-            strat.local_step(state, active, x, y, 1.0)
-        return state
+            strat.local_step(work, client, x, y, 1.0, None)
+        return {"theta": client["theta"], "work_mu": work["mu"], "work_psi": work["psi"]}
 
     def loop():
         return loop_round(model, replicate(init, m), replicate(init, m),

@@ -825,7 +825,8 @@ def _job_arguments(p):
     p.add_argument("--dataset", choices=DATASETS,
                    help="digits (learning; bundled with scikit-learn), simulated or "
                         "elections (eb-*)")
-    p.add_argument("--clients", type=_integer(1), default=6, help="clients (default 6)")
+    p.add_argument("--clients", type=_integer(1),
+                   help="clients (default 6; elections: every county, or the first N)")
     p.add_argument("--rounds", type=_integer(1), default=3, help="rounds (default 3)")
     p.add_argument("--clients-per-round", type=_integer(1), help="K (default: all)")
     p.add_argument("--local-steps", type=_integer(1), default=5, help="tau (default 5)")
@@ -1019,7 +1020,7 @@ def build_parser():
     fa.add_argument("directory", help="folder to write the app to (new or empty)")
     _job_arguments(fa)
     fa.add_argument("--superlink", default="127.0.0.1:9093",
-                    help="address of the SuperLink's Control API (default 127.0.0.1:9093)")
+                    help="the SuperLink's address, HOST:PORT (default 127.0.0.1:9093)")
     fa.add_argument("--overwrite", action="store_true", help="replace an existing app")
     _add_json(fa)
     fa.set_defaults(func=_cmd_flower_app)

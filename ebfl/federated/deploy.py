@@ -14,11 +14,14 @@ job from these settings when the run starts. The deployment guide
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 import numbers
 from pathlib import Path
 
-from ebfl._validation import check_bool, check_positive_scalar
+import numpy as np
+
+from ebfl._validation import INT64_MAX, check_bool, check_positive_scalar
 from ebfl.federated.jobs import LEARNING, settings_of
 
 __all__ = ["APP_MODULE", "CONNECTION", "FLOWER_OPTIONS", "connection_toml", "write_app"]
@@ -64,9 +67,9 @@ def write_app(directory, settings, *, superlink="127.0.0.1:9093", overwrite=Fals
         the SuperLink's working directory; default ``ebfl-result.pkl``),
         ``collect-states`` (bool: also gather every client's final state;
         default False) and ``failures`` (``"round:client,..."``: clients told
-        to fail, for fault drills; default none). Values must be scalars
-        (bool, int, float or str); every unset job setting is written as its
-        default (an empty string where the default is "none").
+        to fail, for fault drills; default none). Job settings are numbers
+        or strings; every unset one is written as its default (an empty
+        string where the default is "none").
     superlink : str
         ``host:port`` of the SuperLink's HTTP API, written as the connection
         ``ebfl`` (insecure: no TLS) in ``<directory>/.flwr/config.toml``.
@@ -85,14 +88,15 @@ def write_app(directory, settings, *, superlink="127.0.0.1:9093", overwrite=Fals
         Unknown or invalid settings, a non-empty ``directory`` without
         ``overwrite``, a ``superlink`` that is not ``host:port``.
     TypeError
-        A setting that is not a scalar.
+        A setting of the wrong type (a list, a bool for a number, ...).
 
     Examples
     --------
     >>> import tempfile, tomllib
     >>> from pathlib import Path
     >>> from ebfl.federated.deploy import write_app
-    >>> app = write_app(Path(tempfile.mkdtemp()) / "app",
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> app = write_app(Path(tmp.name) / "app",
     ...                 {"algorithm": "fedavg", "clients": 3, "rounds": 2})
     >>> config = tomllib.loads((app / "pyproject.toml").read_text())
     >>> run_config = config["tool"]["flwr"]["app"]["config"]
@@ -100,6 +104,7 @@ def write_app(directory, settings, *, superlink="127.0.0.1:9093", overwrite=Fals
     ('fedavg', 3, '')
     >>> sorted(p.name for p in app.iterdir())
     ['.flwr', 'README.md', 'ebfl_app', 'pyproject.toml']
+    >>> tmp.cleanup()
 
     Then ``FLWR_HOME=app/.flwr flwr run app ebfl --stream`` starts the job on
     the SuperLink at 127.0.0.1:9093.
@@ -129,6 +134,18 @@ def connection_toml(superlink, name=CONNECTION):
     (default ``~/.flwr``), not in the app; ``flwr run APP NAME`` submits the
     run to connection ``NAME``. The ``[superlink.NAME]`` table can also be
     copied into an existing ``~/.flwr/config.toml``.
+
+    Parameters
+    ----------
+    superlink : str
+        ``host:port`` of the SuperLink (``[::1]:9093`` for an IPv6 host).
+    name : str
+        The connection's name (letters, digits, ``-``, ``_``); also the default.
+
+    Returns
+    -------
+    str
+        The file's text.
 
     Examples
     --------
@@ -193,18 +210,22 @@ def _run_config(settings):
 
 
 def _toml_scalar(key, value):
-    """``value`` as a TOML scalar; None (the job's "unset") as an empty string."""
+    """A job setting as a TOML scalar; None (the job's "unset") as an empty string."""
     if value is None:
         return ""
-    if isinstance(value, bool) or isinstance(value, str):
+    if isinstance(value, str):
         return value
+    if isinstance(value, bool | np.bool_):  # no job setting is a bool: True would mean 1
+        raise TypeError(f"{key} must be a number or a string, got {value!r}")
     if isinstance(value, numbers.Integral):
+        if not -INT64_MAX - 1 <= int(value) <= INT64_MAX:  # TOML integers are 64-bit
+            raise ValueError(f"{key} must fit in 64 bits, got {value!r}")
         return int(value)
     if isinstance(value, numbers.Real):
         if not math.isfinite(float(value)):
             raise ValueError(f"{key} must be finite, got {value!r}")
         return float(value)
-    raise TypeError(f"{key} must be a bool, int, float or str, got {value!r}")
+    raise TypeError(f"{key} must be a number or a string, got {value!r}")
 
 
 def _prepare_directory(directory, overwrite):
@@ -228,8 +249,8 @@ def _toml_value(value):
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{escaped}"'
+    # a JSON string is a TOML basic string once DEL, which TOML wants escaped, is
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def _pyproject(run_config):
@@ -265,35 +286,39 @@ clientapp = "{APP_MODULE}.apps:client"
 
 
 def _readme(run_config, superlink):
-    m = run_config["clients"]
-    last = int(m) - 1
+    # clients is "" where the dataset decides (elections: one client per county)
+    m = str(run_config["clients"]) if run_config["clients"] != "" else "m"
+    last = int(m) - 1 if m.isdigit() else "m - 1 (m: the dataset's number of clients)"
+    host, port = _parse_superlink(superlink)
+    extras = "flower,learning" if run_config["algorithm"] in LEARNING else "flower"
     return f"""# ebfl job: {run_config["algorithm"]} on {run_config["dataset"]}
 
-A Flower App (written by `ebfl flower app`). Every machine needs
-`pip install 'ebfl[flower,learning]'` (`ebfl[flower]` for the `eb-*` protocols);
-the job's data is built on each machine from the settings in `pyproject.toml`.
+A Flower App written by `ebfl flower app`. Every machine needs the same ebfl:
+`pip install 'ebfl[{extras}]'`; each builds the job (and its client's data) from
+the settings in `pyproject.toml`. In every shell:
 
-1. SuperLink (one machine, here `{superlink}`):
+    export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 \\
+           FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 
-       flower-superlink --insecure --host <address> --port <port>
+1. The SuperLink, listening on `{superlink}` (an address the SuperNodes reach):
 
-2. One SuperNode per client, `partition-id` 0 to {last} ({m} clients; the id
-   is the client's index in the job):
+       flower-superlink --insecure --host {host} --port {port}
+
+2. One SuperNode per client, `partition-id` 0 to {last}, each id once
+   (`--host`/`--port`: the node's local API, kept on 127.0.0.1; one port per
+   node on a machine):
 
        flower-supernode --insecure --superlink {superlink} \\
            --node-config "partition-id=0 num-partitions={m}" \\
            --host 127.0.0.1 --port 9094
 
-3. Run the job from this directory's parent:
+3. The run (`.flwr/config.toml` here holds the SuperLink connection `ebfl`):
 
        FLWR_HOME=<this directory>/.flwr flwr run <this directory> ebfl --stream
 
-   `.flwr/config.toml` holds the SuperLink connection `ebfl`; the
-   `[superlink.ebfl]` table may be copied into `~/.flwr/config.toml` instead.
+   Change settings per run with `--run-config 'rounds=10 seed=1'`.
 
-The ServerApp writes the result to `result-path` (relative paths: relative to
-the SuperLink's working directory): a pickle of `ebfl.federated.RunResult`
-and `<result-path>.json`, the history. Set `FLWR_TELEMETRY_ENABLED=0`,
-`FLWR_DISABLE_UPDATE_CHECK=1` and `FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1`
-in the environment of every Flower command to keep them off the network.
+The ServerApp writes the result to `result-path` on the SuperLink's machine
+(a relative path is relative to the SuperLink's working directory): a pickle
+of `ebfl.federated.RunResult` and `<result-path>.json`, the history.
 """

@@ -528,11 +528,15 @@ def job_data(settings):
 
     ``settings["dataset"]``: ``"simulated"`` (``clients`` clients drawn with
     ``seed``: :func:`simulated_counts` or :func:`simulated_means`) or
-    ``"elections"`` (:func:`election_federation` or :func:`election_shares`).
+    ``"elections"`` (:func:`election_federation` or :func:`election_shares`;
+    with ``clients``, the first that many counties).
     """
     gaussian = settings["algorithm"] == "eb-gaussian"
     if settings["dataset"] == "elections":
-        return election_shares() if gaussian else election_federation()
+        data = election_shares() if gaussian else election_federation()
+        if settings.get("clients") is not None:  # the first counties, in the data's order
+            data = data.subset(np.arange(min(int(settings["clients"]), data.n_clients)))
+        return data
     m, seed = int(settings["clients"]), int(settings["seed"])
     return simulated_means(m, seed=seed) if gaussian else simulated_counts(m, seed=seed)
 

@@ -52,6 +52,7 @@ import logging
 import os
 import pickle
 import time
+from logging import INFO, WARNING
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +82,7 @@ apply_flower_env()
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.common.logger import log  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
 from ebfl.federated.jobs import build_job  # noqa: E402
@@ -321,9 +323,14 @@ def run_server(grid, run_config, *, job=0):
             traffic["replies"], traffic["bytes_up"] = int(ids.size), tree_nbytes(stacked)
             server = alg.aggregate(server, stacked, weights[ids], RoundContext(cfg, r, ids))
         done = r + 1
+        log(INFO, "%s round %d/%d: %d of %d sampled clients replied", alg.name, done,
+            cfg.rounds, traffic["replies"], traffic["clients"])
         if done % cfg.eval_every == 0 or done == cfg.rounds:
             metrics = _evaluate(grid, alg, server, node_of, m, r, timeout, _msg)
             history.append(history_row(cfg, done, metrics, alg.summary(server), traffic))
+            log(INFO, "%s round %d: %s", alg.name, done,
+                {k: round(v, 6) for k, v in history[-1].items()
+                 if k in metrics and isinstance(v, float)})
     if metrics is None:
         metrics = _evaluate(grid, alg, server, node_of, m, cfg.rounds, timeout, _msg)
     clients = {}
@@ -366,9 +373,10 @@ def _hello(grid, m, timeout, job):
              for n in nodes]
     node_of, weights = {}, np.full(m, np.nan)
     for reply in grid.send_and_receive(hello, timeout=timeout):
-        if reply.has_error():
-            raise RuntimeError(f"node {reply.metadata.src_node_id} failed to join: "
-                               f"{reply.error.reason}")
+        if reply.has_error():  # e.g. a partition-id outside 0..m-1: that node is not used
+            log(WARNING, "node %s did not join: %s", reply.metadata.src_node_id,
+                reply.error.reason)
+            continue
         head = reply.content["ebfl"]
         cid = int(head["client"])
         if cid in node_of:

@@ -19,10 +19,16 @@ Settings (keys as in a Flower ``pyproject.toml``; all optional but ``algorithm``
 ``clients``, ``rounds``, ``seed``, ``clients-per-round``, ``local-steps``,
 ``batch-size``, ``eval-every``, ``lr``
     The run (:class:`~ebfl.federated.RunConfig`) and the learning rate.
+    ``clients`` defaults to 6; on ``elections`` to every county (3150), and a
+    smaller number takes the first counties.
 ``clip``, ``noise``
     DP-AdaPeD / DP-FedEM: clip norm and noise standard deviation.
 ``epsilon``
-    Local privacy of the ``eb-*`` protocols (omitted: non-private).
+    Local privacy of the ``eb-*`` protocols, pure epsilon-LDP at the user level
+    through the Laplace mechanism (omitted: non-private): Beta-Bernoulli clients
+    release their means (the corrected estimator); Gaussian clients their means
+    clipped to the paper's range, on ``simulated`` data only (its estimator needs
+    the known sigma_x).
 """
 
 from __future__ import annotations
@@ -31,8 +37,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ebfl._validation import check_choice
-from ebfl.federated.protocol import RunConfig
+from ebfl._validation import (
+    INT64_MAX,
+    check_choice,
+    check_int_scalar,
+    check_nonnegative_scalar,
+    check_positive_scalar,
+)
+from ebfl.federated.protocol import MAX_SEED, RunConfig
 
 __all__ = ["ALGORITHMS", "DATASETS", "Job", "build_job", "digits_federation"]
 
@@ -43,7 +55,7 @@ EB = ("eb-beta-binomial", "eb-gaussian")
 ALGORITHMS = LEARNING + EB
 DATASETS = ("digits", "simulated", "elections")
 
-DEFAULTS = {"dataset": None, "clients": 6, "rounds": 3, "seed": 0, "clients-per-round": None,
+DEFAULTS = {"dataset": None, "clients": None, "rounds": 3, "seed": 0, "clients-per-round": None,
             "local-steps": 5, "batch-size": 10, "eval-every": 1, "lr": 0.1, "clip": 1.0,
             "noise": 0.1, "epsilon": None}
 
@@ -92,12 +104,52 @@ def settings_of(settings):
     if out["dataset"] is None:
         out["dataset"] = "digits" if out["algorithm"] in LEARNING else "simulated"
     check_choice(out["dataset"], "dataset", DATASETS)
+    if out["clients"] is None and out["dataset"] != "elections":  # elections: every county
+        out["clients"] = 6
     if (out["algorithm"] in LEARNING) != (out["dataset"] == "digits"):
         kind = "learning" if out["algorithm"] in LEARNING else "empirical-Bayes"
         raise ValueError(f"dataset {out['dataset']!r} does not fit the {kind} algorithm "
                          f"{out['algorithm']!r}: learning algorithms take 'digits', the eb-* "
                          "protocols 'simulated' or 'elections'")
+    return _typed(out)
+
+
+#: Integer settings and their smallest values; the others below are positive reals.
+INTEGERS = {"clients": 1, "rounds": 1, "seed": 0, "clients-per-round": 1, "local-steps": 1,
+            "batch-size": 1, "eval-every": 1}
+POSITIVE = ("lr", "clip", "epsilon")
+
+
+def _typed(out):
+    """Values checked and converted where they arrive (a TOML file, a command line), so a bad
+    one fails before a run starts, naming the setting."""
+    for key, low in INTEGERS.items():
+        if out[key] is not None:
+            out[key] = check_int_scalar(_number(out[key], key), key, minimum=low,
+                                        maximum=MAX_SEED if key == "seed" else INT64_MAX)
+    for key in POSITIVE:
+        if out[key] is not None:
+            out[key] = check_positive_scalar(_number(out[key], key), key)
+    if out["noise"] is not None:
+        out["noise"] = check_nonnegative_scalar(_number(out["noise"], "noise"), "noise")
+    if out["clients-per-round"] is not None and out["clients"] is not None \
+            and out["clients-per-round"] > out["clients"]:
+        raise ValueError(f"clients-per-round must be <= clients {out['clients']}, got "
+                         f"{out['clients-per-round']}")
     return out
+
+
+def _number(value, key):
+    """A number given as a number or as its text (run configs may carry either)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{key} must be a number, got {value!r}")
+    if isinstance(value, str):
+        try:
+            return int(value) if key in INTEGERS and value.strip().lstrip("-").isdigit() \
+                else float(value)
+        except ValueError:
+            raise ValueError(f"{key} must be a number, got {value!r}") from None
+    return value
 
 
 def build_job(settings):
