@@ -7,7 +7,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
 from torch.func import functional_call  # noqa: E402
 
 from ebfl.federated.protocol import RoundContext, sample_clients  # noqa: E402
@@ -17,7 +16,6 @@ from ebfl.learning.torch import (  # noqa: E402
     CNN5,
     MLP,
     FedAvg,
-    FederatedDataset,
     LogisticModel,
     train,
 )
@@ -34,26 +32,9 @@ from ebfl.learning.torch.baselines import (  # noqa: E402
     minibatch_steps,
 )
 from ebfl.learning.torch.engine import evaluate_strategy, run_config  # noqa: E402
+from tests.test_torch_engine import _digits_clients  # noqa: E402
 
 TOL = dict(atol=1e-10, rtol=0)
-
-
-def _digits_clients(m=12, classes_per_client=3, seed=0):
-    """load_digits split pathologically: each client holds 3 classes, 75/25 split."""
-    X, y = load_digits(return_X_y=True)
-    X = (X / 16.0).astype(np.float32)
-    rng = np.random.default_rng(seed)
-    shards = np.array_split(np.argsort(y, kind="stable"), m * classes_per_client)
-    perm = rng.permutation(len(shards))
-    parts = [[], [], [], []]
-    for i in range(m):
-        idx = np.concatenate([shards[j] for j in perm[i * 3:(i + 1) * 3]])
-        idx = rng.permutation(idx)
-        cut = int(0.75 * idx.size)
-        for part, val in zip(parts, (X[idx[:cut]], y[idx[:cut]], X[idx[cut:]], y[idx[cut:]]),
-                             strict=True):
-            part.append(val)
-    return FederatedDataset.from_clients(*parts, n_classes=10)
 
 
 @pytest.fixture(scope="module")
