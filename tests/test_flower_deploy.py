@@ -400,7 +400,7 @@ def test_write_app_refuses(tmp_path):
         write_app(tmp_path / "h", {"algorithm": "fedavg"}, overwrite="yes")
     with pytest.raises(TypeError, match="superlink"):
         write_app(tmp_path / "i", {"algorithm": "fedavg"}, superlink=9093)
-    with pytest.raises(ValueError, match="clients must fit in 64 bits"):
+    with pytest.raises(ValueError, match=r"clients must be an integer in \[1, "):
         write_app(tmp_path / "j", {"algorithm": "fedavg", "clients": 2**63})
     assert not any((tmp_path / n).exists() for n in "abcdefghij")
     assert connection_toml("[::1]:9093").count('"[::1]:9093"') == 1
