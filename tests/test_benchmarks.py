@@ -54,3 +54,14 @@ def test_bench_adaped_smoke():
     # Runs the vectorized and the loop AdaPeD round and checks they agree before timing.
     result = _load("bench_adaped").main(["--quick", "--reps", "1", "--json"])
     assert result["m"] == 10 and result["seconds_per_round"]["loop"] > 0
+
+
+@pytest.mark.flower
+def test_bench_flower_smoke(capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("flwr", reason="P8 needs the flower extra")
+    result = _load("bench_flower").main(["--quick", "--json"])
+    assert result["max_abs_diff"] <= 1e-5  # the same job on both runtimes (0.0 here)
+    assert result["seconds_per_round"]["flower"] > 0
+    assert result["payload_bytes_per_round"]["down"] > 0
+    assert capsys.readouterr().out.lstrip().startswith("{")
