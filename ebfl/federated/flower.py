@@ -46,6 +46,7 @@ arrays and come back bit for bit.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -160,23 +161,22 @@ def client_app(settings=None):
     persistent state lives in ``Context.state`` between rounds.
     """
     app = ClientApp()
-    jobs = {}
+    jobs = {}  # built once per process and job
     listed = None if settings is None else _as_list(settings)
-    current = {}
 
-    def run_config_of(context):
-        return dict(context.run_config) if listed is None else dict(listed[current["job"]])
+    def run_config_of(context, index):
+        return dict(context.run_config) if listed is None else dict(listed[index])
 
-    def job_of(context):
-        key = json.dumps(_job_settings(run_config_of(context)), sort_keys=True, default=str)
+    def job_of(run_config):
+        key = json.dumps(_job_settings(run_config), sort_keys=True, default=str)
         if key not in jobs:
-            jobs[key] = build_job(_job_settings(run_config_of(context)))
+            jobs[key] = build_job(_job_settings(run_config))
         return jobs[key]
 
     def handle(msg, context):
         head = msg.content["ebfl"]
-        current["job"] = int(head["job"])
-        job = job_of(context)
+        run_config = run_config_of(context, int(head["job"]))
+        job = job_of(run_config)
         alg, cfg = job.algorithm, job.config
         cid = int(context.node_config["partition-id"])
         if not 0 <= cid < cfg.n_clients:
@@ -186,14 +186,14 @@ def client_app(settings=None):
         if phase == "hello":
             weight = float(np.asarray(alg.client_weights(data), dtype=np.float64)[0])
             return _reply(msg, {"client": cid, "weight": weight})
-        failures = parse_failures(run_config_of(context).get("failures", ""))
+        failures = parse_failures(run_config.get("failures", ""))
         if phase in ("train", "idle") and cid in failures.get(r, ()):
             raise SimulatedFailure(f"client {cid} told to fail in round {r}")
         client = _load_state(context, f"{STATE_KEY}-{head['job']}", alg, cfg, data, cid)
         message = decode(msg.content["payload"], alg.array_api)
         rc = RoundContext(cfg, r, np.array([cid]))
         reply = {}
-        with _numerics(alg):
+        with _numerics(alg):  # denormals flushed for torch, as the in-process engine does
             if phase == "train":
                 reply = alg.client_train(message, client, data, rc)
             elif phase == "idle":
@@ -235,23 +235,13 @@ def _load_state(context, key, alg, cfg, data, cid):
     return alg.init_clients(cfg, data, np.array([cid]))
 
 
-class _numerics:
-    """The torch strategies run with denormals flushed, as in the in-process engine."""
+def _numerics(alg):
+    """The in-process engine's numerics (denormals flushed) for torch strategies."""
+    if alg.array_api != "torch":
+        return contextlib.nullcontext()
+    from ebfl.learning.torch.engine import flush_denormals
 
-    def __init__(self, alg):
-        self.torch = alg.array_api == "torch"
-
-    def __enter__(self):
-        if self.torch:
-            import torch
-
-            torch.set_flush_denormal(True)
-
-    def __exit__(self, *exc):
-        if self.torch:
-            import torch
-
-            torch.set_flush_denormal(False)
+    return flush_denormals()
 
 
 # ------------------------------------------------------------------ server half
