@@ -691,6 +691,8 @@ def _cmd_flower_simulate(args):
     failures = flower.parse_failures(args.failures)
     payload = flower.compare_runtimes(settings, failures=failures, compare=args.compare,
                                       verbose=args.verbose)
+    _save_figure(args, flower.plot_comparison, payload,
+                 f"flower_{payload['settings']['algorithm']}.png")
 
     def render(p):
         rows = []
@@ -711,12 +713,15 @@ def _cmd_flower_simulate(args):
         _print_table(f"\n{p['settings']['algorithm']} on {p['settings']['dataset']}, "
                      f"{p['config']['n_clients']} clients, {p['config']['rounds']} rounds "
                      f"(mean {metric} per round)", rows, cols)
-        print(f"Flower: {p['flower']['seconds']:.1f} s", end="")
+        print(f"Flower: {p['flower']['seconds']:.1f} s (the rounds; Ray's start-up apart)",
+              end="")
         if "in_process" in p:
             print(f"; in process: {p['in_process']['seconds']:.2f} s; max |difference| of the "
                   f"final parameters: {p['max_abs_diff']:.3g}")
         else:
             print()
+        for path in p.get("figures", []):
+            print("saved", path)
     _emit(args, payload, render)
 
 
@@ -1014,6 +1019,7 @@ def build_parser():
     fs.add_argument("--failures", default="", metavar="R:C,...",
                     help="clients that crash: round:client pairs, 0-based (e.g. 1:0,2:3)")
     fs.add_argument("--verbose", action="store_true", help="Flower's and Ray's logs")
+    fs.add_argument("--plot", metavar="DIR", help="save the metric-per-round figure there")
     _add_json(fs)
     fs.set_defaults(func=_cmd_flower_simulate)
     fa = fl.add_parser("app", help="write a deployable Flower App for a job")

@@ -23,14 +23,15 @@ from ebfl import (
     npmle_normal,
     personalized_gaussian,
 )
-from ebfl.federated import RunConfig, run
-from ebfl.federated.eb import (
+from ebfl.federated import (
     ClientCounts,
     ClientMeans,
     EBBetaBinomial,
     EBGaussian,
+    RunConfig,
     election_federation,
     election_shares,
+    run,
     simulated_counts,
     simulated_means,
 )

@@ -116,13 +116,16 @@ def test_parse_failures():
         parse_failures("1-0")
 
 
-def test_cli_compare_json():
-    """The issue's command: one JSON object on stdout, the runtimes agree."""
+def test_cli_compare_json(tmp_path):
+    """The issue's command: one JSON object on stdout, the runtimes agree, a figure."""
     out = subprocess.run([sys.executable, "-m", "ebfl.cli", "flower", "simulate", "fedavg",
                           "--dataset", "digits", "--clients", "6", "--rounds", "3",
-                          "--compare", "--json"], capture_output=True, text=True, timeout=300)
+                          "--compare", "--json", "--plot", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     payload = json.loads(out.stdout)
+    assert payload["figures"] == [str(tmp_path / "flower_fedavg.png")]
+    assert (tmp_path / "flower_fedavg.png").stat().st_size > 10_000
     assert payload["max_abs_diff"] <= TOLERANCE
     assert len(payload["flower"]["history"]) == len(payload["in_process"]["history"]) == 3
     assert payload["flower"]["history"][-1]["accuracy"] == pytest.approx(

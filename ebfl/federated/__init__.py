@@ -6,11 +6,10 @@ with explicit messages), :func:`run` the in-process runtime, and
 federated empirical-Bayes protocols are in :mod:`ebfl.federated.eb`.
 """
 
-from ebfl.federated.eb import (
+from ebfl.federated.eb import EBBetaBinomial, EBGaussian
+from ebfl.federated.eb_data import (
     ClientCounts,
     ClientMeans,
-    EBBetaBinomial,
-    EBGaussian,
     election_federation,
     election_shares,
     simulated_counts,

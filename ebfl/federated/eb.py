@@ -65,23 +65,25 @@ seed, round, client id) (:mod:`ebfl.federated.streams`), so a run gives the
 same numbers whether the clients run together or one at a time. The
 in-process private estimators (:mod:`ebfl.privacy.estimators`) draw all
 clients' noise from one generator instead, so a federated run equals them when
-they are fed the same noisy releases (the tests feed them those).
+they are fed the same noisy releases (the tests feed them those); both compute
+the leave-one-out estimates with the same functions.
+
+The clients' data (:class:`~ebfl.federated.ClientCounts`,
+:class:`~ebfl.federated.ClientMeans`) and the datasets of them are in
+:mod:`ebfl.federated.eb_data`.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import fields, is_dataclass
 
 import numpy as np
 from scipy import special
 
-from ebfl._kernels import _client_mean_ssd
 from ebfl._validation import (
     check_choice,
-    check_counts,
-    check_finite_array,
     check_int_scalar,
     check_real_scalar,
     check_standard_deviation,
@@ -89,19 +91,31 @@ from ebfl._validation import (
 )
 from ebfl.eb import _kernels
 from ebfl.eb.beta_binomial import METHODS as BETA_METHODS
-from ebfl.eb.beta_binomial import _counts_iv, bernoulli_counts, beta_binomial_eb
+from ebfl.eb.beta_binomial import beta_binomial_eb
 from ebfl.eb.gaussian import METHODS as GAUSSIAN_METHODS
 from ebfl.eb.gaussian import gaussian_eb
 from ebfl.eb.npmle import npmle_binomial, npmle_normal
+from ebfl.federated.eb_data import (
+    MAX_ABS_MEAN,
+    SIMULATED_N,
+    SIMULATED_SIGMA_THETA,
+    SIMULATED_SIGMA_X,
+    ClientCounts,
+    ClientMeans,
+)
 from ebfl.federated.protocol import FederatedAlgorithm
 from ebfl.federated.streams import numpy_streams
-from ebfl.models import BetaBernoulliPopulation, GaussianPopulation
 from ebfl.privacy.estimators import (
     DEFAULT_UCB_Z,
-    _clip_weight,
-    _local_safe_weight,
+    _check_spread_identifiable,
+    _corrected_mechanism,
+    _corrected_release,
+    _corrected_shrinkage,
+    _leave_one_out_sums,
+    _others_mean,
+    _others_mean_and_squares,
     _rule_iv,
-    _upper_bound,
+    _theorem4_shrinkage,
     private_gaussian,
 )
 from ebfl.privacy.mechanisms import (
@@ -111,459 +125,12 @@ from ebfl.privacy.mechanisms import (
     RandomizedResponse,
     paper_clip_range,
 )
-from ebfl.ragged import Ragged
 
-__all__ = [
-    "ClientCounts",
-    "ClientMeans",
-    "EBBetaBinomial",
-    "EBGaussian",
-    "election_federation",
-    "election_shares",
-    "simulated_counts",
-    "simulated_means",
-]
+__all__ = ["EBBetaBinomial", "EBGaussian"]
 
-#: Largest |mean| of a Gaussian client (squares stay finite), as in :func:`ebfl.gaussian_eb`.
-MAX_ABS_MEAN = 1e150
 #: Largest epsilon of per-observation randomized response: beyond it the flip
 #: probability 1/(e^eps + 1) leaves the normal floats.
 MAX_RR_EPSILON = 700.0
-
-
-# --------------------------------------------------------------------------- client data
-
-
-def _frozen(arr):
-    arr = np.array(arr, copy=True)
-    arr.setflags(write=False)
-    return arr
-
-
-def _optional_column(values, name, m, check):
-    """None, or ``check(values)`` as a read-only copy of shape (m,)."""
-    if values is None:
-        return None
-    arr = check(values)
-    if arr.shape != (m,):
-        raise ValueError(f"{name} must have shape ({m},) (one entry per client), got {arr.shape}")
-    return _frozen(arr)
-
-
-def _truth_iv(truth, m):
-    return _optional_column(truth, "truth", m,
-                            lambda t: check_finite_array(t, "truth", ndim=1, min_len=0))
-
-
-def _labels_iv(labels, m):
-    return _optional_column(labels, "labels", m, lambda v: np.asarray(v, dtype=str))
-
-
-def _rows(ids):
-    return np.asarray(ids, dtype=np.int64).reshape(-1)
-
-
-def _take(arr, rows):
-    return None if arr is None else arr[rows]
-
-
-@dataclass(frozen=True)
-class ClientCounts:
-    """Bernoulli data of m clients, held as each client's (successes, trials).
-
-    The data object of :class:`EBBetaBinomial`: row i is client i. On Flower a
-    client holds ``subset([i])``, its own row only.
-
-    Parameters
-    ----------
-    successes, trials : array_like of int, shape (m,)
-        z_i ones among n_i >= 1 observations, 0 <= z_i <= n_i.
-    truth : array_like, shape (m,), optional
-        The clients' true parameters, when known (simulations, held-out
-        data): the evaluation then reports squared errors.
-    labels : array_like of str, shape (m,), optional
-        Client names (e.g. counties).
-
-    Examples
-    --------
-    >>> from ebfl import Ragged
-    >>> data = ClientCounts.from_bernoulli(Ragged.from_lists([[1, 0, 1], [0, 0]]))
-    >>> data.successes.tolist(), data.trials.tolist(), data.n_clients
-    ([2, 0], [3, 2], 2)
-    >>> data.subset([1]).successes.tolist()
-    [0]
-    """
-
-    successes: np.ndarray
-    trials: np.ndarray
-    truth: np.ndarray | None = None
-    labels: np.ndarray | None = None
-
-    def __post_init__(self):
-        z, n = _counts_iv(self.successes, self.trials)
-        object.__setattr__(self, "successes", _frozen(z))
-        object.__setattr__(self, "trials", _frozen(n))
-        object.__setattr__(self, "truth", _truth_iv(self.truth, z.size))
-        object.__setattr__(self, "labels", _labels_iv(self.labels, z.size))
-
-    @classmethod
-    def from_bernoulli(cls, data, *, truth=None, labels=None):
-        """Counts of ragged 0/1 observations (:func:`ebfl.eb.bernoulli_counts`)."""
-        successes, trials = bernoulli_counts(data)
-        return cls(successes, trials, truth, labels)
-
-    @property
-    def n_clients(self) -> int:
-        return int(self.successes.size)
-
-    @property
-    def local_estimate(self) -> np.ndarray:
-        """Each client's own estimate z_i / n_i."""
-        return self.successes / self.trials
-
-    def subset(self, ids):
-        """The clients ``ids`` (positions in this object), in that order."""
-        rows = _rows(ids)
-        return ClientCounts(self.successes[rows], self.trials[rows], _take(self.truth, rows),
-                            _take(self.labels, rows))
-
-
-@dataclass(frozen=True)
-class ClientMeans:
-    """Real-valued data of m clients, held as each client's mean and spread.
-
-    The data object of :class:`EBGaussian`. A client's standard error s_i is
-    known in one of three ways, tried in this order: the protocol's
-    ``sigma_x`` (s_i = sigma_x / sqrt(n_i), needs ``count``); the client's
-    own ``se``; or sigma_x pooled over all clients from ``ssd`` and
-    ``count`` (as :func:`ebfl.gaussian_eb_samples` does; the server pools).
-
-    Parameters
-    ----------
-    mean : array_like, shape (m,)
-        Client means, in [-1e150, 1e150].
-    count : array_like of int, shape (m,), optional
-        Observations per client, >= 1.
-    ssd : array_like, shape (m,), optional
-        Within-client sums of squared deviations from the mean, >= 0 (needs
-        ``count``).
-    se : array_like, shape (m,), optional
-        Known standard errors of the means, in [1e-150, 1e150].
-    truth : array_like, shape (m,), optional
-        True client parameters, when known.
-    labels : array_like of str, shape (m,), optional
-
-    Examples
-    --------
-    >>> from ebfl import Ragged
-    >>> data = ClientMeans.from_samples(Ragged.from_lists([[1.0, 3.0], [2.0, 2.0, 5.0]]))
-    >>> data.mean.tolist(), data.ssd.tolist(), data.count.tolist()
-    ([2.0, 3.0], [2.0, 6.0], [2, 3])
-    """
-
-    mean: np.ndarray
-    count: np.ndarray | None = None
-    ssd: np.ndarray | None = None
-    se: np.ndarray | None = None
-    truth: np.ndarray | None = None
-    labels: np.ndarray | None = None
-
-    def __post_init__(self):
-        mean = check_finite_array(self.mean, "mean", ndim=1, max_abs=MAX_ABS_MEAN)
-        m = mean.size
-        count = _optional_column(self.count, "count", m,
-                                 lambda c: check_counts(c, "count", minimum=1))
-        ssd = _optional_column(self.ssd, "ssd", m,
-                               lambda v: check_finite_array(v, "ssd", ndim=1, min_len=0))
-        if ssd is not None and np.any(ssd < 0):
-            raise ValueError("ssd must be >= 0 (sums of squared deviations)")
-        if ssd is not None and count is None:
-            raise ValueError("ssd needs count (the observations behind each sum of squares)")
-        se = None if self.se is None else _frozen(check_standard_errors(self.se, "se", m))
-        object.__setattr__(self, "mean", _frozen(mean))
-        object.__setattr__(self, "count", count)
-        object.__setattr__(self, "ssd", ssd)
-        object.__setattr__(self, "se", se)
-        object.__setattr__(self, "truth", _truth_iv(self.truth, m))
-        object.__setattr__(self, "labels", _labels_iv(self.labels, m))
-
-    @classmethod
-    def from_samples(cls, data, *, truth=None, labels=None):
-        """Means, sums of squared deviations and counts of ragged 1-D observations.
-
-        Computed by the kernel of :func:`ebfl.gaussian_eb_samples`, client by
-        client (each from its own rows only).
-        """
-        if not isinstance(data, Ragged):
-            raise TypeError(f"data must be a ebfl.Ragged, got {type(data).__name__}")
-        values = data.values
-        if values.ndim != 1:
-            raise ValueError(f"data.values must be 1-D (one real observation per entry), got "
-                             f"shape {values.shape}")
-        if not (np.issubdtype(values.dtype, np.integer)
-                or np.issubdtype(values.dtype, np.floating)):
-            raise TypeError(f"data.values must be numeric, got dtype {values.dtype}")
-        counts = data.counts
-        if np.any(counts == 0):
-            raise ValueError(f"data: every client needs at least one sample; "
-                             f"{int(np.sum(counts == 0))} client(s) are empty")
-        mean, ssd, nonfinite = _client_mean_ssd(values.astype(np.float64)[:, None],
-                                                data.offsets)
-        if nonfinite.any():
-            raise ValueError(f"data.values must be finite; {int(nonfinite.sum())} value(s) are "
-                             "NaN or infinite")
-        return cls(mean[:, 0], counts, ssd, None, truth, labels)
-
-    @classmethod
-    def from_summaries(cls, mean, sd, count, *, truth=None, labels=None):
-        """From each client's mean, sample standard deviation (ddof=1) and count."""
-        count = check_counts(count, "count", minimum=1)
-        sd = check_finite_array(sd, "sd", ndim=1, min_len=0)
-        if np.any(sd < 0):
-            raise ValueError("sd must be >= 0")
-        if sd.shape != count.shape:
-            raise ValueError(f"sd and count must have the same length, got {sd.size} and "
-                             f"{count.size}")
-        return cls(mean, count, sd**2 * (count - 1), None, truth, labels)
-
-    @property
-    def n_clients(self) -> int:
-        return int(self.mean.size)
-
-    @property
-    def local_estimate(self) -> np.ndarray:
-        """Each client's own estimate, its mean."""
-        return self.mean
-
-    def subset(self, ids):
-        """The clients ``ids`` (positions in this object), in that order."""
-        rows = _rows(ids)
-        return ClientMeans(self.mean[rows], _take(self.count, rows), _take(self.ssd, rows),
-                           _take(self.se, rows), _take(self.truth, rows),
-                           _take(self.labels, rows))
-
-
-# --------------------------------------------------------------------------- datasets
-
-
-def simulated_counts(n_clients=500, n=14, *, alpha=2.0, beta=2.0, seed=0):
-    """Clients of a Beta(alpha, beta)-Bernoulli population, with their true p_i.
-
-    Raw 0/1 observations are drawn (:meth:`ebfl.BetaBernoulliPopulation.sample`)
-    and counted per client.
-
-    Parameters
-    ----------
-    n_clients : int
-        m >= 1.
-    n : int or array_like of int
-        Observations per client, >= 1.
-    alpha, beta : float
-        The population prior, in (0, 1e300].
-    seed : int
-        Seed of the draw.
-
-    Returns
-    -------
-    ClientCounts
-        ``truth`` holds the p_i.
-
-    Examples
-    --------
-    >>> data = simulated_counts(100, 14, seed=1)
-    >>> data.n_clients, int(data.trials[0])
-    (100, 14)
-    """
-    sample = BetaBernoulliPopulation(alpha, beta).sample(n_clients, n, rng=seed)
-    return ClientCounts.from_bernoulli(sample.data, truth=sample.theta)
-
-
-#: The simulated Gaussian population's defaults: Figure 4 of Ozkara et al.
-SIMULATED_N, SIMULATED_SIGMA_THETA, SIMULATED_SIGMA_X = 15, 0.1, 0.5
-
-
-def simulated_means(n_clients=500, n=SIMULATED_N, *, mean=0.0, sigma_theta=SIMULATED_SIGMA_THETA,
-                    sigma_x=SIMULATED_SIGMA_X, seed=0):
-    """Clients of a Gaussian population (Figure 4's values by default), with their theta_i.
-
-    Raw observations are drawn (:meth:`ebfl.GaussianPopulation.sample`) and
-    summarized per client (:meth:`ClientMeans.from_samples`).
-
-    Parameters
-    ----------
-    n_clients : int
-        m >= 1.
-    n : int or array_like of int
-        Observations per client, >= 1.
-    mean : float
-        Population mean mu.
-    sigma_theta, sigma_x : float
-        Population and observation standard deviations (see
-        :class:`ebfl.GaussianPopulation`).
-    seed : int
-
-    Returns
-    -------
-    ClientMeans
-        ``truth`` holds the theta_i.
-
-    Examples
-    --------
-    >>> data = simulated_means(50, 15, seed=2)
-    >>> data.n_clients, int(data.count[0])
-    (50, 15)
-    """
-    mean = check_real_scalar(mean, "mean", low=-1e300, high=1e300)
-    sample = GaussianPopulation(mean, sigma_theta, sigma_x).sample(n_clients, n, rng=seed)
-    return ClientMeans.from_samples(sample.data, truth=sample.theta)
-
-
-ELECTION_UNITS = ("election", "vote")
-ELECTION_TARGETS = ("share", "outcome")
-
-
-def _election_split(matrix, held_out, path):
-    """The election matrix, the training elections' columns and the held-out column."""
-    from ebfl.datasets.elections import ElectionMatrix, election_matrix, load_county_returns
-
-    if matrix is None:
-        matrix = election_matrix(load_county_returns(path))
-    elif not isinstance(matrix, ElectionMatrix):
-        raise TypeError(f"matrix must be an ElectionMatrix, got {type(matrix).__name__}")
-    folds = len(matrix.years)
-    if folds < 2:
-        raise ValueError(f"matrix must hold at least 2 elections (one held out), got {folds}")
-    held = check_int_scalar(held_out, "held_out", minimum=-folds, maximum=folds - 1) % folds
-    return matrix, np.delete(np.arange(folds), held), held
-
-
-def election_federation(matrix=None, *, held_out=-1, unit="election", target="share",
-                        path=None):
-    """US counties as the clients of :class:`EBBetaBinomial` (county presidential returns).
-
-    As in the paper's county-election experiment: a county's data are the
-    elections other than ``held_out``, and its parameter is its Republican
-    tendency, scored on the held-out election.
-
-    Parameters
-    ----------
-    matrix : ebfl.datasets.ElectionMatrix, optional
-        Default: the counties present in all six elections of the data home's
-        returns (:func:`ebfl.datasets.load_county_returns`; needs the
-        ``county-elections`` dataset, downloaded if missing).
-    held_out : int
-        Index of the held-out election in ``matrix.years`` (negative counts
-        from the end).
-    unit : {"election", "vote"}
-        What a Bernoulli observation is. ``"election"``: one per training
-        election, 1 where the Republican candidate won the county (n_i = 5, the
-        paper's setting). ``"vote"``: one per two-party vote, 1 for a
-        Republican vote (n_i = the county's two-party votes, summed over the
-        training elections).
-    target : {"share", "outcome"}
-        ``truth``: the held-out Republican two-party share, or the held-out
-        0/1 result.
-    path : path-like, optional
-        A local copy of the returns file (when ``matrix`` is None).
-
-    Returns
-    -------
-    ClientCounts
-        Row i is county ``matrix.fips[i]``; ``labels`` holds "county, state".
-
-    Examples
-    --------
-    >>> data = election_federation()  # doctest: +SKIP
-    >>> data.n_clients, int(data.trials[0])  # doctest: +SKIP
-    (3150, 5)
-    """
-    check_choice(unit, "unit", ELECTION_UNITS)
-    check_choice(target, "target", ELECTION_TARGETS)
-    matrix, train, held = _election_split(matrix, held_out, path)
-    if unit == "election":
-        successes = matrix.rep_win[:, train].sum(axis=1)
-        trials = np.full(matrix.n_counties, train.size)
-    else:
-        successes = matrix.rep_votes[:, train].sum(axis=1)
-        trials = matrix.two_party_votes[:, train].sum(axis=1)
-    truth = (matrix.rep_share[:, held] if target == "share"
-             else matrix.rep_win[:, held].astype(np.float64))
-    return ClientCounts(successes, trials, truth, matrix.names)
-
-
-def election_shares(matrix=None, *, held_out=-1, path=None):
-    """US counties as the clients of :class:`EBGaussian`: Republican two-party shares.
-
-    A county's observations are its shares in the elections other than
-    ``held_out``; its parameter is its tendency, scored on the held-out share.
-    With :class:`EBGaussian`'s default (no ``sigma_x``), the between-election
-    spread is pooled over the counties.
-
-    Parameters
-    ----------
-    matrix, held_out, path
-        As in :func:`election_federation`.
-
-    Returns
-    -------
-    ClientMeans
-        ``mean``: the mean training share; ``ssd``, ``count`` (the training
-        elections); ``truth``: the held-out share.
-
-    Examples
-    --------
-    >>> data = election_shares()  # doctest: +SKIP
-    >>> data.n_clients, int(data.count[0])  # doctest: +SKIP
-    (3150, 5)
-    """
-    matrix, train, held = _election_split(matrix, held_out, path)
-    shares = Ragged.from_counts(matrix.rep_share[:, train].reshape(-1),
-                                np.full(matrix.n_counties, train.size))
-    return ClientMeans.from_samples(shares, truth=matrix.rep_share[:, held],
-                                    labels=matrix.names)
-
-
-def job_data(settings):
-    """The clients' data of an ``eb-*`` job of :mod:`ebfl.federated.jobs`.
-
-    ``settings["dataset"]``: ``"simulated"`` (``clients`` clients drawn with
-    ``seed``: :func:`simulated_counts` or :func:`simulated_means`) or
-    ``"elections"`` (:func:`election_federation` or :func:`election_shares`;
-    with ``clients``, the first that many counties).
-    """
-    gaussian = settings["algorithm"] == "eb-gaussian"
-    if settings["dataset"] == "elections":
-        data = election_shares() if gaussian else election_federation()
-        if settings.get("clients") is not None:  # the first counties, in the data's order
-            data = data.subset(np.arange(min(int(settings["clients"]), data.n_clients)))
-        return data
-    m, seed = int(settings["clients"]), int(settings["seed"])
-    return simulated_means(m, seed=seed) if gaussian else simulated_counts(m, seed=seed)
-
-
-def job_algorithm(settings):
-    """The protocol of an ``eb-*`` job of :mod:`ebfl.federated.jobs`.
-
-    Without ``epsilon``: :class:`EBBetaBinomial` or :class:`EBGaussian` with
-    their defaults. With ``epsilon`` (pure epsilon-LDP, user level): the
-    Beta-Bernoulli clients release their means through the Laplace mechanism
-    (the corrected estimator, ``privacy="laplace"``); the Gaussian clients
-    through :class:`~ebfl.privacy.LaplaceMechanism` on the paper's clipping
-    range for the simulated population (Theorem 2's estimator with the
-    simulation's known sigma_x; the election shares have no known sigma_x).
-    """
-    epsilon = settings.get("epsilon")
-    if settings["algorithm"] == "eb-beta-binomial":
-        return (EBBetaBinomial() if epsilon is None
-                else EBBetaBinomial(privacy="laplace", epsilon=float(epsilon)))
-    if epsilon is None:
-        return EBGaussian()
-    if settings["dataset"] != "simulated":
-        raise ValueError("eb-gaussian with epsilon needs dataset 'simulated': its private "
-                         "estimator needs a known sigma_x, which the election shares lack")
-    b = paper_clip_range(1.0, max(int(settings["clients"]), 2), SIMULATED_N,
-                         SIMULATED_SIGMA_THETA, SIMULATED_SIGMA_X)
-    return EBGaussian(sigma_x=SIMULATED_SIGMA_X, mechanism=LaplaceMechanism(float(epsilon), b))
 
 
 # --------------------------------------------------------------------------- the protocol
@@ -753,7 +320,7 @@ class EBBetaBinomial(_EmpiricalBayes):
 
     Examples
     --------
-    >>> from ebfl.federated import RunConfig, run
+    >>> from ebfl.federated import RunConfig, run, simulated_counts
     >>> data = simulated_counts(200, 14, seed=0)
     >>> res = run(EBBetaBinomial(), data, RunConfig(n_clients=200, rounds=2))
     >>> direct = beta_binomial_eb(data.successes, data.trials)
@@ -841,8 +408,7 @@ class EBBetaBinomial(_EmpiricalBayes):
         x = z / n
         if self.privacy == "binary":
             return [mech.privatize(x[j:j + 1], g)[0] for j, g in enumerate(generators)]
-        # the corrected estimator's release: 1/2 + Laplace mechanism on x - 1/2
-        return [0.5 + mech.privatize(x[j:j + 1] - 0.5, g)[0] for j, g in enumerate(generators)]
+        return [_corrected_release(mech, x[j:j + 1], g)[0] for j, g in enumerate(generators)]
 
     # ---- server: the fit
     def _fit(self, replies, rc):
@@ -882,14 +448,10 @@ class EBBetaBinomial(_EmpiricalBayes):
     def _fit_releases(self, replies):
         """The sums of the releases (and of 1/n_i, for the corrected estimator)."""
         release = replies["release"]
-        prior = _release_sums(release)
+        prior = _sums_message(release)
         if self.privacy == "laplace":
-            n = _as_int(replies["trials"], "trials")
-            inv_n = 1.0 / n
-            # the in-process estimator's refusal: h_i < 1 needs n >= 2 among the others
-            if np.any((inv_n.sum() - inv_n) / (n.size - 1.0) >= 1.0):
-                raise ValueError("privacy='laplace' needs clients with trials >= 2 (the spread "
-                                 "is not identifiable from single trials)")
+            inv_n = 1.0 / _as_int(replies["trials"], "trials")
+            _check_spread_identifiable(inv_n, "privacy='laplace'")
             prior["inv_trials"] = _scalar(inv_n.sum())
         return prior, {"prior_mean": release.mean()}
 
@@ -907,12 +469,14 @@ class EBBetaBinomial(_EmpiricalBayes):
         included = self._included(message, client)
         if kind == "loo":
             return _loo_posterior(z, n, included, message, self.method)
+        sums = _read_sums(message)
         if kind == "binary":
-            mean, weight = _paper_estimate(z / n, n, client["release"], included, message)
+            step = _theorem4_shrinkage(z / n, n, client["release"], included, sums)
         else:
-            mean, weight = _corrected_estimate(z / n, n, client["release"], included, message,
-                                               self._mechanism, self.variance, self.ucb_z)
-        return mean, np.full(z.size, np.nan), weight
+            step = _corrected_shrinkage(z / n, n, client["release"], included, sums,
+                                        _read(message, "inv_trials"), self._mechanism,
+                                        self.variance, self.ucb_z)
+        return step.estimate, np.full(z.size, np.nan), step.weight
 
 
 def _bernoulli_mechanism(privacy, epsilon):
@@ -921,7 +485,7 @@ def _bernoulli_mechanism(privacy, epsilon):
         return RandomizedResponse(epsilon)
     if privacy == "binary":
         return BinaryMechanism(epsilon)
-    return LaplaceMechanism(epsilon, 0.5)  # on x - 1/2 in [-1/2, 1/2], as the estimator
+    return _corrected_mechanism(epsilon)
 
 
 def _npmle_info(grid, weights, converged):
@@ -962,66 +526,45 @@ def _binomial_grid_posterior(z, n, grid, weights):
 
 
 # Leave-one-out moments (eq. (6) and Theorem 4). The server sends the sums over
-# the m clients of its fit; client i removes its own term. The arithmetic for a
-# client in the fit is that of ebfl.eb's kernel (_loo_client) and of
-# ebfl.privacy.estimators._loo_mean_and_squares, vectorized over a stack of
-# clients; a client outside the fit (it failed in the fitting round) has all m
-# clients as its "others".
+# the m clients of its fit; client i removes its own term, with the arithmetic of
+# ebfl.privacy.estimators (the in-process private estimators run the same functions).
+# A client outside the fit (it failed in the fitting round) has all m clients as its
+# "others".
+
+
+def _sums_message(values):
+    """count, total = sum v, ssq = sum (v - mean)^2: what a client needs to leave itself out."""
+    m, total, ssq = _leave_one_out_sums(values)
+    return {"count": _scalar(m), "total": _scalar(total), "ssq": _scalar(ssq)}
+
+
+def _read_sums(message):
+    """(m, total, ssq) of :func:`_sums_message`, read back from a message."""
+    return int(_read(message, "count")), _read(message, "total"), _read(message, "ssq")
 
 
 def _loo_sums(z, n, method):
-    """count, total = sum x, ssq = sum (x - mean)^2, corr_total = sum x(1-x)/(n-1)."""
+    """The sums of eq. (6) on x = z/n, and corr_total = sum x(1-x)/(n-1)."""
     x = z / n
-    m = x.size
-    total = float(np.sum(x))
-    ssq = float(np.sum((x - total / m) ** 2))
     corr_total = (float(np.sum(x * (1.0 - x) / (n - 1.0))) if method == "loo_corrected"
                   else 0.0)
-    return {"count": _scalar(m), "total": _scalar(total), "ssq": _scalar(ssq),
-            "corr_total": _scalar(corr_total)}
-
-
-def _release_sums(release):
-    """count, total and ssq of the releases, as the private estimators compute them."""
-    m = release.size
-    total = release.sum()
-    y = release - total / m
-    return {"count": _scalar(m), "total": _scalar(total), "ssq": _scalar(np.sum(y * y))}
-
-
-def _others_mean_and_squares(v, included, message, centre_on):
-    """Mean of the other clients' values and (1/(k-1)) sum of their squared deviations.
-
-    k others: m - 1 for a client in the fit, m for one outside it.
-    centre_on="own": deviations from the client's own mu_i; "printed": from each
-    other client's leave-one-out mean mu_l (eq. (6) as printed).
-    """
-    m = int(_read(message, "count"))
-    total, ssq = _read(message, "total"), _read(message, "ssq")
-    y = v - total / m
-    factor = (m / (m - 1.0)) ** 2
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if centre_on == "own":
-            inside = (ssq - y * y * m / (m - 1.0)) / (m - 2.0)
-            outside = ssq / (m - 1.0)
-        else:
-            inside = factor * (ssq - y * y) / (m - 2.0)
-            outside = factor * ssq / (m - 1.0)
-        mu = np.where(included, (total - v) / (m - 1.0), total / m)
-    return mu, np.maximum(np.where(included, inside, outside), 0.0)
+    return {**_sums_message(x), "corr_total": _scalar(corr_total)}
 
 
 def _loo_posterior(z, n, included, message, method):
-    """Eq. (6): posterior mean, variance and weight a_i of each client of a stack."""
+    """Eq. (6): posterior mean, variance and weight a_i of each client of a stack.
+
+    The arithmetic of ebfl.eb's kernel (``_loo_client``), vectorized over a stack of
+    clients, some of which may be outside the fit.
+    """
     x = z / n
-    m = int(_read(message, "count"))
-    mu, v = _others_mean_and_squares(x, included, message,
+    sums = _read_sums(message)
+    mu, v = _others_mean_and_squares(x, included, sums,
                                      "printed" if method == "loo_printed" else "own")
     if method == "loo_corrected":
-        corr_total = _read(message, "corr_total")
         with np.errstate(divide="ignore", invalid="ignore"):
-            noise = np.where(included, (corr_total - x * (1.0 - x) / (n - 1.0)) / (m - 1.0),
-                             corr_total / m)
+            noise = _others_mean(x * (1.0 - x) / (n - 1.0), included, sums[0],
+                                 _read(message, "corr_total"))
         v = np.maximum(v - noise, 0.0)
     u = mu * (1.0 - mu)
     minus_one = 0.0 if method == "loo_proof" else 1.0
@@ -1031,38 +574,6 @@ def _loo_posterior(z, n, included, message, method):
     a = np.clip(a, 0.0, 1.0)
     est = a * x + (1.0 - a) * mu
     return est, est * (1.0 - est) * a / (n + a), a
-
-
-def _paper_estimate(x, n, release, included, message):
-    """Theorem 4's estimate (as :func:`ebfl.privacy.private_bernoulli_paper` computes it)."""
-    mu, s2 = _others_mean_and_squares(release, included, message, "printed")
-    with np.errstate(divide="ignore", invalid="ignore"):
-        a = n / (mu * (1.0 - mu) / s2 + n)
-    a, _ = _clip_weight(a)
-    return a * x + (1 - a) * mu, a
-
-
-def _corrected_estimate(x, n, release, included, message, mechanism, variance, ucb_z):
-    """The corrected private estimate (as :func:`ebfl.privacy.private_bernoulli_corrected`)."""
-    m = int(_read(message, "count"))
-    others = np.where(included, m - 1.0, float(m))
-    mu, s2 = _others_mean_and_squares(release, included, message, "own")
-    inv_n = 1.0 / n
-    inv_total = _read(message, "inv_trials")
-    h = np.where(included, (inv_total - inv_n) / (m - 1.0), inv_total / m)
-    u = mu * (1.0 - mu)
-    v_hat = s2 - mechanism.max_variance
-    raw = (v_hat - u * h) / (1.0 - h)
-    plugin = np.maximum(raw, 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        a = np.where(plugin > 0, n * plugin / (u - plugin + n * plugin), 0.0)
-    a, _ = _clip_weight(a)
-    if variance == "ucb":
-        excess = mechanism.square_variance_excess(np.clip(v_hat, 0.0, 0.25))
-        se = np.sqrt(excess / (others - 1.0)) / (1.0 - h)
-        upper = _upper_bound(raw, ucb_z, se, u)
-        a = np.maximum(a, _local_safe_weight(upper, s2 / others, (u - upper) / n))
-    return a * x + (1 - a) * mu, a
 
 
 # --------------------------------------------------------------------------- Gaussian
@@ -1140,7 +651,7 @@ class EBGaussian(_EmpiricalBayes):
 
     Examples
     --------
-    >>> from ebfl.federated import RunConfig, run
+    >>> from ebfl.federated import RunConfig, run, simulated_means
     >>> data = simulated_means(200, 15, seed=0)
     >>> res = run(EBGaussian(sigma_x=0.5), data, RunConfig(n_clients=200, rounds=2))
     >>> direct = gaussian_eb(data.mean, 0.5 / np.sqrt(data.count))
@@ -1312,3 +823,31 @@ def _theorem2_weight(sigma_theta, sigma_q, sigma_x, m, n):
     if het > 0:
         return het / (het + (sigma_x / scale) ** 2 / n)
     return np.zeros_like(n)
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+def job_algorithm(settings):
+    """The protocol of an ``eb-*`` job of :mod:`ebfl.federated.jobs`.
+
+    Without ``epsilon``: :class:`EBBetaBinomial` or :class:`EBGaussian` with
+    their defaults. With ``epsilon`` (pure epsilon-LDP, user level): the
+    Beta-Bernoulli clients release their means through the Laplace mechanism
+    (the corrected estimator, ``privacy="laplace"``); the Gaussian clients
+    through :class:`~ebfl.privacy.LaplaceMechanism` on the paper's clipping
+    range for the simulated population (Theorem 2's estimator with the
+    simulation's known sigma_x; the election shares have no known sigma_x).
+    """
+    epsilon = settings.get("epsilon")
+    if settings["algorithm"] == "eb-beta-binomial":
+        return (EBBetaBinomial() if epsilon is None
+                else EBBetaBinomial(privacy="laplace", epsilon=float(epsilon)))
+    if epsilon is None:
+        return EBGaussian()
+    if settings["dataset"] != "simulated":
+        raise ValueError("eb-gaussian with epsilon needs dataset 'simulated': its private "
+                         "estimator needs a known sigma_x, which the election shares lack")
+    b = paper_clip_range(1.0, max(int(settings["clients"]), 2), SIMULATED_N,
+                         SIMULATED_SIGMA_THETA, SIMULATED_SIGMA_X)
+    return EBGaussian(sigma_x=SIMULATED_SIGMA_X, mechanism=LaplaceMechanism(float(epsilon), b))

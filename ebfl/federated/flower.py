@@ -92,7 +92,8 @@ from ebfl.federated.runtime import RunResult, history_row  # noqa: E402
 from ebfl.federated.tree import flatten, tree_cat, tree_nbytes, unflatten  # noqa: E402
 
 __all__ = ["FLOWER_ENV", "apply_flower_env", "client_app", "compare_runtimes", "decode",
-           "encode", "max_abs_diff", "parse_failures", "server_app", "simulate"]
+           "encode", "max_abs_diff", "parse_failures", "plot_comparison", "server_app",
+           "simulate"]
 
 STATE_KEY = "ebfl-client-state"  # the node's persistent client state in Context.state
 FLOWER_KEYS = ("round-timeout", "hello-timeout", "result-path", "collect-states", "failures")
@@ -528,3 +529,31 @@ def max_abs_diff(a, b):
         if both.any():
             worst = max(worst, float(np.max(np.abs(x[both] - y[both]))))
     return worst
+
+
+def plot_comparison(payload, path):
+    """The mean metric per round on Flower and (if compared) in process; saves ``path``."""
+    from matplotlib.ticker import MaxNLocator
+
+    from ebfl._plotting import subplots
+
+    metric = "accuracy" if "accuracy" in payload["flower"]["final"] else next(
+        iter(payload["flower"]["final"]))
+    fig, ax = subplots(figsize=(6, 4))
+    for key, label, style in (("flower", "Flower", "-o"), ("in_process", "in process", "--x")):
+        if key in payload:
+            hist = payload[key]["history"]
+            ax.plot([h["round"] for h in hist], [h.get(metric, np.nan) for h in hist], style,
+                    label=label)
+    s = payload["settings"]
+    title = f"{s['algorithm']} on {s['dataset']}, {payload['config']['n_clients']} clients"
+    if "max_abs_diff" in payload:
+        title += f"\nmax |difference| of the final parameters: {payload['max_abs_diff']:.3g}"
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(f"mean {metric} over the clients")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path

@@ -159,9 +159,9 @@ def build_job(settings):
         data = digits_federation(int(s["clients"]), seed=int(s["seed"]))
         algorithm = _learning_algorithm(s, data)
     else:
-        from ebfl.federated import eb
+        from ebfl.federated import eb, eb_data
 
-        data = eb.job_data(s)
+        data = eb_data.job_data(s)
         algorithm = eb.job_algorithm(s)
     config = RunConfig(n_clients=data.n_clients, rounds=int(s["rounds"]), seed=int(s["seed"]),
                        clients_per_round=(None if s["clients-per-round"] is None
