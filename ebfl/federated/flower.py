@@ -285,8 +285,8 @@ def run_server(grid, run_config, *, job=0):
     ``job`` numbers the job among those the nodes run (their client states are
     kept apart).
     """
-    spec = build_job(_job_settings(run_config))
-    alg, cfg = spec.algorithm, spec.config
+    built = build_job(_job_settings(run_config))
+    alg, cfg = built.algorithm, built.config
     timeout = float(run_config.get("round-timeout", 120.0))
     _msg = functools.partial(_message, job=job)
     node_of, weights = _hello(grid, cfg.n_clients, float(run_config.get("hello-timeout", 120.0)),

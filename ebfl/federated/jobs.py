@@ -157,7 +157,7 @@ def build_job(settings):
     s = settings_of(settings)
     if s["algorithm"] in LEARNING:
         data = digits_federation(int(s["clients"]), seed=int(s["seed"]))
-        algorithm = _learning_algorithm(s, data)
+        algorithm = _learning_algorithm(s)
     else:
         from ebfl.federated import eb, eb_data
 
@@ -171,7 +171,7 @@ def build_job(settings):
     return Job(algorithm, data, config, s)
 
 
-def _learning_algorithm(s, data):
+def _learning_algorithm(s):
     from ebfl.learning.torch import baselines as b
     from ebfl.learning.torch import strategies as st
     from ebfl.learning.torch.models import LogisticModel
