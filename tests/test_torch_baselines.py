@@ -32,7 +32,7 @@ from ebfl.learning.torch.baselines import (  # noqa: E402
     minibatch_steps,
 )
 from ebfl.learning.torch.engine import evaluate_strategy, run_config  # noqa: E402
-from tests.test_torch_engine import _digits_clients  # noqa: E402
+from tests.test_torch_engine import _digits_clients, _kl, _random_stack  # noqa: E402
 
 TOL = dict(atol=1e-10, rtol=0)
 
@@ -50,17 +50,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-def _kl(t, s):
-    lt, ls = F.log_softmax(t, -1), F.log_softmax(s, -1)
-    return (lt.exp() * (lt - ls)).sum(-1).mean()
-
-
-def _random_stack(model, k, seed):
-    gen = torch.Generator().manual_seed(seed)
-    return {n: 0.3 * torch.randn((k, *p.shape), generator=gen, dtype=p.dtype)
-            for n, p in model.named_parameters()}
 
 
 def _row(stack, i):
