@@ -301,7 +301,7 @@ def test_killed_supernode_is_left_out(federation, tmp_path):
     # Every phase after the kill waits round-timeout for the dead node: short, but well
     # above a live node's answer time (a fresh process per task: 5-15 s on 2 busy cores).
     app = write_app(tmp_path / "app", {**job, "result-path": str(result_path),
-                                       "round-timeout": 20.0},
+                                       "round-timeout": 30.0},
                     superlink=federation.superlink)
     victim, killed = 2, []
 
