@@ -116,12 +116,18 @@ class Strategy(FederatedAlgorithm):
         return {}
 
     def client_train(self, message, client, data, rc):
-        rng = client_generators(rc.seeds())
         work = self.client_begin(message, client, rc)
+        self._local_loop(self.local_step, work, client, data, rc)
+        return self.client_reply(work, client)
+
+    @staticmethod
+    def _local_loop(step_fn, work, client, data, rc):
+        """``local_steps`` calls of ``step_fn`` on minibatches drawn from the clients'
+        streams of the round (the same loop for sampled and idle clients)."""
+        rng = client_generators(rc.seeds())
         for step in range(rc.config.local_steps):
             x, y = data.sample_batch(rng, rc.config.batch_size)
-            self.local_step(work, client, x, y, rc.lr_scale(step), rng)
-        return self.client_reply(work, client)
+            step_fn(work, client, x, y, rc.lr_scale(step), rng)
 
     def idle_begin(self, message, client, rc):
         return {}
@@ -130,11 +136,7 @@ class Strategy(FederatedAlgorithm):
         pass
 
     def client_idle(self, message, client, data, rc):
-        rng = client_generators(rc.seeds())
-        work = self.idle_begin(message, client, rc)
-        for step in range(rc.config.local_steps):
-            x, y = data.sample_batch(rng, rc.config.batch_size)
-            self.idle_step(work, client, x, y, rc.lr_scale(step), rng)
+        self._local_loop(self.idle_step, self.idle_begin(message, client, rc), client, data, rc)
 
     def frozen(self):
         return None
