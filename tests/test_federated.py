@@ -74,6 +74,9 @@ def drive_one_client_at_a_time(algorithm, data, config, *, failures=None):
         if answered:
             server = algorithm.aggregate(server, tree_cat(replies), weights[answered],
                                          RoundContext(config, r, np.array(answered)))
+        elif algorithm.aggregate_empty:
+            server = algorithm.aggregate(server, None, weights[:0],
+                                         RoundContext(config, r, np.zeros(0, np.int64)))
     final = algorithm.evaluation_message(server)
     per_client = [algorithm.client_evaluate(copy.deepcopy(final), clients[c],
                                             data.subset(alone[c])) for c in range(m)]

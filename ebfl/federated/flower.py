@@ -313,6 +313,9 @@ def run_server(grid, run_config, *, job=0):
             stacked = tree_cat([replies[c] for c in ids])
             traffic["replies"], traffic["bytes_up"] = int(ids.size), tree_nbytes(stacked)
             server = alg.aggregate(server, stacked, weights[ids], RoundContext(cfg, r, ids))
+        elif alg.aggregate_empty:
+            server = alg.aggregate(server, None, weights[:0],
+                                   RoundContext(cfg, r, np.zeros(0, np.int64)))
         done = r + 1
         log(INFO, "%s round %d/%d: %d of %d sampled clients replied", alg.name, done,
             cfg.rounds, traffic["replies"], traffic["clients"])

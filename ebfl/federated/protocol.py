@@ -52,6 +52,8 @@ __all__ = ["FederatedAlgorithm", "RoundContext", "RunConfig", "sample_clients"]
 
 #: Seeds lie in [0, 2^64 - 1] (a torch.Generator's range).
 MAX_SEED = 2**64 - 1
+#: How the server samples the clients of a round (see :func:`sample_clients`).
+SAMPLING = ("fixed", "poisson")
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,8 @@ class RunConfig:
     seed : int
         Keys every random stream of the run.
     clients_per_round : int
-        K sampled per round (m: everyone).
+        K sampled per round (m: everyone); with Poisson sampling, the expected
+        number, each client taking part with probability q = K / m.
     local_steps : int
         tau, local iterations per round (learning algorithms).
     batch_size : int
@@ -77,6 +80,10 @@ class RunConfig:
         Learning-rate factor per epoch, in (0, 1].
     eval_every : int
         Evaluate every this many rounds (and after the last).
+    sampling : {"fixed", "poisson"}
+        "fixed": K clients without replacement; "poisson": every client
+        independently with probability K / m (a round may have none), the
+        sampling that DP-FedAvg's privacy accountant assumes.
     """
 
     n_clients: int
@@ -88,6 +95,7 @@ class RunConfig:
     iters_per_epoch: int = 60
     lr_decay: float = 1.0
     eval_every: int = 1
+    sampling: str = "fixed"
 
     def __post_init__(self):
         m = check_int_scalar(self.n_clients, "n_clients", minimum=1)
@@ -103,6 +111,13 @@ class RunConfig:
                                                           maximum=MAX_SEED))
         object.__setattr__(self, "lr_decay", check_real_scalar(
             self.lr_decay, "lr_decay", low=0.0, high=1.0, low_open=True))
+        if self.sampling not in SAMPLING:
+            raise ValueError(f"sampling must be one of {SAMPLING}, got {self.sampling!r}")
+
+    @property
+    def sampling_rate(self):
+        """q = K / m, the probability that a given client is sampled in a round."""
+        return self.clients_per_round / self.n_clients
 
     def to_dict(self):
         return asdict(self)
@@ -139,13 +154,17 @@ class RoundContext:
 def sample_clients(config, round_, *, everyone=False):
     """The sorted ids of the clients sampled in round ``round_``.
 
-    K = ``config.clients_per_round`` of m without replacement, drawn from the
-    server's stream of the round; all m when K = m or ``everyone``.
+    K = ``config.clients_per_round`` of m without replacement (or, with
+    ``config.sampling == "poisson"``, each client with probability K / m: the
+    result may be empty), drawn from the server's stream of the round; all m
+    when K = m or ``everyone``.
     """
     m, k = config.n_clients, config.clients_per_round
     if everyone or k == m:
         return np.arange(m)
     rng = np.random.default_rng(stream_seed(config.seed, round_, SERVER))
+    if config.sampling == "poisson":
+        return np.flatnonzero(rng.random(m) < k / m)
     return np.sort(rng.permutation(m)[:k])
 
 
@@ -165,6 +184,10 @@ class FederatedAlgorithm:
     trains_idle = False
     #: "torch" or "numpy": the array type of messages and states (for transport).
     array_api = "numpy"
+    #: True: ``aggregate`` runs also in a round where no reply arrived, with
+    #: ``replies=None`` (a DP server must release noise every round, or an empty
+    #: round would reveal that nobody took part).
+    aggregate_empty = False
 
     def config(self):
         """The algorithm's hyperparameters (a JSON-able dict)."""
@@ -188,7 +211,11 @@ class FederatedAlgorithm:
         return {}
 
     def aggregate(self, server, replies, weights, rc):
-        """The new server state from the replies that arrived (client-id order)."""
+        """The new server state from the replies that arrived (client-id order).
+
+        ``replies`` is None (and ``rc.clients`` empty) in a round without
+        replies, called only when ``aggregate_empty``.
+        """
         raise NotImplementedError
 
     def summary(self, server):

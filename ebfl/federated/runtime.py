@@ -174,7 +174,7 @@ def run(algorithm, data, config, *, failures=None, checkpoint=None, checkpoint_e
                 algorithm.client_idle(idle_msg, rows, data.subset(idle), rc)
                 tree_put(clients, idle, rows)
                 traffic["bytes_down"] += tree_nbytes(idle_msg) * int(idle.size)
-        if replies is not None:
+        if replies is not None or algorithm.aggregate_empty:
             server = algorithm.aggregate(server, replies, weights[active],
                                          RoundContext(config, r, active))
         done = r + 1

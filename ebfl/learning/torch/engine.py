@@ -131,7 +131,8 @@ def evaluate_strategy(strategy, result, data):
 @flush_denormals()
 def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, sampling_ratio=None,
           batch_size=None, iters_per_epoch=60, lr_decay=0.99, eval_every=1, seed=0, checkpoint=None,
-          checkpoint_every=None, init_params=None, failures=None, progress=False):
+          checkpoint_every=None, init_params=None, failures=None, progress=False,
+          sampling="fixed"):
     """Run ``rounds`` synchronization rounds of ``strategy`` on ``data``, in this process.
 
     Parameters
@@ -173,6 +174,10 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, sam
         train nor reply, as a crashed Flower client (see :func:`ebfl.federated.run`).
     progress : bool
         Progress bar with the latest mean accuracy.
+    sampling : {"fixed", "poisson"}
+        "fixed": K clients per round without replacement; "poisson": each
+        client independently with probability K / m (DP-FedAvg's accounting
+        assumes it).
 
     Returns
     -------
@@ -184,7 +189,7 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, sam
     config = run_config(data, rounds=rounds, local_steps=local_steps,
                         clients_per_round=clients_per_round, sampling_ratio=sampling_ratio,
                         batch_size=batch_size, iters_per_epoch=iters_per_epoch,
-                        lr_decay=lr_decay, eval_every=eval_every, seed=seed)
+                        lr_decay=lr_decay, eval_every=eval_every, seed=seed, sampling=sampling)
     if checkpoint is not None and not isinstance(checkpoint, str | os.PathLike):
         raise TypeError(f"checkpoint must be a path, got {type(checkpoint).__name__}")
     progress = check_bool(progress, "progress")
@@ -200,7 +205,8 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, sam
 
 
 def run_config(data, *, rounds, local_steps=10, clients_per_round=None, sampling_ratio=None,
-               batch_size=None, iters_per_epoch=60, lr_decay=0.99, eval_every=1, seed=0):
+               batch_size=None, iters_per_epoch=60, lr_decay=0.99, eval_every=1, seed=0,
+               sampling="fixed"):
     """The :class:`~ebfl.federated.RunConfig` of :func:`train`'s arguments on ``data``."""
     rounds = check_int_scalar(rounds, "rounds", minimum=0)
     local_steps = check_int_scalar(local_steps, "local_steps", minimum=1)
@@ -225,7 +231,8 @@ def run_config(data, *, rounds, local_steps=10, clients_per_round=None, sampling
     batch_size = check_int_scalar(batch_size, "batch_size", minimum=1)
     return RunConfig(n_clients=m, rounds=rounds, seed=seed, clients_per_round=k,
                      local_steps=local_steps, batch_size=batch_size,
-                     iters_per_epoch=iters_per_epoch, lr_decay=lr_decay, eval_every=eval_every)
+                     iters_per_epoch=iters_per_epoch, lr_decay=lr_decay, eval_every=eval_every,
+                     sampling=sampling)
 
 
 def _strategy_iv(strategy, data):
