@@ -46,11 +46,20 @@ from ebfl.datasets.leaf import (
     fetch_leaf_femnist,
     load_leaf_femnist,
 )
+from ebfl.datasets.tff_emnist import (
+    TFF_EMNIST_FILES,
+    TffEmnist,
+    load_tff_emnist,
+    tff_emnist_federation,
+    tff_emnist_writers,
+)
 
 __all__ = ["ACTIVITIES", "ELECTION_YEARS", "ElectionMatrix", "FASHION_MNIST_CLASSES",
            "FEMNIST_CLASSES", "FemnistClients", "LabelledImages", "LeafFemnist", "MNIST_CLASSES",
-           "content_sha256", "data_home", "dataset_file", "dataset_path", "election_matrix",
-           "feature_names", "femnist_clients", "fetch", "fetch_leaf_femnist", "fetch_uci_hapt",
-           "hapt_windows", "load_county_returns", "load_fashion_mnist", "load_hapt_raw",
-           "load_leaf_femnist", "load_mnist", "manifest", "read_idx", "read_uci_hapt_zip",
-           "sha256", "split_first_run", "standardized_clients", "tidy_county_returns"]
+           "TFF_EMNIST_FILES", "TffEmnist", "content_sha256", "data_home", "dataset_file",
+           "dataset_path", "election_matrix", "feature_names", "femnist_clients", "fetch",
+           "fetch_leaf_femnist", "fetch_uci_hapt", "hapt_windows", "load_county_returns",
+           "load_fashion_mnist", "load_hapt_raw", "load_leaf_femnist", "load_mnist",
+           "load_tff_emnist", "manifest", "read_idx", "read_uci_hapt_zip", "sha256",
+           "split_first_run", "standardized_clients", "tff_emnist_federation",
+           "tff_emnist_writers", "tidy_county_returns"]
