@@ -29,6 +29,12 @@ Settings (keys as in a Flower ``pyproject.toml``; all optional but ``algorithm``
     release their means (the corrected estimator); Gaussian clients their means
     clipped to the paper's range, on ``simulated`` data only (its estimator needs
     the known sigma_x).
+``opt-out``, ``gamma2``, ``ratio``, ``lambda``
+    ``fedhdp-point`` (Algorithm 1 of the FedHDP paper, on ``simulated`` clients):
+    the fraction of non-private clients (default 0.5), the privacy-noise variance
+    gamma^2 of the private average (default 1), the private clients' weight ratio r
+    (default Lemma 1's r*) and lambda (default 1); see
+    :func:`ebfl.fedhdp.point_estimation.job_algorithm`.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from ebfl._validation import (
     check_int_scalar,
     check_nonnegative_scalar,
     check_positive_scalar,
+    check_probability,
 )
 from ebfl.federated.protocol import MAX_SEED, RunConfig
 
@@ -52,12 +59,15 @@ __all__ = ["ALGORITHMS", "DATASETS", "Job", "build_job", "digits_federation"]
 LEARNING = ("fedavg", "local", "adaped", "adaped-ft", "dp-adaped", "fedavg-ft", "ditto",
             "pfedme", "perfedavg", "quped", "fml", "fedem", "dp-fedem")
 EB = ("eb-beta-binomial", "eb-gaussian")
-ALGORITHMS = LEARNING + EB
+#: Algorithm 1 of the FedHDP paper (numpy; :mod:`ebfl.fedhdp.point_estimation`).
+FEDHDP_POINT = ("fedhdp-point",)
+ALGORITHMS = LEARNING + EB + FEDHDP_POINT
 DATASETS = ("digits", "simulated", "elections")
 
 DEFAULTS = {"dataset": None, "clients": None, "rounds": 3, "seed": 0, "clients-per-round": None,
             "local-steps": 5, "batch-size": 10, "eval-every": 1, "lr": 0.1, "clip": 1.0,
-            "noise": 0.1, "epsilon": None}
+            "noise": 0.1, "epsilon": None, "opt-out": None, "gamma2": None, "ratio": None,
+            "lambda": None}
 
 
 @dataclass
@@ -132,6 +142,11 @@ def _typed(out):
             out[key] = check_positive_scalar(_number(out[key], key), key)
     if out["noise"] is not None:
         out["noise"] = check_nonnegative_scalar(_number(out["noise"], "noise"), "noise")
+    for key in ("gamma2", "ratio", "lambda"):
+        if out[key] is not None:
+            out[key] = check_nonnegative_scalar(_number(out[key], key), key)
+    if out["opt-out"] is not None:
+        out["opt-out"] = check_probability(_number(out["opt-out"], "opt-out"), "opt-out")
     if out["clients-per-round"] is not None and out["clients"] is not None \
             and out["clients-per-round"] > out["clients"]:
         raise ValueError(f"clients-per-round must be <= clients {out['clients']}, got "
@@ -158,6 +173,11 @@ def build_job(settings):
     if s["algorithm"] in LEARNING:
         data = digits_federation(int(s["clients"]), seed=int(s["seed"]))
         algorithm = _learning_algorithm(s)
+    elif s["algorithm"] in FEDHDP_POINT:
+        from ebfl.fedhdp import point_estimation
+
+        data = point_estimation.job_data(s)
+        algorithm = point_estimation.job_algorithm(s, data)
     else:
         from ebfl.federated import eb, eb_data
 
