@@ -127,6 +127,30 @@ def _cmd_bounds_beta(args):
     _emit(args, payload, render)
 
 
+def _cmd_bounds_fedhdp(args):
+    from ebfl.fedhdp import fedhdp_bounds
+
+    b = fedhdp_bounds(args.n_clients, args.rho, args.alpha2, args.tau2, args.gamma2)
+    # JSON has no NaN or infinity: null for a group with no client, "inf" for lambda = inf.
+    payload = {"model": "fedhdp-point-estimation", **{
+        k: (None if isinstance(v, float) and math.isnan(v) else "inf" if v == math.inf else v)
+        for k, v in b.to_dict().items()}}
+
+    def render(p):
+        names = ["n_nonprivate", "n_private", "optimal_ratio", "server_mse_optimal",
+                 "server_mse_hdp_fedavg", "server_mse_dp_fedavg", "gap_hdp_fedavg",
+                 "gap_dp_fedavg", "gap_dp_vs_hdp_fedavg"]
+        for group in ("nonprivate", "private"):
+            names += [f"lambda_{group}", f"lambda_{group}_exact", f"mse_{group}",
+                      f"mse_{group}_exact", f"bayes_{group}"]
+        rows = [{"quantity": k, "value": p[k]} for k in names]
+        _print_table(f"FedHDP point estimation: N={p['n_clients']} rho_np={p['rho']} "
+                     f"alpha^2={p['alpha2']} tau^2={p['tau2']} gamma^2={p['gamma2']} "
+                     "(lambda: eq. (17)/(18); _exact: the MSE's minimizer; "
+                     "- = no client in the group)", rows, ["quantity", "value"])
+    _emit(args, payload, render)
+
+
 # ---------------------------------------------------------------------- fit
 
 #: What pandas raises for a file it cannot decompress: gzip's is an OSError without a
@@ -419,6 +443,31 @@ def _cmd_accounting_dp_adaped(args):
         _print_table(f"DP-AdaPeD user-level privacy at delta={p['delta']} ({p['accountant']}, "
                      f"{p['sampling']} sampling, trust={p['trust']})", rows,
                      ["quantity", "value"])
+    _emit(args, payload, render)
+
+
+def _cmd_accounting_fedhdp(args):
+    from ebfl.privacy.dp_fedavg import dp_fedavg_epsilon
+
+    setting = {"sampling_rate": args.sampling_rate, "noise_multiplier": args.noise,
+               "rounds": args.rounds, "delta": args.delta}
+    kinds = ["rdp", "pld"] if args.accountant == "both" else [args.accountant]
+    results = {kind: dp_fedavg_epsilon(accountant=kind, **setting) for kind in kinds}
+    payload = {"setting": setting, "neighboring_relation": "add_or_remove_one"}
+    if "rdp" in results:
+        payload["rdp"] = {"epsilon": results["rdp"].epsilon, "order": results["rdp"].order,
+                          "conversion": results["rdp"].conversion}
+    if "pld" in results:
+        payload["pld"] = {"epsilon": results["pld"].epsilon, "value_discretization_interval":
+                          results["pld"].value_discretization_interval}
+
+    def render(p):
+        rows = [{"accountant": kind, "epsilon": p[kind]["epsilon"],
+                 "order": p[kind].get("order")} for kind in ("rdp", "pld") if kind in p]
+        s = p["setting"]
+        _print_table(f"DP-FedAvg / FedHDP group, client level: q={s['sampling_rate']:g}, "
+                     f"z={s['noise_multiplier']:g}, T={s['rounds']}, delta={s['delta']:g}",
+                     rows, ["accountant", "epsilon", "order"])
     _emit(args, payload, render)
 
 
@@ -867,6 +916,18 @@ def build_parser():
     b.add_argument("--n", type=_integer(1), required=True, help="trials per client")
     _add_json(b)
     b.set_defaults(func=_cmd_bounds_beta)
+    fh = bounds.add_parser("fedhdp", help="FedHDP point estimation: optimal r, lambdas and MSEs "
+                           "(Lemma 1, Lemma 2, Theorem 3)")
+    fh.add_argument("--n-clients", type=_integer(2), required=True, help="N, number of clients")
+    fh.add_argument("--rho", type=_real, required=True,
+                    help="fraction of clients that opt out of privacy (rho * N whole)")
+    fh.add_argument("--alpha2", type=_positive, required=True,
+                    help="alpha^2, variance of a client's local estimate")
+    fh.add_argument("--tau2", type=_real, required=True, help="tau^2 >= 0, heterogeneity")
+    fh.add_argument("--gamma2", type=_real, required=True,
+                    help="gamma^2 >= 0, privacy-noise variance of the private clients' mean")
+    _add_json(fh)
+    fh.set_defaults(func=_cmd_bounds_fedhdp)
 
     fit = sub.add_parser("fit", help="empirical Bayes on your own CSV").add_subparsers(
         dest="model", required=True)
@@ -932,6 +993,18 @@ def build_parser():
     ad.add_argument("--trust", default="aggregator", choices=["aggregator", "local"])
     _add_json(ad)
     ad.set_defaults(func=_cmd_accounting_dp_adaped)
+    af = acc.add_parser("fedhdp", help="DP-FedAvg / FedHDP privacy group: epsilon by RDP and PLD")
+    af.add_argument("--sampling-rate", type=_positive, required=True,
+                    help="q in (0, 1], the probability that a client takes part in a round")
+    af.add_argument("--noise", type=_positive, required=True,
+                    help="z, the noise multiplier (noise sd over the clip norm)")
+    af.add_argument("--rounds", type=_integer(1), required=True, help="T rounds")
+    af.add_argument("--delta", type=_open_unit, required=True)
+    af.add_argument("--accountant", default="both", choices=["rdp", "pld", "both"],
+                    help="RDP (TensorFlow Privacy's orders, improved conversion), PLD, or "
+                         "both (default)")
+    _add_json(af)
+    af.set_defaults(func=_cmd_accounting_fedhdp)
 
     from ebfl.validation.checks import CHECKS
 

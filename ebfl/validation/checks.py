@@ -562,3 +562,5 @@ def check_theorem7(reps, rng, progress, **p):
                         flag="tau clipped steps add up to tau C per round, not sqrt(tau) C, and "
                              "the constant 6 / q^2 scaling needs unstated conditions "
                              "(spec D.9.7 [!13])")]
+
+from ebfl.validation import fedhdp_checks  # noqa: E402, F401  (registers the fedhdp_* checks)

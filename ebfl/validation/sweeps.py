@@ -60,19 +60,22 @@ def run_sweep(name, *, reps=None, quick=False, rng=0, progress=False):
 def plot_sweeps(directory, *, names=None, reps=None, quick=False, rng=0, progress=False):
     """Save one PNG per sweep in ``directory``; returns the paths.
 
-    ``names``: sweeps to plot (a str is one sweep), all by default.
+    ``names``: sweeps to plot (a str is one sweep), all by default; the FedHDP
+    paper's Figures 1-4 (keys of ``ebfl.validation.fedhdp_figures.FIGURES``) too.
     """
     from ebfl._plotting import subplots
+    from ebfl.validation.fedhdp_figures import FIGURES, plot_fedhdp_figures
 
     if not isinstance(directory, str | os.PathLike):
         raise TypeError(f"directory must be a path, got {type(directory).__name__}")
-    names = list(SWEEPS) if names is None else check_names(names, "names", SWEEPS,
-                                                           what="sweep")
+    # The FedHDP paper's Figures 1-4 (ebfl.validation.fedhdp_figures) are drawn too.
+    names = [*SWEEPS, *FIGURES] if names is None else check_names(
+        names, "names", {**SWEEPS, **FIGURES}, what="sweep")
     _options_iv(reps, quick, progress)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name in names:
+    for name in (n for n in names if n in SWEEPS):
         xs, rows = run_sweep(name, reps=reps, quick=quick, rng=rng, progress=progress)
         _, _, _, _, xlabel, logx = SWEEPS[name]
         est = np.array([r.estimate for r in rows])
@@ -98,4 +101,8 @@ def plot_sweeps(directory, *, names=None, reps=None, quick=False, rng=0, progres
         path = directory / f"{name}.png"
         fig.savefig(path, dpi=120)
         paths.append(str(path))
+    fedhdp = [n for n in names if n in FIGURES]
+    if fedhdp:
+        paths += plot_fedhdp_figures(directory, names=fedhdp, reps=reps, quick=quick, rng=rng,
+                                     progress=progress)
     return paths
