@@ -65,3 +65,13 @@ def test_bench_flower_smoke(capsys):
     assert result["seconds_per_round"]["flower"] > 0
     assert result["payload_bytes_per_round"]["down"] > 0
     assert capsys.readouterr().out.lstrip().startswith("{")
+
+
+def test_bench_fedhdp_smoke(capsys):
+    pytest.importorskip("torch")
+    # Runs the vectorized and the loop FedHDP round and checks they agree before timing.
+    result = _load("bench_fedhdp").main(["--quick", "--reps", "1", "--json"])
+    assert result["clients_per_round"] == 10 and result["local_iterations"] == 2
+    assert result["threads"] == 1 and result["seconds_per_round"]["loop"] > 0
+    assert result["floor"]["matmul_gflop"] > 0
+    assert capsys.readouterr().out.lstrip().startswith("{")

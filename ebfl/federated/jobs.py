@@ -22,7 +22,9 @@ Settings (keys as in a Flower ``pyproject.toml``; all optional but ``algorithm``
     ``clients`` defaults to 6; on ``elections`` to every county (3150), and a
     smaller number takes the first counties.
 ``clip``, ``noise``
-    DP-AdaPeD / DP-FedEM: clip norm and noise standard deviation.
+    DP-AdaPeD / DP-FedEM: clip norm and noise standard deviation; ``fedhdp``
+    (Algorithm 2 of the FedHDP paper): the initial clip norm S^0 and the private
+    group's noise multiplier z (the unclipped count's noise sigma_b is 1).
 ``epsilon``
     Local privacy of the ``eb-*`` protocols, pure epsilon-LDP at the user level
     through the Laplace mechanism (omitted: non-private): Beta-Bernoulli clients
@@ -34,7 +36,9 @@ Settings (keys as in a Flower ``pyproject.toml``; all optional but ``algorithm``
     the fraction of non-private clients (default 0.5), the privacy-noise variance
     gamma^2 of the private average (default 1), the private clients' weight ratio r
     (default Lemma 1's r*) and lambda (default 1); see
-    :func:`ebfl.fedhdp.point_estimation.job_algorithm`.
+    :func:`ebfl.fedhdp.point_estimation.job_algorithm`. ``fedhdp``: the clients
+    with ids below ``opt-out`` x clients are non-private (default 0.5), r =
+    ``ratio`` (default 0.1), lambda = ``lambda`` (default 0.005, Table 7).
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ __all__ = ["ALGORITHMS", "DATASETS", "Job", "build_job", "digits_federation"]
 
 #: Learning algorithms (torch, ``learning`` extra) and empirical-Bayes protocols (numpy).
 LEARNING = ("fedavg", "local", "adaped", "adaped-ft", "dp-adaped", "fedavg-ft", "ditto",
-            "pfedme", "perfedavg", "quped", "fml", "fedem", "dp-fedem")
+            "pfedme", "perfedavg", "quped", "fml", "fedem", "dp-fedem", "fedhdp")
 EB = ("eb-beta-binomial", "eb-gaussian")
 #: Algorithm 1 of the FedHDP paper (numpy; :mod:`ebfl.fedhdp.point_estimation`).
 FEDHDP_POINT = ("fedhdp-point",)
@@ -213,5 +217,23 @@ def _learning_algorithm(s):
         "fml": lambda: b.FML(model, lr),
         "fedem": lambda: b.FedEM(model),
         "dp-fedem": lambda: b.DPFedEM(model, clip=clip, noise=noise),
+        "fedhdp": lambda: _fedhdp(model, s),
     }
     return makers[s["algorithm"]]()
+
+
+def _fedhdp(model, s):
+    """FedHDP on the digits: the first ``opt-out`` of the clients are non-private."""
+    from ebfl.learning.torch.fedhdp import FedHDP
+
+    m = int(s["clients"])
+    opt_out = 0.5 if s["opt-out"] is None else float(s["opt-out"])
+    groups = (np.arange(m) >= round(opt_out * m)).astype(np.int64)
+    if groups.min() == groups.max():
+        raise ValueError(f"opt-out must leave both non-private and private clients among "
+                         f"{m}, got {opt_out}")
+    return FedHDP(model, groups, lr=float(s["lr"]),
+                  lam=0.005 if s["lambda"] is None else float(s["lambda"]),
+                  ratio=0.1 if s["ratio"] is None else float(s["ratio"]),
+                  noise_multiplier=[0.0, float(s["noise"])], clip=float(s["clip"]),
+                  count_noise=1.0)

@@ -59,7 +59,6 @@ from ebfl.learning.torch.functional import (
     client_grad,
     cross_entropy,
     replicate,
-    sgd_step,
 )
 from ebfl.learning.torch.strategies import EVAL_CHUNK, Strategy, _model_iv
 from ebfl.privacy.dp_fedavg import adaptive_clipping_noise
@@ -309,18 +308,25 @@ class FedHDP(Strategy):
                 "clip": message.get("clip")}
 
     def local_step(self, work, client, x, y, scale, rng):
+        # In place: each update is one pass over the stacks (memory-bound at this size) and
+        # the stacks are this round's copies (the work's model, the client's rows).
+        lr, lr_p, wd = self.lr * scale, self.lr_personal * scale, self.weight_decay
         g = client_grad(self.model, _ce_loss, work["model"], x, y)
-        work["model"] = sgd_step(work["model"], g, self.lr * scale, self.weight_decay)
-        v, w, lam = client["personal"], work["anchor"], work["lam"]
+        for n, p in work["model"].items():
+            if wd:
+                g[n].add_(p, alpha=wd)
+            p.sub_(g[n], alpha=lr)
+        v, w, lam, active = client["personal"], work["anchor"], work["lam"], work["active"]
         h = client_grad(self.model, _ce_loss, v, x, y)
-        h = {n: h[n] + _rows(lam, v[n]).to(v[n].dtype) * (v[n] - w[n]) for n in v}
-        stepped = sgd_step(v, h, self.lr_personal * scale, self.weight_decay)
-        active = work["active"]
-        if bool(active.all()):
-            client["personal"] = stepped
-        else:  # clients of a group with r = 0 keep their (untrained) personal model
-            client["personal"] = {n: torch.where(_rows(active, v[n]), stepped[n], v[n])
-                                  for n in v}
+        everyone = bool(active.all())
+        for n, vn in v.items():
+            hn = h[n].addcmul_(_rows(lam, vn).to(vn.dtype), vn - w[n])  # Ditto's pull to w^t
+            if wd:
+                hn.add_(vn, alpha=wd)
+            if everyone:
+                vn.sub_(hn, alpha=lr_p)
+            else:  # clients of a group with r = 0 keep their (untrained) personal model
+                vn.copy_(torch.where(_rows(active, vn), vn - lr_p * hn, vn))
 
     def client_reply(self, work, client):
         delta = {n: work["model"][n] - work["anchor"][n] for n in work["model"]}
