@@ -662,6 +662,55 @@ def _cmd_reproduce_adaped(args):
     _emit(args, payload, render)
 
 
+def _cmd_reproduce_fedhdp(args):
+    from ebfl.experiments.fedhdp import plot_sweep, reproduce_fedhdp
+
+    table = "sweep" if args.sweep else "3"
+    payload = reproduce_fedhdp(args.dataset, table=table, lam=args.lam, ratios=args.ratio,
+                               seeds=tuple(range(args.seed, args.seed + args.seeds)),
+                               quick=args.quick, rounds=args.rounds,
+                               denominator=args.denominator, checkpoint_dir=args.checkpoint_dir,
+                               progress=not args.json)
+    if table == "sweep":
+        _save_figure(args, plot_sweep, payload, f"fedhdp_sweep_{args.dataset}.png")
+    payload = _nan_to_none(payload)
+
+    def render(p):
+        pr = p["protocol"]
+        cols = ["algorithm", "r", "acc_g", "acc_g_p", "acc_g_np", "delta_g", "acc_l_p",
+                "acc_l_np", "delta_l"]
+        rows = []
+        for r in p["rows"]:
+            rows.append({c: _round(r[c], 2) for c in cols}
+                        | {"": "ours", "epsilon": _round(r["epsilon"], 3)})
+            if r["paper"]:
+                rows.append({"algorithm": "", "r": "", "": "paper",
+                             **{c: r["paper"].get(c) for c in cols[2:]}})
+        _print_table(f"\nFedHDP on {p['dataset']}{' (quick)' if p['quick'] else ''}: "
+                     f"{p['federation']['n_clients']} clients, {pr['rounds']} rounds, q = "
+                     f"{pr['sampling_rate']}, z = {pr['noise_multiplier']}, lambda = "
+                     f"{p['rows'][0]['lambda']}, seeds {p['seeds']} ({p['seconds']:.0f} s; "
+                     "accuracy in %)", rows, ["", *cols, "epsilon"])
+        for path in p.get("figures", []):
+            print("saved", path)
+    _emit(args, payload, render)
+
+
+def _round(value, digits):
+    return round(value, digits) if isinstance(value, float) else value
+
+
+def _nan_to_none(obj):
+    """NaN -> None (null in JSON, "-" in tables), recursively."""
+    if isinstance(obj, dict):
+        return {k: _nan_to_none(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_nan_to_none(v) for v in obj]
+    if isinstance(obj, float) and obj != obj:
+        return None
+    return obj
+
+
 def _cmd_reproduce_dp_adaped(args):
     from ebfl.experiments.adaped import dp_sweep, plot_dp_sweep
 
@@ -728,7 +777,9 @@ def _job_settings(args):
     return {"algorithm": args.algorithm, "dataset": args.dataset, "clients": args.clients,
             "rounds": args.rounds, "seed": args.seed, "clients-per-round": args.clients_per_round,
             "local-steps": args.local_steps, "batch-size": args.batch_size, "lr": args.lr,
-            "eval-every": args.eval_every, "epsilon": args.epsilon}
+            "eval-every": args.eval_every, "epsilon": args.epsilon, "clip": args.clip,
+            "noise": args.noise, "opt-out": args.opt_out, "gamma2": args.gamma2,
+            "ratio": args.ratio, "lambda": args.lam}
 
 
 def _cmd_flower_simulate(args):
@@ -863,6 +914,22 @@ def _positive(text):
     return value
 
 
+def _nonnegative(text):
+    """argparse type: a finite number >= 0."""
+    value = _real(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {value:g}")
+    return value
+
+
+def _unit(text):
+    """argparse type: a number in the closed interval [0, 1] (a ratio, a fraction)."""
+    value = _real(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must lie in [0, 1], got {value:g}")
+    return value
+
+
 def _open_unit(text):
     """argparse type: a number in the open interval (0, 1) (a level, a delta)."""
     value = _real(text)
@@ -889,6 +956,19 @@ def _job_arguments(p):
     p.add_argument("--lr", type=_positive, default=0.1, help="learning rate (default 0.1)")
     p.add_argument("--epsilon", type=_positive, help="local privacy of the eb-* protocols")
     p.add_argument("--seed", type=_integer(0), default=0)
+    p.add_argument("--clip", type=_positive,
+                   help="clip norm (dp-adaped, dp-fedem; fedhdp: the initial S, default 1)")
+    p.add_argument("--noise", type=_nonnegative,
+                   help="noise std (dp-adaped, dp-fedem; default 0.1); fedhdp: the private "
+                        "group's noise multiplier")
+    p.add_argument("--opt-out", type=_unit,
+                   help="fedhdp, fedhdp-point: fraction of non-private clients (default 0.5)")
+    p.add_argument("--gamma2", type=_nonnegative,
+                   help="fedhdp-point: privacy-noise variance of the private average "
+                        "(default 1)")
+    p.add_argument("--ratio", type=_unit,
+                   help="fedhdp, fedhdp-point: the private clients' weight ratio r")
+    p.add_argument("--lam", type=_nonnegative, help="fedhdp, fedhdp-point: lambda")
 
 
 def build_parser():
@@ -1052,6 +1132,32 @@ def build_parser():
     ada.add_argument("--seeds", type=_integer(1), default=1,
                      help="runs (seeds seed, seed+1, ...)")
     ada.set_defaults(func=_cmd_reproduce_adaped)
+
+    fh = rep.add_parser("fedhdp", help="FedHDP Table 3 and the r-sweeps of Tables 8-9 (torch)")
+    fh.add_argument("--dataset", default="mnist",
+                    choices=["mnist", "mnist-skewed", "synthetic", "synthetic-skewed"],
+                    help="non-IID MNIST (2,000 one-digit clients) or its skewed variant; "
+                         "synthetic*: the same structure on random images, no download")
+    fh.add_argument("--sweep", action="store_true",
+                    help="Tables 8-9: the baselines and FedHDP at every r (default: Table 3)")
+    fh.add_argument("--ratio", type=_unit, action="append", metavar="R",
+                    help="r of the sweep (repeat; default: the paper's grid)")
+    fh.add_argument("--lam", type=_nonnegative, default=0.005,
+                    help="lambda_p = lambda_np (default 0.005)")
+    fh.add_argument("--rounds", type=_integer(1), help="override the paper's 500 rounds")
+    fh.add_argument("--denominator", choices=["realized", "expected"], default="realized",
+                    help="realized: Algorithm 2 as printed; expected: the variant the "
+                         "accountant's epsilon is a proof for")
+    fh.add_argument("--seed", type=_integer(0), default=0)
+    fh.add_argument("--seeds", type=_integer(1), default=1,
+                    help="runs (seeds seed, seed+1, ...)")
+    fh.add_argument("--checkpoint-dir", metavar="DIR",
+                    help="one checkpoint per run there: an interrupted run resumes")
+    fh.add_argument("--quick", action="store_true",
+                    help="200 clients, 12 rounds of 2 local epochs, q = 0.1 (seconds)")
+    fh.add_argument("--plot", metavar="DIR", help="save the accuracy-vs-r figure (--sweep)")
+    _add_json(fh)
+    fh.set_defaults(func=_cmd_reproduce_fedhdp)
 
     dpa = rep.add_parser("dp-adaped", help="Figures 1-3: DP-AdaPeD accuracy against epsilon")
     _neural_arguments(dpa, plot="the accuracy-vs-epsilon figure")
