@@ -507,11 +507,12 @@ def _cmd_validate(args):
                  "formula": r["formula"], "monte carlo": r["estimate"], "se": r["se"],
                  "verdict": r["verdict"] + (" *" if r["flag"] else "")}
                 for r in p["results"]]
-        _print_table("Monte Carlo checks (* = the spec flags the paper's statement)", rows,
+        _print_table("Monte Carlo checks (* = a statement of the paper flagged as wrong or "
+                     "approximate)", rows,
                      ["check", "row", "kind", "formula", "monte carlo", "se", "verdict"])
         print("\n" + ", ".join(f"{k}: {v}" for k, v in p["counts"].items()))
-        flags = {r["name"]: r["flag"] for r in p["results"] if r["flag"]}
-        for name, flag in flags.items():
+        flags = dict.fromkeys((r["name"], r["flag"]) for r in p["results"] if r["flag"])
+        for name, flag in flags:  # every distinct flag of a check, in order
             print(f"* {name}: {flag}")
         for path in p.get("figures", []):
             print("saved", path)

@@ -8,6 +8,13 @@ from ebfl.privacy.accounting import (
     rdp_to_epsilon,
     theorem7_rdp,
 )
+from ebfl.privacy.dp_fedavg import (
+    DPFedAvgPrivacy,
+    adaptive_clipping_noise,
+    dp_fedavg_epsilon,
+    dp_fedavg_noise_multiplier,
+    fedhdp_group_epsilons,
+)
 from ebfl.privacy.estimators import (
     PrivateBernoulliEstimate,
     PrivateGaussianEstimate,
@@ -31,6 +38,7 @@ from ebfl.privacy.mechanisms import (
 __all__ = [
     "BinaryMechanism",
     "DPAdaPeDAccountant",
+    "DPFedAvgPrivacy",
     "GaussianMechanism",
     "LaplaceMechanism",
     "Mechanism",
@@ -41,8 +49,12 @@ __all__ = [
     "PrivateGaussianEstimate",
     "RandomizedResponse",
     "StochasticQuantizer",
+    "adaptive_clipping_noise",
     "analytic_gaussian_delta",
     "dp_adaped_epsilon",
+    "dp_fedavg_epsilon",
+    "dp_fedavg_noise_multiplier",
+    "fedhdp_group_epsilons",
     "paper_clip_range",
     "private_bernoulli_corrected",
     "private_bernoulli_paper",
