@@ -110,3 +110,13 @@ def test_quick_table3_on_non_iid_mnist_runs_end_to_end():
     fedhdp = out["rows"][-1]
     assert fedhdp["algorithm"] == "FedHDP" and fedhdp["r"] == 0.01
     assert 0 <= fedhdp["acc_g"] <= 100 and fedhdp["paper"]["acc_g"] == pytest.approx(92.48)
+
+
+@requires_data("fashion-mnist")
+def test_fashion_mnist_stand_in_runs_table_7s_fmnist_column_beside_table_10():
+    out = reproduce_fedhdp("fashion-mnist", quick=True, rounds=1)
+    assert out["federation"]["name"] == "noniid-fashion-mnist"
+    assert out["protocol"]["noise_multiplier"] == 4.0 and out["protocol"]["lr"] == 0.01
+    fedhdp = out["rows"][-1]
+    assert (fedhdp["r"], fedhdp["lambda"]) == (0.01, 0.05)
+    assert fedhdp["paper"]["acc_g"] == pytest.approx(86.88)  # Table 10, lambda = 0.05

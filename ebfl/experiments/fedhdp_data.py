@@ -57,7 +57,8 @@ class FedHDPData:
     ----------
     name : str
         ``"noniid-mnist"``, ``"skewed-noniid-mnist"``, ``"synthetic"``,
-        ``"synthetic-skewed"``, ``"fmnist"`` (TFF EMNIST digits) or ``"femnist"``.
+        ``"synthetic-skewed"``, ``"fmnist"`` (TFF EMNIST digits), ``"femnist"``,
+        or ``"noniid-fashion-mnist"`` (a stand-in, see :func:`noniid_mnist`).
     data : FederatedDataset
         The clients' training and local test sets.
     groups : ndarray of int64, shape (m,)
@@ -250,7 +251,7 @@ def _flat_images(images):
 
 def noniid_mnist(*, n_clients=2000, samples_per_client=None, test_per_client=None,
                  skewed=False, nonprivate_fraction=0.05, seed=0, directory=None,
-                 download=True):
+                 download=True, source="mnist"):
     """Non-IID MNIST of the FedHDP paper: every client holds one digit.
 
     Section 5.1 of the FedHDP paper: 2,000 clients, each assigned samples of a
@@ -309,6 +310,10 @@ def noniid_mnist(*, n_clients=2000, samples_per_client=None, test_per_client=Non
         Folder with MNIST's IDX files (default: ``<data home>/mnist``).
     download : bool, default=True
         Fetch missing MNIST files (verified against their sha256).
+    source : {"mnist", "fashion-mnist"}, default="mnist"
+        "fashion-mnist" builds the same federation from Fashion-MNIST's ten
+        classes (a stand-in, not a dataset of the paper; its "FMNIST" is TFF's
+        federated EMNIST), class 7 (sneaker) taking the place of the 7s.
 
     Returns
     -------
@@ -330,8 +335,10 @@ def noniid_mnist(*, n_clients=2000, samples_per_client=None, test_per_client=Non
     >>> summary["train_per_client"], summary["nonprivate_per_digit"][7]  # doctest: +SKIP
     ({'min': 29, 'max': 29, 'total': 58000}, 100)
     """
-    from ebfl.datasets import load_mnist
+    from ebfl.datasets import load_fashion_mnist, load_mnist
 
+    source = check_choice(source, "source", ("mnist", "fashion-mnist"))
+    load = load_mnist if source == "mnist" else load_fashion_mnist
     n_clients, nonprivate_fraction, skewed, seed = _common_iv(n_clients, nonprivate_fraction,
                                                               skewed, seed)
     download = check_bool(download, "download")
@@ -339,8 +346,8 @@ def noniid_mnist(*, n_clients=2000, samples_per_client=None, test_per_client=Non
                         (test_per_client, "test_per_client")):
         if value is not None:  # the type and sign now; the upper limit needs the data
             check_int_scalar(value, name, minimum=1)
-    train = load_mnist("train", directory=directory, download=download)
-    test = load_mnist("test", directory=directory, download=download)
+    train = load("train", directory=directory, download=download)
+    test = load("test", directory=directory, download=download)
     train_counts = np.bincount(train.labels, minlength=10)
     test_counts = np.bincount(test.labels, minlength=10)
     per_digit = _apportion(train_counts, n_clients)
@@ -368,13 +375,15 @@ def noniid_mnist(*, n_clients=2000, samples_per_client=None, test_per_client=Non
     x_train, x_test = _flat_images(train.images), _flat_images(test.images)
     y_train, y_test = train.labels.astype(np.int64), test.labels.astype(np.int64)
     data = _federated(x_train, y_train, train_idx, x_test, y_test, test_idx, n_classes=10)
-    settings = {"source": "MNIST", "samples_per_client": s, "test_per_client": t,
+    label = "MNIST" if source == "mnist" else "Fashion-MNIST"
+    settings = {"source": label, "samples_per_client": s, "test_per_client": t,
                 "local_test_disjoint": disjoint, "nonprivate_fraction": nonprivate_fraction,
                 "skewed": skewed, "seed": seed,
-                "digit_assignment": "proportional to MNIST training frequencies "
+                "digit_assignment": f"proportional to {label} training frequencies "
                                     "(largest remainders), client order shuffled",
-                "server_test": "the MNIST test set"}
-    return FedHDPData("skewed-noniid-mnist" if skewed else "noniid-mnist", data, groups,
+                "server_test": f"the {label} test set"}
+    name = "noniid-mnist" if source == "mnist" else "noniid-fashion-mnist"
+    return FedHDPData(f"skewed-{name}" if skewed else name, data, groups,
                       x_test, y_test, client_digit, settings)
 
 
