@@ -85,8 +85,9 @@ def one_at_a_time(alg, data, cfg, failures=None):
         active = [int(c) for c in sampled if c not in failures.get(r, ())]
         replies = [alg.client_train(message, clients[c], data.subset([c]),
                                     RoundContext(cfg, r, np.array([c]))) for c in active]
-        server = alg.aggregate(server, tree_cat(replies), np.ones(len(active)),
-                               RoundContext(cfg, r, np.array(active)))
+        if active:  # as both runtimes: no reply, no aggregation
+            server = alg.aggregate(server, tree_cat(replies), np.ones(len(active)),
+                                   RoundContext(cfg, r, np.array(active)))
     return server, tree_cat(clients)
 
 

@@ -14,14 +14,15 @@ import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
 from ebfl.federated import RunConfig, run
-from ebfl.federated.protocol import RoundContext, sample_clients
+from ebfl.federated.protocol import RoundContext
 from ebfl.federated.streams import stream_seed
-from ebfl.federated.tree import flatten, tree_cat
+from ebfl.federated.tree import flatten
 from ebfl.fedhdp.point_estimation import (
     FedHDPPointEstimation,
     PointEstimationData,
     simulate_point_estimation,
 )
+from tests.test_federated_eb import one_at_a_time
 
 SEED = 5
 
@@ -45,24 +46,6 @@ def noise_draws(m, seed=SEED, round_=0):
     """Each client's standard normal draw of the upload round, from its own stream."""
     return np.array([np.random.default_rng(stream_seed(seed, round_, c)).standard_normal()
                      for c in range(m)])
-
-
-def one_at_a_time(alg, data, cfg, failures=None):
-    """The halves driven client by client (K = 1), as the Flower runtime runs them."""
-    failures = failures or {}
-    server = alg.init_server(cfg)
-    clients = [alg.init_clients(cfg, data.subset([c]), np.array([c]))
-               for c in range(data.n_clients)]
-    for r in range(cfg.rounds):
-        sampled = sample_clients(cfg, r, everyone=alg.all_clients_train)
-        message = alg.broadcast(server, RoundContext(cfg, r, sampled))
-        active = [int(c) for c in sampled if c not in failures.get(r, ())]
-        replies = [alg.client_train(message, clients[c], data.subset([c]),
-                                    RoundContext(cfg, r, np.array([c]))) for c in active]
-        if active:
-            server = alg.aggregate(server, tree_cat(replies), np.ones(len(active)),
-                                   RoundContext(cfg, r, np.array(active)))
-    return server, tree_cat(clients)
 
 
 # --------------------------------------------------------------------------- closed forms
