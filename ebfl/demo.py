@@ -45,7 +45,7 @@ def gaussian_demo(n_clients, rng):
 
 
 def beta_demo(n_clients, rng):
-    """Beta(2, 2) population, n = 14 Bernoulli trials per client (spec B.1, C.5)."""
+    """Beta(2, 2) population, n = 14 Bernoulli trials per client (the paper's E1 setting)."""
     n, alpha, beta = 14, 2.0, 2.0
     sample = BetaBernoulliPopulation(alpha, beta).sample(n_clients, n, rng=rng)
     b = bounds.beta_bounds(alpha, beta, n)

@@ -1,6 +1,6 @@
 """US county presidential returns 2000-2020 (MIT Election Data and Science Lab).
 
-The flagship real dataset of the paper's estimation experiment (spec B.2): each
+The flagship real dataset of the paper's estimation experiment (E2): each
 county is a client, each election a Bernoulli draw (1 = the Republican
 candidate won the county), and its political tendency p_i is the parameter.
 

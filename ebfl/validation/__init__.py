@@ -1,4 +1,4 @@
-"""Monte Carlo validation of the paper's estimation theorems (spec C.0, C.11).
+"""Monte Carlo validation of the paper's estimation theorems.
 
 >>> from ebfl.validation import validate
 >>> report = validate(["known_beta"], reps=20, rng=0)

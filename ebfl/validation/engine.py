@@ -1,4 +1,4 @@
-"""Monte Carlo engine: replicates, standard errors and verdicts (spec C.0).
+"""Monte Carlo engine: replicates, standard errors and verdicts.
 
 A check draws R independent replicates (population, data, mechanism), computes
 per-replicate statistics, and compares their mean with a formula:
@@ -9,7 +9,7 @@ per-replicate statistics, and compares their mean with a formula:
 * ``lower``: the formula bounds it from below; holds unless estimate < formula - z se.
 
 The standard error is taken across replicates (clients within a replicate are
-weakly dependent through the shared statistics, spec C.0 step 3). ``z`` is 4 by
+weakly dependent through the shared statistics). ``z`` is 4 by
 default: with ~30 rows, a two-sided 4-sigma band keeps the chance of any false
 alarm under 0.2 %.
 """
@@ -113,7 +113,7 @@ class CheckResult:
         Parameters of the simulation.
     flag : str
         Why the paper's statement is known to be wrong or weaker than stated
-        (spec reference), or "" when it is not.
+        (the paper's statement and what is wrong with it), or "" when it is not.
     extra : mapping
         Further figures, e.g. ``event_failure_fraction`` for high-probability bounds.
     """
