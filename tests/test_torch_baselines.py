@@ -16,10 +16,12 @@ from ebfl.learning.torch import (  # noqa: E402
     CNN5,
     MLP,
     FedAvg,
+    Local,
     LogisticModel,
     train,
 )
 from ebfl.learning.torch.baselines import (  # noqa: E402
+    APFL,
     FML,
     Ditto,
     DPFedEM,
@@ -32,7 +34,17 @@ from ebfl.learning.torch.baselines import (  # noqa: E402
     minibatch_steps,
 )
 from ebfl.learning.torch.engine import evaluate_strategy, run_config  # noqa: E402
+from ebfl.learning.torch.functional import buffer_names, eval_mode  # noqa: E402
 from tests.test_torch_engine import _digits_clients, _kl, _random_stack  # noqa: E402
+from tests.test_torch_partial import _batch as _image_batch  # noqa: E402
+from tests.test_torch_partial import (  # noqa: E402
+    _random_states,
+    bn_net,
+    digit_images,
+    pretrained_state,
+)
+from tests.test_torch_partial import _rows as _state_row  # noqa: E402
+from tests.test_torch_partial import _sgd as _state_sgd  # noqa: E402
 
 TOL = dict(atol=1e-10, rtol=0)
 
@@ -412,7 +424,7 @@ def _one_at_a_time(strat, data, cfg):
     clients = [strat.init_clients(cfg, data, [c]) for c in range(m)]
     weights = strat.client_weights(data.subset(range(m)))
     for r in range(cfg.rounds):
-        sampled = sample_clients(cfg, r)
+        sampled = sample_clients(cfg, r, everyone=strat.all_clients_train)
         message = strat.broadcast(server, RoundContext(cfg, r, sampled))
         replies = [strat.client_train(message, clients[c], data.subset([c]),
                                       RoundContext(cfg, r, np.array([c]))) for c in sampled]
@@ -450,6 +462,158 @@ def test_a_client_alone_computes_what_it_computes_stacked(digits, key):
     reply = strat.client_train(message, client, digits.subset([3]), rc)
     assert set(message) == down and set(reply) == up
     assert res.history[0]["bytes_up"] == tree_nbytes(reply) * 4
+
+
+# --- BatchNorm models: running statistics travel with the parameters ------------------------
+
+BN_BASELINES = {
+    "FedAvg": lambda m: FedAvg(m, 0.05),
+    "Local": lambda m: Local(m, 0.05),
+    "FedAvgFT": lambda m: FedAvgFT(m, 0.05, finetune_steps=2),
+    "FedAvgFT-batch": lambda m: FedAvgFT(m, 0.05, finetune_steps=2, finetune_batch=4),
+    "Ditto": lambda m: Ditto(m, 0.05, lam=0.5),
+    "pFedMe": lambda m: PFedMe(m, 0.05, 0.05),
+    "pFedMe-idle": lambda m: PFedMe(m, 0.05, 0.05, train_idle=True),
+    "Per-FedAvg": lambda m: PerFedAvg(m, 0.05, 0.05),
+    "QuPeD-FP": lambda m: QuPeDFP(m, 0.05, 0.05),
+    "FML": lambda m: FML(m, 0.05),
+    "FedEM": lambda m: FedEM(m, 0.05),
+    "APFL": lambda m: APFL(m, 0.05, alpha=0.3),
+}
+
+
+@pytest.fixture(scope="module")
+def images():
+    return digit_images()
+
+
+@pytest.mark.parametrize("key", list(BN_BASELINES))
+def test_a_batchnorm_model_trains_alone_as_stacked(images, key):
+    net = bn_net()
+    pre = pretrained_state(net)
+    kw = dict(rounds=2, local_steps=2, clients_per_round=3, batch_size=5, seed=4)
+    strat = BN_BASELINES[key](net)
+    res = train(strat, images, init_params=pre, **kw)
+    strat.init_params = pre
+    server, clients, accuracy, _ = _one_at_a_time(strat, images, run_config(images, **kw))
+    stacked, alone = flatten({**res.server, **res.clients}), flatten({**server, **clients})
+    assert stacked.keys() == alone.keys()
+    for n in stacked:
+        torch.testing.assert_close(stacked[n], alone[n], atol=1e-6, rtol=0, msg=n)
+    torch.testing.assert_close(res.accuracy, accuracy.float(), atol=1e-6, rtol=0)
+    stem = [n for n in stacked if n.split("/")[-1] == "bn1.running_mean"]
+    start = pre["bn1.running_mean"]
+    assert stem and all(not torch.equal(stacked[n], start.expand_as(stacked[n])) for n in stem)
+
+
+@pytest.mark.parametrize("key", ["FedAvg", "FedAvgFT", "Ditto", "pFedMe", "Per-FedAvg",
+                                 "QuPeD-FP", "FML", "APFL"])
+def test_the_server_averages_batchnorm_statistics_as_parameters(images, key):
+    net = bn_net()
+    strat = BN_BASELINES[key](net)
+    strat.init_params = pretrained_state(net)
+    cfg = run_config(images, rounds=1, local_steps=2, batch_size=5)
+    clients = np.array([0, 2, 5])
+    rc = RoundContext(cfg, 0, clients)
+    server = strat.init_server(cfg)
+    message = strat.broadcast(server, rc)
+    reply = strat.client_train(message, strat.init_clients(cfg, images, clients),
+                               images.subset(clients), rc)["model"]
+    weights = np.array([1.0, 2.0, 3.0])
+    new = strat.aggregate(server, {"model": reply}, weights, rc)["global"]
+    for n in buffer_names(net):
+        for j in range(3):
+            assert not torch.equal(reply[n][j], message["global"][n]), n
+        mean = sum(w / 6 * reply[n][j] for j, w in enumerate(weights))
+        torch.testing.assert_close(new[n], mean, atol=1e-6, rtol=0, msg=n)
+
+
+def _params_of(net):
+    return [n for n, _ in net.named_parameters()]
+
+
+def test_ditto_pulls_parameters_only_and_each_model_keeps_its_statistics():
+    net = bn_net()
+    k = 3
+    w0, v0 = _random_states(net, k, 10), _random_states(net, k, 20)
+    anchor = _state_row(_random_states(net, 1, 30), 0)
+    strat = Ditto(net, 0.1, 0.2, lam=0.7, weight_decay=1e-3)
+    work = {"model": _copy(w0), "anchor": anchor}
+    client = {"personal": _copy(v0)}
+    x, y = _image_batch(k)
+    strat.local_step(work, client, x, y, 0.5, None)
+    params = _params_of(net)
+    for j in range(k):
+        w = _state_sgd(net, _state_row(w0, j), params, x[j], y[j], 0.05, 1e-3)
+        v = _state_row(v0, j)
+        ps = {n: v[n].clone().requires_grad_() for n in params}
+        reg = sum(((ps[n] - anchor[n]) ** 2).sum() for n in params)
+        loss = F.cross_entropy(functional_call(net, {**v, **ps}, (x[j],)), y[j]) + 0.35 * reg
+        g = torch.autograd.grad(loss, list(ps.values()))
+        v.update({n: (p - 0.1 * (gn + 1e-3 * p)).detach()
+                  for (n, p), gn in zip(ps.items(), g, strict=True)})
+        _close(work["model"], j, w, dict(atol=2e-6, rtol=0))
+        _close(client["personal"], j, v, dict(atol=2e-6, rtol=0))
+
+
+def test_pfedme_statistics_of_w_follow_theta():
+    net = bn_net()
+    k = 2
+    w0, th0 = _random_states(net, k, 10), _random_states(net, k, 20)
+    strat = PFedMe(net, 0.2, 0.1, lam=0.5, inner_steps=2, weight_decay=1e-3)
+    work, client = {"model": _copy(w0)}, {"theta": _copy(th0)}
+    x, y = _image_batch(k)
+    strat.local_step(work, client, x, y, 0.5, None)
+    params = _params_of(net)
+    for j in range(k):
+        w, th = _state_row(w0, j), _state_row(th0, j)
+        for _ in range(2):
+            ps = {n: th[n].clone().requires_grad_() for n in params}
+            reg = sum(((ps[n] - w[n]) ** 2).sum() for n in params)
+            loss = F.cross_entropy(functional_call(net, {**th, **ps}, (x[j],)), y[j]) + 0.25 * reg
+            g = torch.autograd.grad(loss, list(ps.values()))
+            th.update({n: (p - 0.05 * (gn + 1e-3 * p)).detach()
+                       for (n, p), gn in zip(ps.items(), g, strict=True)})
+        w = {n: w[n] - 0.2 * 0.5 * 0.5 * (w[n] - th[n]) for n in w}  # buffers too
+        _close(client["theta"], j, th, dict(atol=2e-6, rtol=0))
+        _close(work["model"], j, w, dict(atol=2e-6, rtol=0))
+
+
+def test_fine_tuning_trains_batchnorm_on_each_clients_own_rows(images):
+    net = bn_net()
+    strat = FedAvgFT(net, 0.1, weight_decay=1e-3, finetune_steps=2, finetune_lr=0.2)
+    message = {"global": pretrained_state(net)}
+    everyone = images.subset(range(images.n_clients))
+    with eval_mode(net), torch.no_grad():  # as in an evaluation: fine-tuning still trains
+        personal = strat.personal(message, {}, everyone)
+    for i in range(images.n_clients):
+        n = int(images.n_train[i])  # the real rows only: padding never enters the statistics
+        p = dict(message["global"])
+        for _ in range(2):
+            p = _state_sgd(net, p, _params_of(net), images.x_train[i, :n], images.y_train[i, :n],
+                           0.2, 1e-3)
+        _close(personal, i, p, dict(atol=2e-6, rtol=0))
+
+
+def test_a_teacher_forward_pass_leaves_the_statistics_alone():
+    net = bn_net()
+    k = 2
+    th0, w0 = _random_states(net, k, 10), _random_states(net, k, 20)
+    x, y = _image_batch(k)
+    for strat in (FML(net, 0.1), QuPeDFP(net, 0.1, 0.1)):
+        client, work = {"theta": _copy(th0)}, {"model": _copy(w0)}
+        strat.local_step(work, client, x, y, 1.0, None)
+        for j in range(k):
+            for stack, start in ((client["theta"], th0), (work["model"], w0)):
+                once = _state_row(start, j)  # one train-mode forward pass from the start
+                functional_call(net, once, (x[j],))
+                for n in buffer_names(net):
+                    torch.testing.assert_close(stack[n][j], once[n], atol=1e-6, rtol=0)
+
+
+def test_dp_fedem_refuses_batchnorm_statistics():
+    with pytest.raises(ValueError, match="BatchNorm running statistics"):
+        DPFedEM(bn_net(), clip=1.0, noise=1.0)
 
 
 # --- through the engine ---------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Personalized-FL baselines of the paper's Table 1 and Figure 3, as federated strategies.
 
 FedAvg + fine-tuning, Ditto, pFedMe, Per-FedAvg (first order), QuPeD without
-quantization, Federated Mutual Learning, FedEM and DP-FedEM, each one
+quantization, Federated Mutual Learning, FedEM and DP-FedEM, and the full-model
+baselines of PerAda (Xie et al., CVPR 2024, Tables 1 and 2): APFL and FedDF, each one
 :class:`~ebfl.learning.torch.strategies.Strategy`: a server half and a client
 half (:mod:`ebfl.federated.protocol`), run in process by
 :func:`~ebfl.learning.torch.engine.train` (every sampled client at once, each
@@ -25,7 +26,17 @@ Conventions shared by all of them (the papers leave these open):
   per-epoch learning-rate decay multiplies every learning rate unless a class
   says otherwise;
 * KD / KL terms are :func:`~ebfl.learning.torch.functional.distillation_kl`
-  (temperature 1, summed over classes, mean over the batch).
+  (temperature 1, summed over classes, mean over the batch);
+* a model's float buffers (BatchNorm running statistics) travel in the stacks
+  with its parameters: each model's statistics are updated by the train-mode
+  forward passes of its own gradient steps (a forward pass that only computes a
+  teacher's outputs leaves them alone), gradient and proximal terms act on
+  parameters only, and the server averages buffers as it averages parameters.
+
+Every class reports what Table 1 of PerAda counts: :meth:`trained_parameters`
+(per client) and :meth:`communicated_parameters` (per client and round, each
+way), both in parameters (buffers not counted), and :meth:`global_state`, the
+server's global model (None where there is none).
 
 :class:`FedAvgFT` and :class:`PerFedAvg` adapt the global model on each
 client's own training set at evaluation time, in ``personal(message, client,
@@ -55,6 +66,7 @@ from torch.func import functional_call
 
 from ebfl._validation import (
     check_bool,
+    check_choice,
     check_int_scalar,
     check_nonnegative_scalar,
     check_positive_scalar,
@@ -64,6 +76,7 @@ from ebfl.federated.protocol import MAX_SEED
 from ebfl.federated.streams import SERVER, stream_seed
 from ebfl.learning.torch.data import ClientSubset, FederatedDataset
 from ebfl.learning.torch.functional import (
+    buffer_names,
     client_forward,
     client_generators,
     client_grad,
@@ -75,6 +88,7 @@ from ebfl.learning.torch.functional import (
     sgd_step,
     weighted_mean,
 )
+from ebfl.learning.torch.perada import _aux_iv, _validation_iv, distill, ensemble_logits
 from ebfl.learning.torch.strategies import (
     FedAvg,
     GaussianRelease,
@@ -84,8 +98,8 @@ from ebfl.learning.torch.strategies import (
     _weights,
 )
 
-__all__ = ["FML", "DPFedEM", "Ditto", "FedAvgFT", "FedEM", "PFedMe", "PerFedAvg", "QuPeDFP",
-           "full_batch_steps", "minibatch_steps"]
+__all__ = ["APFL", "FML", "DPFedEM", "Ditto", "FedAvgFT", "FedDF", "FedEM", "PFedMe", "PerFedAvg",
+           "QuPeDFP", "full_batch_steps", "minibatch_steps"]
 
 
 def _masked_ce_loss(forward, params, x, y, mask):
@@ -98,13 +112,40 @@ def _dtype(stack):
     return next(iter(stack.values())).dtype
 
 
+def _n_parameters(model):
+    """Parameters of one model (buffers not counted): the unit of Table 1 of PerAda."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def _uses_batch_statistics(model):
+    """Whether a forward pass normalizes with batch statistics (a BatchNorm in train mode)."""
+    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
+               for m in model.modules())
+
+
+@torch.no_grad()
+def _outputs(model, stack, x):
+    """Logits of the stacked models, leaving their running statistics as they are.
+
+    A teacher's outputs are one more forward pass of a model whose own gradient
+    step updates its statistics: in train mode BatchNorm would move them a
+    second time per step (on copies here, which are dropped).
+    """
+    buffers = set(buffer_names(model))
+    return client_forward(model, {n: t.clone() if n in buffers else t for n, t in stack.items()},
+                          x)
+
+
 # --- adaptation on the clients' own training sets -------------------------------------------
 
 def full_batch_steps(model, stack, data, steps, lr, weight_decay=0.0, *, chunk=16):
     """``steps`` full-batch gradient steps of every client's model on its own training set.
 
     Deterministic (no sampling): client i's loss is the mean cross-entropy over
-    its ``n_train[i]`` real samples (the padding is masked out).
+    its ``n_train[i]`` real samples (the padding is masked out). The model runs
+    in its current mode; in train mode its BatchNorm layers (if any) normalize
+    with the statistics of each client's real samples (one client per call then,
+    so that no padding enters them) and update the stack's running statistics.
 
     Parameters
     ----------
@@ -152,7 +193,8 @@ def minibatch_steps(model, stack, data, steps, lr, weight_decay=0.0, *, batch_si
     ``stream_seed(seed, 0, c, "evaluate")`` (:mod:`ebfl.federated.streams`), so
     it gets the same batches whether it is adapted alone or with others, and
     the draws are independent of the training run's. Much cheaper than
-    :func:`full_batch_steps` on large clients.
+    :func:`full_batch_steps` on large clients. The model runs in its current
+    mode (in train mode, BatchNorm running statistics in the stack are updated).
 
     Parameters
     ----------
@@ -229,11 +271,14 @@ def _adaptation_seeds(seed, clients):
 def _full_batch(model, stack, data, steps, lr, weight_decay, chunk=16):
     dtype = _dtype(stack)
     out = clone_params(stack)
+    if _uses_batch_statistics(model):
+        chunk = 1  # the padding rows would enter BatchNorm's batch statistics: each client alone
     for lo in range(0, data.n_clients, chunk):
         rows = np.arange(lo, min(lo + chunk, data.n_clients))
         part = data.subset(rows)
-        x, y = part.x_train.to(dtype), part.y_train
-        mask = (torch.arange(x.shape[1])[None, :] < part.n_train[:, None]).to(dtype)
+        rows_used = int(part.n_train.max())  # beyond the chunk's largest client: all padding
+        x, y = part.x_train[:, :rows_used].to(dtype), part.y_train[:, :rows_used]
+        mask = (torch.arange(rows_used)[None, :] < part.n_train[:, None]).to(dtype)
         idx = torch.from_numpy(rows)
         params = {n: p[idx] for n, p in out.items()}
         for _ in range(steps):
@@ -283,15 +328,78 @@ class _AdaptedGlobal:
 
     def _adapt(self, message, client, data, steps, lr, weight_decay, batch):
         stack = replicate(message["global"], data.n_clients)
-        if batch is None:
-            return _full_batch(self.model, stack, data, steps, lr, weight_decay)
-        return _minibatch(self.model, stack, data, steps, lr, weight_decay, batch,
-                          _seed_generators(client["adapt_seed"]))
+        # adaptation is training: train mode (BatchNorm statistics of the client's data, updated
+        # in the adapted models), also when called from an evaluation, which runs in eval mode
+        with self.training():
+            if batch is None:
+                return _full_batch(self.model, stack, data, steps, lr, weight_decay)
+            return _minibatch(self.model, stack, data, steps, lr, weight_decay, batch,
+                              _seed_generators(client["adapt_seed"]))
+
+
+class _OneGlobalModel:
+    """Table 1's columns and the global model of a strategy whose server holds one model.
+
+    ``models_per_client``: full models each client trains (Ditto: its personal
+    model and its copy of the global one).
+    """
+
+    models_per_client = 1
+
+    def global_state(self, server):
+        """The global model (parameters and float buffers) of a server state.
+
+        Parameters
+        ----------
+        server : dict
+            A server state of this strategy (e.g. ``TrainResult.server``).
+
+        Returns
+        -------
+        dict name -> Tensor
+            ``server["global"]`` (not a copy): what Table 2 of PerAda evaluates.
+
+        Examples
+        --------
+        >>> from ebfl.federated import RunConfig
+        >>> from ebfl.learning.torch import LogisticModel
+        >>> from ebfl.learning.torch.baselines import Ditto
+        >>> alg = Ditto(LogisticModel(4, 3))
+        >>> sorted(alg.global_state(alg.init_server(RunConfig(n_clients=2, rounds=1))))
+        ['net.1.bias', 'net.1.weight']
+        """
+        return server["global"]
+
+    def trained_parameters(self):
+        """Parameters each client trains (``models_per_client`` full models; buffers not
+        counted): Table 1's "# Trained Params".
+
+        Examples
+        --------
+        >>> from ebfl.learning.torch import LogisticModel
+        >>> from ebfl.learning.torch.baselines import Ditto
+        >>> Ditto(LogisticModel(4, 3)).trained_parameters()  # 2 x (4 x 3 + 3)
+        30
+        """
+        return self.models_per_client * _n_parameters(self.model)
+
+    def communicated_parameters(self):
+        """Parameters a sampled client receives, and sends back, per round (one full model;
+        buffers not counted): Table 1's "# Comm. Params".
+
+        Examples
+        --------
+        >>> from ebfl.learning.torch import LogisticModel
+        >>> from ebfl.learning.torch.baselines import Ditto
+        >>> Ditto(LogisticModel(4, 3)).communicated_parameters()
+        15
+        """
+        return _n_parameters(self.model)
 
 
 # --- FedAvg + fine-tuning -------------------------------------------------------------------
 
-class FedAvgFT(_AdaptedGlobal, FedAvg):
+class FedAvgFT(_OneGlobalModel, _AdaptedGlobal, FedAvg):
     """FedAvg + local fine-tuning ("FedAvg+" of Table 1; Jiang et al. 2019, arXiv:1909.12488).
 
     Training is exactly :class:`~.strategies.FedAvg` (message: the global
@@ -304,7 +412,9 @@ class FedAvgFT(_AdaptedGlobal, FedAvg):
     come from each client's own stream (see :func:`minibatch_steps`; the
     client keeps its stream's seed, derived from the run's seed and its id,
     in its state ``adapt_seed``). The learning-rate decay is not applied to
-    the fine-tuning.
+    the fine-tuning. Fine-tuning runs in train mode: BatchNorm layers normalize
+    with the client's batch statistics and their running statistics, which the
+    personal model is evaluated with, are updated on the client's data.
 
     Parameters
     ----------
@@ -353,9 +463,114 @@ class FedAvgFT(_AdaptedGlobal, FedAvg):
                            self.weight_decay, self.finetune_batch)
 
 
+# --- FedAvg + server ensemble distillation ---------------------------------------------------
+
+class FedDF(_OneGlobalModel, FedAvg):
+    """FedDF (Lin, Kong, Stich & Jaggi, NeurIPS 2020): FedAvg refined by ensemble distillation.
+
+    Clients train exactly as in :class:`~.strategies.FedAvg` (message: the
+    global model; reply: each sampled client's model after the round). The
+    server averages the replies weighted by training-set size, then takes
+    ``kd_steps`` distillation steps of that average (the student) toward the
+    mean of the received models' logits (the teacher ensemble) on the
+    unlabeled inputs ``aux``: :func:`~ebfl.learning.torch.perada.distill` and
+    :func:`~ebfl.learning.torch.perada.ensemble_logits`, the server step of
+    PerAda applied to the full model. With ``kd_steps = 0`` it is FedAvg.
+
+    The distilled global model is every client's predictor and the one that
+    Table 2 of PerAda (Xie et al., CVPR 2024) evaluates (:meth:`global_state`).
+    Distillation draws its batches from the server's stream of the round
+    (``stream_seed(seed, round, SERVER, "aggregate")``), so both runtimes agree:
+    with SGD to float32 rounding (about 1e-7 on a small ResNet after two rounds
+    of three distillation steps); Adam, which divides each step by the root of
+    its second moment, amplifies the replies' last-bit differences (about 1e-5
+    there).
+
+    Parameters
+    ----------
+    model : nn.Module
+    lr : float
+        The clients' rate.
+    aux : Tensor (n_aux, ...)
+        Unlabeled server inputs (shaped as one client's inputs).
+    kd_steps : int
+        Distillation steps per round (>= 0).
+    kd_lr : float
+    kd_batch_size : int
+        Capped at ``len(aux)``.
+    kd_optimizer : {"adam", "sgd"}
+        Default Adam, cosine-annealed over the round's steps, with ``kd_lr``
+        1e-3: the server optimizer of PerAda's official code on CIFAR-10.
+    temperature : float
+    kd_validation : (Tensor, Tensor), optional
+        Labelled server data: keep the best student on it (see
+        :func:`~ebfl.learning.torch.perada.distill`).
+    kd_patience, kd_eval_every : int, optional
+        Early stopping on ``kd_validation``.
+    weight_decay : float
+        On the clients' steps.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from ebfl.learning.torch import LogisticModel
+    >>> alg = FedDF(LogisticModel(4, 3), 0.1, aux=torch.zeros(8, 4), kd_steps=5)
+    >>> alg.config()["n_aux"], alg.communicated_parameters()
+    (8, 15)
+    """
+
+    name = "FedDF"
+
+    def __init__(self, model, lr=0.1, *, aux, kd_steps=50, kd_lr=1e-3, kd_batch_size=128,
+                 kd_optimizer="adam", temperature=1.0, kd_validation=None, kd_patience=None,
+                 kd_eval_every=1, weight_decay=1e-4):
+        super().__init__(model, lr, weight_decay=weight_decay)
+        if aux is None:
+            raise TypeError("aux must be a floating-point Tensor of unlabeled inputs "
+                            "(n_aux, ...): FedDF distills on it (without it, use FedAvg)")
+        self.aux = _aux_iv(aux)
+        self.kd_steps = check_int_scalar(kd_steps, "kd_steps", minimum=0)
+        self.kd_lr = check_positive_scalar(kd_lr, "kd_lr")
+        self.kd_batch_size = check_int_scalar(kd_batch_size, "kd_batch_size", minimum=1)
+        self.kd_optimizer = check_choice(kd_optimizer, "kd_optimizer", ("adam", "sgd"))
+        self.temperature = check_positive_scalar(temperature, "temperature")
+        self.kd_validation = _validation_iv(kd_validation)
+        self.kd_patience = (None if kd_patience is None
+                            else check_int_scalar(kd_patience, "kd_patience", minimum=1))
+        self.kd_eval_every = check_int_scalar(kd_eval_every, "kd_eval_every", minimum=1)
+        if self.kd_patience is not None and self.kd_validation is None:
+            raise ValueError("kd_patience needs kd_validation (labelled server data to score "
+                             "the student on)")
+
+    def config(self):
+        return {**super().config(), "kd_steps": self.kd_steps, "kd_lr": self.kd_lr,
+                "kd_batch_size": self.kd_batch_size, "kd_optimizer": self.kd_optimizer,
+                "temperature": self.temperature, "n_aux": len(self.aux),
+                "kd_early_stopping": self.kd_patience is not None}
+
+    def aggregate(self, server, replies, weights, rc):
+        models = replies["model"]
+        average = weighted_mean(models, _weights(weights))
+        if self.kd_steps == 0:
+            return {"global": average}
+        gen = torch.Generator().manual_seed(
+            stream_seed(rc.config.seed, rc.round, SERVER, "aggregate"))
+        teacher = ensemble_logits(self.model, models, self.aux)
+        student, info = distill(
+            self.model, average, teacher, self.aux, steps=self.kd_steps, lr=self.kd_lr,
+            batch_size=min(self.kd_batch_size, len(self.aux)), generator=gen,
+            temperature=self.temperature, optimizer=self.kd_optimizer,
+            validation=self.kd_validation, eval_every=self.kd_eval_every,
+            patience=self.kd_patience)
+        return {"global": student, "kd": {k: torch.tensor(float(v)) for k, v in info.items()}}
+
+    def summary(self, server):
+        return {k: float(v) for k, v in server.get("kd", {}).items()}
+
+
 # --- one global model trained from local copies ----------------------------------------------
 
-class _LocalCopyOfGlobal(Strategy):
+class _LocalCopyOfGlobal(_OneGlobalModel, Strategy):
     """The server's global model, trained by the sampled clients on local copies.
 
     Message: the global model. Reply: each sampled client's copy after the
@@ -381,6 +596,8 @@ class _LocalCopyOfGlobal(Strategy):
 class _TwoModels(_LocalCopyOfGlobal):
     """A personal model ``theta`` per client beside the local copy of the global one (QuPeD,
     FML); the personal models are evaluated and never leave the clients."""
+
+    models_per_client = 2
 
     def init_clients(self, run, data, clients):
         return {"theta": replicate(self.initial_params(run), len(clients))}
@@ -423,6 +640,7 @@ class Ditto(_LocalCopyOfGlobal):
     """
 
     name = "Ditto"
+    models_per_client = 2
 
     def __init__(self, model, lr=0.1, lr_personal=None, *, lam=0.5, weight_decay=1e-4):
         self.model = _model_iv(model)
@@ -447,7 +665,8 @@ class Ditto(_LocalCopyOfGlobal):
         work["model"] = sgd_step(work["model"], g, self.lr * scale, self.weight_decay)
         v, w = client["personal"], work["anchor"]
         h = client_grad(self.model, _ce_loss, v, x, y)
-        h = {n: h[n] + self.lam * (v[n] - w[n]) for n in v}
+        # the proximal pull acts on the parameters (the gradient's names), not on buffers
+        h = {n: gn + self.lam * (v[n] - w[n]) for n, gn in h.items()}
         client["personal"] = sgd_step(v, h, self.lr_personal * scale, self.weight_decay)
 
     def personal(self, message, client, data):
@@ -464,7 +683,9 @@ class PFedMe(_LocalCopyOfGlobal):
     ``w <- (1 - beta) w + beta avg(w_i)``. As in the authors' code (which the
     paper used), theta starts each round from the received global model and is
     warm-started across the round's local iterations; the last theta is the
-    client's personal model.
+    client's personal model. Only theta is run on data, so its BatchNorm
+    running statistics are updated by its forward passes, and w_i's follow
+    theta's by the same pull ``lr lam (w_i - theta)`` as its parameters.
 
     Message: the global model w. Reply: the client's w_i after the round.
     theta (client state) stays on the client.
@@ -500,6 +721,7 @@ class PFedMe(_LocalCopyOfGlobal):
     """
 
     name = "pFedMe"
+    models_per_client = 2
 
     def __init__(self, model, lr=0.2, lr_personal=0.1, *, lam=0.5, inner_steps=3, beta=1.0,
                  weight_decay=1e-4, train_idle=False):
@@ -528,9 +750,11 @@ class PFedMe(_LocalCopyOfGlobal):
         """One local iteration of stacked clients: K inner steps on theta, then the w step."""
         for _ in range(self.inner_steps):
             g = client_grad(self.model, _ce_loss, theta, x, y)
-            g = {n: g[n] + self.lam * (theta[n] - w[n]) for n in theta}
+            g = {n: gn + self.lam * (theta[n] - w[n]) for n, gn in g.items()}  # parameters only
             theta = sgd_step(theta, g, self.lr_personal * scale, self.weight_decay)
         rate = self.lr * scale * self.lam
+        # w is never run on data: its buffers (BatchNorm statistics) follow theta's by the
+        # same pull as its parameters
         w = {n: w[n] - rate * (w[n] - theta[n]) for n in w}
         return w, theta
 
@@ -634,6 +858,127 @@ class PerFedAvg(_AdaptedGlobal, _LocalCopyOfGlobal):
         return self._adapt(message, client, data, 1, self.alpha, 0.0, self.adapt_batch)
 
 
+# APFL's mixing weight sits in the differentiated stack beside the parameter names ("\0": no
+# parameter is named so).
+_ALPHA = "\0alpha"
+
+
+def _mix(alpha, v, w):
+    """alpha v + (1 - alpha) w, alpha a scalar or one value per row of v and w."""
+    if alpha.dim():  # (K,): broadcast over each client's parameter
+        alpha = alpha.reshape(-1, *([1] * (v.dim() - 1)))
+    return alpha * v + (1 - alpha) * w
+
+
+def _mixture_loss(forward, params, x, y, w):
+    """Cross-entropy of the mixed model alpha v + (1 - alpha) w, a function of v and alpha."""
+    alpha = params[_ALPHA]
+    mixed = {n: _mix(alpha, v, w[n]) for n, v in params.items() if n != _ALPHA}
+    return cross_entropy(forward(mixed, x), y)
+
+
+class APFL(_LocalCopyOfGlobal):
+    """APFL, adaptive personalized FL (Deng, Kamani & Mahdavi 2020, arXiv:2003.13461).
+
+    Each client keeps a personal model v_i and a mixing weight alpha_i, and
+    predicts with the parameter mixture ``v̄_i = alpha_i v_i + (1 - alpha_i) w``.
+    Per local iteration, on one minibatch and from the values before the
+    iteration (Deng et al.'s Algorithm 1):
+
+    * ``w_i <- w_i - lr grad f_i(w_i)``, the client's copy of the global model;
+    * ``v_i <- v_i - lr_personal grad_v f_i(v̄_i)``, where
+      ``grad_v f_i(v̄_i) = alpha_i grad f_i(v̄_i)`` (the chain rule through the
+      mixture, with ``v̄_i = alpha_i v_i + (1 - alpha_i) w_i``);
+    * with ``learn_alpha``, ``alpha_i <- clip(alpha_i - lr_alpha
+      <v_i - w_i, grad f_i(v̄_i)>, 0, 1)``: the gradient step of Deng et al.'s
+      adaptive alpha, projected back onto [0, 1] (the only values for which
+      v̄_i is a convex mixture; the paper leaves the projection implicit).
+
+    The server averages the copies w_i. A client's personal predictor is
+    ``alpha_i v_i + (1 - alpha_i) w`` with the current global model w.
+    BatchNorm statistics: the mixture is run with v_i's buffers, which are
+    therefore the personal predictor's statistics; w_i's are updated by its own
+    steps. Unsampled clients keep v_i and alpha_i.
+
+    Message: the global model. Reply: the client's copy w_i after the round.
+    v_i and alpha_i (client state ``personal``, ``alpha``) stay on the client.
+
+    Parameters
+    ----------
+    model : nn.Module
+    lr : float
+        Rate of the steps on w_i.
+    lr_personal : float, optional
+        Rate of the steps on v_i (default: ``lr``; Deng et al. use one rate).
+    alpha : float in [0, 1]
+        The initial mixing weight (default 0.5, an implementation choice), or
+        the fixed one with ``learn_alpha=False``.
+    learn_alpha : bool
+        Learn alpha_i per client (the paper's adaptive APFL).
+    lr_alpha : float, optional
+        Rate of the alpha steps (default: ``lr_personal``).
+    weight_decay : float
+        On the steps of w_i and v_i (not on alpha).
+
+    Examples
+    --------
+    >>> from ebfl.learning.torch import LogisticModel
+    >>> alg = APFL(LogisticModel(4, 3), 0.1, alpha=0.25)
+    >>> alg.config()["alpha"], alg.trained_parameters(), alg.communicated_parameters()
+    (0.25, 31, 15)
+    """
+
+    name = "APFL"
+    models_per_client = 2
+
+    def __init__(self, model, lr=0.1, lr_personal=None, *, alpha=0.5, learn_alpha=True,
+                 lr_alpha=None, weight_decay=1e-4):
+        self.model = _model_iv(model)
+        self.lr = check_positive_scalar(lr, "lr")
+        self.lr_personal = (self.lr if lr_personal is None
+                            else check_positive_scalar(lr_personal, "lr_personal"))
+        self.alpha = check_probability(alpha, "alpha")
+        self.learn_alpha = check_bool(learn_alpha, "learn_alpha")
+        self.lr_alpha = (self.lr_personal if lr_alpha is None
+                         else check_positive_scalar(lr_alpha, "lr_alpha"))
+        self.weight_decay = check_nonnegative_scalar(weight_decay, "weight_decay")
+
+    def config(self):
+        return {"name": self.name, "lr": self.lr, "lr_personal": self.lr_personal,
+                "alpha": self.alpha, "learn_alpha": self.learn_alpha, "lr_alpha": self.lr_alpha,
+                "weight_decay": self.weight_decay}
+
+    def trained_parameters(self):
+        """Parameters each client trains: v_i and w_i, plus alpha_i when it is learned."""
+        return super().trained_parameters() + int(self.learn_alpha)
+
+    def init_clients(self, run, data, clients):
+        params, k = self.initial_params(run), len(clients)
+        return {"personal": replicate(params, k),
+                "alpha": torch.full((k,), self.alpha, dtype=_dtype(params))}
+
+    def evaluation_message(self, server):
+        return {"global": server["global"]}
+
+    def local_step(self, work, client, x, y, scale, rng):
+        w, v, alpha = work["model"], client["personal"], client["alpha"]
+        buffers = set(buffer_names(self.model))
+        w_params = {n: t for n, t in w.items() if n not in buffers}
+        g = client_grad(self.model, _mixture_loss, {**v, _ALPHA: alpha}, x, y, w_params)
+        g_alpha = g.pop(_ALPHA)
+        h = client_grad(self.model, _ce_loss, w, x, y)
+        work["model"] = sgd_step(w, h, self.lr * scale, self.weight_decay)
+        client["personal"] = sgd_step(v, g, self.lr_personal * scale, self.weight_decay)
+        if self.learn_alpha:
+            client["alpha"] = torch.clamp(alpha - self.lr_alpha * scale * g_alpha, 0.0, 1.0)
+
+    def personal(self, message, client, data):
+        alpha, w = client["alpha"], message["global"]
+        buffers = set(buffer_names(self.model))
+        return {n: v if n in buffers else _mix(alpha, v, w[n])
+                for n, v in client["personal"].items()}
+
+
 # --- knowledge-distillation baselines --------------------------------------------------------
 
 def _ce_kd(w_ce, w_kd):
@@ -692,12 +1037,10 @@ class QuPeDFP(_TwoModels):
 
     def local_step(self, work, client, x, y, scale, rng):
         w, theta = work["model"], client["theta"]
-        with torch.no_grad():
-            teacher = client_forward(self.model, w, x)
+        teacher = _outputs(self.model, w, x)
         g = client_grad(self.model, _ce_kd(1.0, self.lam_p), theta, x, y, teacher)
         theta = sgd_step(theta, g, self.lr_theta * scale, self.weight_decay)
-        with torch.no_grad():
-            teacher = client_forward(self.model, theta, x)
+        teacher = _outputs(self.model, theta, x)
         h = client_grad(self.model, _ce_kd(1.0, self.lam_p), w, x, y, teacher)
         work["model"] = sgd_step(w, h, self.lr_global * scale, self.weight_decay)
         client["theta"] = theta
@@ -755,9 +1098,8 @@ class FML(_TwoModels):
 
     def local_step(self, work, client, x, y, scale, rng):
         meme, theta = work["model"], client["theta"]
-        with torch.no_grad():
-            z_meme = client_forward(self.model, meme, x)
-            z_personal = client_forward(self.model, theta, x)
+        z_meme = _outputs(self.model, meme, x)
+        z_personal = _outputs(self.model, theta, x)
         g = client_grad(self.model, _ce_kd(self.alpha, 1 - self.alpha), theta, x, y, z_meme)
         h = client_grad(self.model, _ce_kd(self.beta, 1 - self.beta), meme, x, y, z_personal)
         client["theta"] = sgd_step(theta, g, self.lr * scale, self.weight_decay)
@@ -882,7 +1224,7 @@ class FedEM(Strategy):
         xs = x.repeat_interleave(mc, dim=0)
         ys = y.repeat_interleave(mc, dim=0)
         with torch.no_grad():  # E-step: responsibilities (K, M, B)
-            losses = _per_sample_ce(client_forward(self.model, flat, xs), ys).reshape(k, mc, -1)
+            losses = _per_sample_ce(_outputs(self.model, flat, xs), ys).reshape(k, mc, -1)
             q = torch.softmax(torch.log(client["pi"])[:, :, None] - losses, dim=1)
         g = client_grad(self.model, _weighted_ce_loss, flat, xs, ys, q.reshape(k * mc, -1))
         flat = sgd_step(flat, self.release(g, rng), self.lr * scale, self.weight_decay)
@@ -901,6 +1243,20 @@ class FedEM(Strategy):
     def personal(self, message, client, data):
         best = client["pi"].argmax(1)
         return {n: p[best] for n, p in message["components"].items()}
+
+    def global_state(self, server):
+        """None: FedEM has no single global model (each client predicts with its own mixture
+        of the server's M components)."""
+        return None
+
+    def trained_parameters(self):
+        """Parameters each client trains: its copies of the M components (buffers and the M
+        mixture weights not counted)."""
+        return self.n_components * _n_parameters(self.model)
+
+    def communicated_parameters(self):
+        """Parameters sent each way per sampled client and round: the M components."""
+        return self.n_components * _n_parameters(self.model)
 
     @torch.no_grad()
     def personal_logits(self, message, client, data, x, *, chunk=16):
@@ -954,7 +1310,9 @@ class DPFedEM(GaussianRelease, FedEM):
     mixture weights pi never leave the client. The server averages the
     components *unweighted* (every client's weight is 1): weights by
     training-set size would let a large client's update exceed the 1/K share
-    the accountant assumes.
+    the accountant assumes. Models with BatchNorm running statistics are
+    refused: the reply would carry them, computed from the client's data and
+    not noised.
 
     Parameters
     ----------
@@ -977,6 +1335,12 @@ class DPFedEM(GaussianRelease, FedEM):
 
     def __init__(self, model, lr=0.2, *, clip, noise, **kwargs):
         super().__init__(model, lr, **kwargs)
+        if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+               for m in model.modules()):
+            raise ValueError("model must not have BatchNorm running statistics: DP-FedEM's "
+                             "reply carries each component's buffers, computed from the "
+                             "client's data and not noised (use a model without BatchNorm, "
+                             "e.g. with GroupNorm)")
         self.clip = check_positive_scalar(clip, "clip")
         self.noise = check_nonnegative_scalar(noise, "noise")
 

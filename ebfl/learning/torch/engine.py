@@ -33,7 +33,7 @@ from ebfl._validation import (
 from ebfl.federated.protocol import MAX_SEED, RunConfig
 from ebfl.federated.runtime import run
 from ebfl.learning.torch.data import FederatedDataset
-from ebfl.learning.torch.functional import client_forward, clone_params
+from ebfl.learning.torch.functional import client_forward, clone_params, eval_mode, model_state
 
 __all__ = ["TrainResult", "evaluate", "evaluate_strategy", "flush_denormals", "train"]
 
@@ -102,9 +102,10 @@ def evaluate(model, stack, data, *, chunk=16, frozen=None):
         raise TypeError(f"data must be a FederatedDataset, got {type(data).__name__}")
     chunk = check_int_scalar(chunk, "chunk", minimum=1)
     m = data.n_clients
-    logits = torch.cat([client_forward(model, {k: v[lo:lo + chunk] for k, v in stack.items()},
-                                       data.x_test[lo:lo + chunk], frozen=frozen)
-                        for lo in range(0, m, chunk)])
+    with eval_mode(model):
+        logits = torch.cat([client_forward(model, {k: v[lo:lo + chunk] for k, v in stack.items()},
+                                           data.x_test[lo:lo + chunk], frozen=frozen)
+                            for lo in range(0, m, chunk)])
     return _accuracy(logits, data)
 
 
@@ -168,7 +169,8 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, sam
     init_params : dict, optional
         Initial parameters of one model, shared by all clients (default: a fresh
         initialization of the strategy's model drawn from ``seed``); names and
-        shapes as in ``strategy.model.named_parameters()``.
+        shapes as in ``strategy.model.named_parameters()``, optionally with its
+        float buffers (BatchNorm statistics; default: as freshly initialized).
     failures : dict round -> client ids, optional
         Clients that fail in those rounds (0-based): sampled, but they neither
         train nor reply, as a crashed Flower client (see :func:`ebfl.federated.run`).
@@ -274,11 +276,11 @@ def _init_params_iv(init_params, model):
     if not isinstance(init_params, Mapping):
         raise TypeError(f"init_params must be a dict name -> Tensor, got "
                         f"{type(init_params).__name__}")
-    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    shapes = {n: tuple(p.shape) for n, p in model_state(model).items()}
     for name, value in init_params.items():
         if name not in shapes:
-            raise ValueError(f"init_params has {name!r}, which is not a parameter of model "
-                             f"(it has {sorted(shapes)})")
+            raise ValueError(f"init_params has {name!r}, which is not a parameter or float "
+                             f"buffer of model (it has {sorted(shapes)})")
         if not isinstance(value, torch.Tensor) or not value.is_floating_point():
             raise TypeError(f"init_params[{name!r}] must be a floating-point Tensor")
         if tuple(value.shape) != shapes[name]:

@@ -4,17 +4,85 @@ A model's parameters are a dict name -> tensor; a *stack* holds one copy per
 client along a new leading axis. :func:`client_forward` and
 :func:`client_grad` map a per-client function over a stack with
 ``torch.func.vmap``, so K clients cost one batched call instead of K.
+
+A stack may also hold the model's float buffers (BatchNorm running means and
+variances), under their ``named_buffers()`` names: they are the clients' own
+statistics, updated in place by every train-mode forward pass (``functional_call``
+writes each client's row), never differentiated, and averaged with the
+parameters by :func:`weighted_mean`. Evaluation runs under :func:`eval_mode`.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-__all__ = ["clip_and_noise", "client_forward", "client_generators", "client_grad", "clone_params",
-           "cross_entropy", "distillation_kl", "fresh_params", "replicate", "sgd_step", "take",
-           "weighted_mean"]
+__all__ = ["batch_counters", "buffer_names", "clip_and_noise", "client_forward", "client_generators", "client_grad",
+           "clone_params", "cross_entropy", "distillation_kl", "drop_batch_counters", "eval_mode",
+           "fresh_params",
+           "model_state", "replicate", "sgd_step", "take", "train_mode", "weighted_mean"]
+
+
+@contextlib.contextmanager
+def eval_mode(model):
+    """Run ``model`` in eval mode inside (BatchNorm uses its running statistics, no
+    dropout); its previous mode is restored on exit."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+@contextlib.contextmanager
+def train_mode(model):
+    """Run ``model`` in train mode inside; its previous mode is restored on exit."""
+    was_training = model.training
+    model.train()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+def buffer_names(model):
+    """Names of the model's floating-point buffers (the state a stack carries beside the
+    parameters; integer buffers such as ``num_batches_tracked`` are not carried)."""
+    return [name for name, b in model.named_buffers() if b.is_floating_point()]
+
+
+def drop_batch_counters(model):
+    """Remove the ``num_batches_tracked`` counters of ``model``'s BatchNorm layers, in place.
+
+    The counter is an integer buffer that a train-mode forward pass increments;
+    per-client stacks cannot carry it through ``vmap`` and ``grad``, and with
+    a set ``momentum`` (the default 0.1) BatchNorm never reads it. Returns ``model``.
+    """
+    for module in model.modules():
+        if (isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
+                and getattr(module, "num_batches_tracked", None) is not None):
+            if module.momentum is None:
+                raise ValueError(f"BatchNorm {module} has momentum=None (a cumulative average "
+                                 "that reads num_batches_tracked): give it a momentum")
+            module.register_buffer("num_batches_tracked", None)
+    return model
+
+
+def batch_counters(model):
+    """Names of the BatchNorm ``num_batches_tracked`` counters ``model`` still has."""
+    return [name for name, b in model.named_buffers() if name.endswith("num_batches_tracked")]
+
+
+def model_state(model):
+    """A detached copy of the model's parameters and floating-point buffers."""
+    state = {name: p.detach().clone() for name, p in model.named_parameters()}
+    state.update({name: b.detach().clone() for name, b in model.named_buffers()
+                  if b.is_floating_point()})
+    return state
 
 
 def fresh_params(model, seed):
@@ -22,6 +90,7 @@ def fresh_params(model, seed):
 
     A copy of the model has every submodule's ``reset_parameters`` called under
     a seeded, forked RNG: the caller's model and the global RNG stay untouched.
+    Float buffers (BatchNorm statistics) come with the parameters, reset too.
     """
     import copy
 
@@ -29,9 +98,25 @@ def fresh_params(model, seed):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for module in fresh.modules():
-            if hasattr(module, "reset_parameters"):
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+                _reset_batchnorm(module)
+            elif hasattr(module, "reset_parameters"):
                 module.reset_parameters()
-    return clone_params(dict(fresh.named_parameters()))
+    return model_state(fresh)
+
+
+@torch.no_grad()
+def _reset_batchnorm(bn):
+    """BatchNorm's own reset, which also works without the batch counter
+    (torch's ``reset_running_stats`` zeroes ``num_batches_tracked`` unconditionally)."""
+    if bn.running_mean is not None:
+        bn.running_mean.zero_()
+        bn.running_var.fill_(1)
+    if getattr(bn, "num_batches_tracked", None) is not None:
+        bn.num_batches_tracked.zero_()
+    if bn.affine:
+        bn.weight.fill_(1)
+        bn.bias.zero_()
 
 
 def clone_params(params):
@@ -63,9 +148,15 @@ def weighted_mean(stack, weights):
 
 
 def sgd_step(stack, grads, lr, weight_decay=0.0):
-    """p - lr (g + weight_decay p); ``lr`` a scalar or one value per client."""
+    """p - lr (g + weight_decay p); ``lr`` a scalar or one value per client.
+
+    Entries without a gradient (buffers) are passed on unchanged.
+    """
     out = {}
     for name, p in stack.items():
+        if name not in grads:
+            out[name] = p
+            continue
         g = grads[name] if weight_decay == 0 else grads[name] + weight_decay * p
         if isinstance(lr, torch.Tensor):  # one rate per client: broadcast over the rest
             out[name] = p - lr.to(p.dtype).reshape(-1, *([1] * (p.dim() - 1))) * g
@@ -113,17 +204,22 @@ def client_grad(model, loss, stack, *args, frozen=None):
     parameters and its slices of ``args`` (each with a leading client axis).
     Gradients are taken with respect to the stacked parameters only: ``frozen``
     parameters (as in :func:`client_forward`) enter the forward pass unbatched
-    and receive none.
+    and receive none. Buffers in the stack (names in ``model``'s float buffers)
+    are not differentiated: a train-mode forward pass updates each client's row
+    in place, and they are absent from the returned gradients.
     """
     shared = {} if frozen is None else frozen
+    buffers = set(buffer_names(model))
+    params = {k: v for k, v in stack.items() if k not in buffers}
+    state = {k: v for k, v in stack.items() if k in buffers}
 
-    def forward(params, xb):
-        return functional_call(model, (params, shared), (xb,))
+    def forward(p, xb, b):
+        return functional_call(model, (p, b, shared), (xb,))
 
-    def one(params, *a):
-        return loss(forward, params, *a)
+    def one(p, b, *a):
+        return loss(lambda q, xb: forward(q, xb, b), p, *a)
 
-    return vmap(grad(one))(stack, *args)
+    return vmap(grad(one))(params, state, *args)
 
 
 def clip_and_noise(tensors, clip, noise_std, generator, *, rows_per_client=1):

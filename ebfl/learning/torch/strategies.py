@@ -46,6 +46,8 @@ from ebfl._validation import check_bool, check_nonnegative_scalar, check_positiv
 from ebfl.federated.protocol import FederatedAlgorithm
 from ebfl.federated.tree import tree_take
 from ebfl.learning.torch.functional import (
+    batch_counters,
+    buffer_names,
     client_forward,
     client_generators,
     client_grad,
@@ -53,9 +55,11 @@ from ebfl.learning.torch.functional import (
     clone_params,
     cross_entropy,
     distillation_kl,
+    eval_mode,
     fresh_params,
     replicate,
     sgd_step,
+    train_mode,
     weighted_mean,
 )
 
@@ -72,6 +76,10 @@ def _model_iv(model):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not any(True for _ in model.parameters()):
         raise ValueError("model must have trainable parameters")
+    if batch_counters(model):
+        raise ValueError("model's BatchNorm layers count batches (num_batches_tracked), which "
+                         "per-client stacks cannot update under vmap: remove the counters with "
+                         "ebfl.learning.torch.functional.drop_batch_counters(model)")
     return model
 
 
@@ -97,11 +105,13 @@ class Strategy(FederatedAlgorithm):
     init_params = None
 
     def initial_params(self, run):
-        """The run's initial parameters of one model: ``init_params`` or a fresh
-        initialization drawn from ``run.seed`` (the same on every participant)."""
-        if self.init_params is not None:
-            return clone_params(self.init_params)
-        return fresh_params(self.model, run.seed)
+        """The run's initial parameters (and float buffers) of one model: ``init_params``
+        or a fresh initialization drawn from ``run.seed`` (the same on every participant);
+        tensors missing from ``init_params`` are freshly initialized."""
+        fresh = fresh_params(self.model, run.seed)
+        if self.init_params is None:
+            return fresh
+        return {**fresh, **clone_params(self.init_params)}
 
     def init_clients(self, run, data, clients):
         return {}
@@ -120,14 +130,19 @@ class Strategy(FederatedAlgorithm):
         self._local_loop(self.local_step, work, client, data, rc)
         return self.client_reply(work, client)
 
-    @staticmethod
-    def _local_loop(step_fn, work, client, data, rc):
+    def _local_loop(self, step_fn, work, client, data, rc):
         """``local_steps`` calls of ``step_fn`` on minibatches drawn from the clients'
         streams of the round (the same loop for sampled and idle clients)."""
         rng = client_generators(rc.seeds())
-        for step in range(rc.config.local_steps):
-            x, y = data.sample_batch(rng, rc.config.batch_size)
-            step_fn(work, client, x, y, rc.lr_scale(step), rng)
+        with self.training():
+            for step in range(rc.config.local_steps):
+                x, y = data.sample_batch(rng, rc.config.batch_size)
+                step_fn(work, client, x, y, rc.lr_scale(step), rng)
+
+    def training(self):
+        """The model's mode during local steps: a context manager (default: train mode;
+        strategies with a frozen backbone keep its BatchNorm layers in eval mode)."""
+        return train_mode(self.model)
 
     def idle_begin(self, message, client, rc):
         return {}
@@ -157,8 +172,9 @@ class Strategy(FederatedAlgorithm):
         for lo in range(0, k, EVAL_CHUNK):
             rows = np.arange(lo, min(lo + EVAL_CHUNK, k))
             part = data.subset(rows)
-            logits = self.client_logits(message, tree_take(client, rows), part,
-                                        part.x_test)
+            with eval_mode(self.model):
+                logits = self.client_logits(message, tree_take(client, rows), part,
+                                            part.x_test)
             hit = (logits.argmax(-1) == part.y_test).float()
             valid = torch.arange(part.x_test.shape[1])[None, :] < part.n_test[:, None]
             acc.append((hit * valid).sum(1) / part.n_test.float())
@@ -167,6 +183,10 @@ class Strategy(FederatedAlgorithm):
 
 class _PlainSGD(Strategy):
     """Shared by FedAvg and Local: one learning rate and weight decay."""
+
+    def trained_parameters(self):
+        """Parameters each client trains (one model; buffers not counted)."""
+        return sum(p.numel() for p in self.model.parameters())
 
     def __init__(self, model, lr=0.1, *, weight_decay=1e-4):
         self.model = _model_iv(model)
@@ -216,6 +236,14 @@ class FedAvg(_PlainSGD):
     def personal(self, message, client, data):
         return replicate(message["global"], data.n_clients)
 
+    def global_state(self, server):
+        """The global model."""
+        return server["global"]
+
+    def communicated_parameters(self):
+        """Parameters sent each way per round (the global model; buffers not counted)."""
+        return self.trained_parameters()
+
 
 class Local(_PlainSGD):
     """Local training only: every client runs SGD on its own data, nothing is shared."""
@@ -238,6 +266,14 @@ class Local(_PlainSGD):
 
     def aggregate(self, server, replies, weights, rc):
         return server
+
+    def global_state(self, server):
+        """None: there is no global model."""
+        return None
+
+    def communicated_parameters(self):
+        """Nothing is communicated."""
+        return 0
 
     def personal(self, message, client, data):
         return client["theta"]
