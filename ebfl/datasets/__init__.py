@@ -14,6 +14,14 @@ from ebfl.datasets._home import (
     manifest,
     sha256,
 )
+from ebfl.datasets.cifar import (
+    CIFAR10_C_CORRUPTIONS,
+    CIFAR10_CLASSES,
+    load_cifar10,
+    load_cifar10_1,
+    load_cifar10_c,
+    load_cifar100,
+)
 from ebfl.datasets.elections import (
     ELECTION_YEARS,
     ElectionMatrix,
@@ -54,12 +62,13 @@ from ebfl.datasets.tff_emnist import (
     tff_emnist_writers,
 )
 
-__all__ = ["ACTIVITIES", "ELECTION_YEARS", "ElectionMatrix", "FASHION_MNIST_CLASSES",
-           "FEMNIST_CLASSES", "FemnistClients", "LabelledImages", "LeafFemnist", "MNIST_CLASSES",
-           "TFF_EMNIST_FILES", "TffEmnist", "content_sha256", "data_home", "dataset_file",
-           "dataset_path", "election_matrix", "feature_names", "femnist_clients", "fetch",
-           "fetch_leaf_femnist", "fetch_uci_hapt", "hapt_windows", "load_county_returns",
-           "load_fashion_mnist", "load_hapt_raw", "load_leaf_femnist", "load_mnist",
-           "load_tff_emnist", "manifest", "read_idx", "read_uci_hapt_zip", "sha256",
+__all__ = ["ACTIVITIES", "CIFAR10_CLASSES", "CIFAR10_C_CORRUPTIONS", "ELECTION_YEARS",
+           "ElectionMatrix", "FASHION_MNIST_CLASSES", "FEMNIST_CLASSES", "FemnistClients",
+           "LabelledImages", "LeafFemnist", "MNIST_CLASSES", "TFF_EMNIST_FILES", "TffEmnist",
+           "content_sha256", "data_home", "dataset_file", "dataset_path", "election_matrix",
+           "feature_names", "femnist_clients", "fetch", "fetch_leaf_femnist", "fetch_uci_hapt",
+           "hapt_windows", "load_cifar10", "load_cifar100", "load_cifar10_1", "load_cifar10_c",
+           "load_county_returns", "load_fashion_mnist", "load_hapt_raw", "load_leaf_femnist",
+           "load_mnist", "load_tff_emnist", "manifest", "read_idx", "read_uci_hapt_zip", "sha256",
            "split_first_run", "standardized_clients", "tff_emnist_federation",
            "tff_emnist_writers", "tidy_county_returns"]

@@ -11,7 +11,12 @@ seed. numpy only: no torch here.
   the NIID-Bench scheme of Li et al. 2022);
 * :func:`natural`: one client per writer, subject, ...;
 * :func:`train_test_split_per_client`: a stratified train/test split inside
-  each client.
+  each client;
+* :func:`dirichlet_least_samples`: the label-skew partition of PerAda (Xie et
+  al., CVPR 2024) and FedDF: a few samples of every class per client, then
+  Dirichlet shares with a per-client cap;
+* :func:`split_like_train`: a test set split among clients in their training
+  parts' per-class shares (PerAda's local test sets).
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import numpy as np
 
 from ebfl._validation import as_generator, check_int_scalar, check_real_scalar
 
-__all__ = ["dirichlet", "natural", "pathological", "train_test_split_per_client"]
+__all__ = ["dirichlet", "dirichlet_least_samples", "natural", "pathological",
+           "split_like_train", "train_test_split_per_client"]
 
 #: Largest Dirichlet concentration accepted by :func:`dirichlet`.
 MAX_ALPHA = 1e100
@@ -361,3 +367,229 @@ def train_test_split_per_client(labels, client_indices, test_fraction, *, rng=No
         train.append(np.sort(idx[~is_test]))
         test.append(np.sort(idx[is_test]))
     return train, test
+
+
+# -- PerAda's partition: least samples, capped Dirichlet shares, test split like train ------
+
+
+def _least_samples(inverse, counts, n_clients, least, rng):
+    """Per class, ``n_clients * least`` random samples dealt ``least`` to each client; and
+    the class's other samples (shuffled), for the Dirichlet stage."""
+    order, starts = _grouped(inverse, counts)
+    dealt = [[] for _ in range(n_clients)]
+    rest = []
+    for c in range(counts.size):
+        idx = rng.permutation(order[starts[c]:starts[c] + counts[c]])
+        first = idx[: n_clients * least].reshape(n_clients, least)
+        for j in range(n_clients):
+            dealt[j].append(first[j])
+        rest.append(idx[n_clients * least:])
+    return dealt, rest
+
+
+def _capped_sizes(shares, held, cap, n):
+    """Cut ``n`` samples among clients by ``shares``, zeroing the shares of clients that
+    hold ``cap`` or more. A client with a zero share gets nothing (the cumulative share
+    is scaled to end at exactly 1, so no rounding hands it a sample)."""
+    shares = np.where(held < cap, shares, 0.0)
+    if shares.sum() <= 0.0:  # every open share underflowed to 0 (alpha near 0)
+        shares = (held < cap).astype(np.float64)
+    cum = np.cumsum(shares)
+    bounds = np.floor(cum / cum[-1] * n).astype(np.int64)
+    return np.diff(np.concatenate([[0], bounds]))
+
+
+def dirichlet_least_samples(labels, n_clients, alpha, *, least_per_class=2, cap=None,
+                            rng=None):
+    """Label skew as in PerAda (Xie et al., CVPR 2024): least samples, then capped Dirichlet.
+
+    The partition of PerAda's CIFAR-10 and CheXpert experiments (the rules of
+    its official code, which follow FedDF, Lin et al. 2020):
+
+    1. every client first gets ``least_per_class`` random samples of every
+       class;
+    2. the other samples are dealt class by class (classes in sorted order):
+       for class ``k``, shares ``p ~ Dirichlet(alpha 1_M)`` are drawn, the
+       share of every client already holding ``cap`` or more samples from
+       this stage is set to 0, the shares are renormalised, and the class's
+       shuffled samples are cut at ``floor(n_k (p_1 + ... + p_j))``.
+
+    Parameters
+    ----------
+    labels : array_like of int, shape (n,)
+    n_clients : int
+        ``M``, at least 1; every class must have ``M * least_per_class``
+        samples.
+    alpha : float
+        Dirichlet concentration, in (0, 1e100] (PerAda: 0.1 for CIFAR-10,
+        0.3 and 1 for CheXpert).
+    least_per_class : int, default=2
+        Samples of every class each client gets first (>= 0).
+    cap : float, optional
+        Size at which a client's Dirichlet shares are zeroed, counting the
+        samples of step 2 only (as the official code does). Default ``n / M``.
+        PerAda's code uses ``N / M`` with ``N`` the whole training set,
+        server part included (50,000 / 20 = 2,500 for CIFAR-10): pass
+        ``cap=N / M`` to match it when ``labels`` holds the clients' pool only.
+        Must be at least (samples of step 2) / ``M``, so that some client is
+        always below it; ``np.inf`` sets no cap.
+    rng : None, int, SeedSequence or Generator
+
+    Returns
+    -------
+    list of ndarray of int64
+        ``n_clients`` sorted, disjoint index arrays covering every sample.
+
+    Raises
+    ------
+    ValueError
+        ``alpha`` outside (0, 1e100], a class with fewer than
+        ``n_clients * least_per_class`` samples, or ``cap`` below
+        (samples of step 2) / ``n_clients``.
+
+    Notes
+    -----
+    What the cap guarantees: a client receives samples of class ``k`` in step
+    2 only if it held fewer than ``cap`` step-2 samples before class ``k``.
+    So a client's step-2 count stays below ``cap`` plus the one class chunk
+    that took it over (its last chunk), and its total below that plus
+    ``least_per_class`` times the number of classes. If every open share
+    underflows to 0 (possible only for ``alpha`` near 0), the class is split
+    evenly among the clients below the cap instead (the official code would
+    divide by zero there).
+
+    Examples
+    --------
+    >>> labels = np.repeat(np.arange(4), 50)
+    >>> parts = dirichlet_least_samples(labels, n_clients=5, alpha=0.1, rng=0)
+    >>> [int(np.bincount(labels[p], minlength=4).min()) >= 2 for p in parts]
+    [True, True, True, True, True]
+    >>> sum(p.size for p in parts)
+    200
+    """
+    labels = _labels_iv(labels)
+    n_clients = _n_clients_iv(n_clients, labels)
+    # numpy's Dirichlet sampler fails near the float64 maximum (see dirichlet above)
+    alpha = check_real_scalar(alpha, "alpha", low=0.0, high=MAX_ALPHA, low_open=True)
+    least = check_int_scalar(least_per_class, "least_per_class", minimum=0,
+                             maximum=labels.size)
+    classes, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    short = np.flatnonzero(counts < n_clients * least)
+    if short.size:
+        c = short[0]
+        raise ValueError(f"class {classes[c]} has {counts[c]} samples, fewer than "
+                         f"n_clients * least_per_class = {n_clients * least}: lower "
+                         "least_per_class or n_clients")
+    pool = labels.size - n_clients * least * classes.size
+    floor_cap = pool / n_clients
+    if cap is None:
+        cap = labels.size / n_clients
+    else:
+        cap = check_real_scalar(cap, "cap", low=0.0, high=np.inf)
+        if cap < floor_cap:  # then every client could reach the cap before the last class
+            raise ValueError(f"cap must be >= {floor_cap:g} (the {pool} samples dealt by "
+                             f"Dirichlet shares over n_clients={n_clients}), got {cap:g}")
+    rng = as_generator(rng)
+    dealt, rest = _least_samples(inverse, counts, n_clients, least, rng)
+    held = np.zeros(n_clients, np.int64)
+    for c in range(classes.size):
+        shares = rng.dirichlet(np.full(n_clients, alpha))
+        sizes = _capped_sizes(shares, held, cap, rest[c].size)
+        for j, chunk in enumerate(np.split(rest[c], np.cumsum(sizes)[:-1])):
+            dealt[j].append(chunk)
+        held += sizes
+    return [np.sort(np.concatenate(p)).astype(np.int64) for p in dealt]
+
+
+def _largest_remainders(total, weights, rng):
+    """Integers summing to ``total``, proportional to integer ``weights`` (Hamilton's method
+    in exact integer arithmetic; ties among equal remainders broken at random)."""
+    weights = np.asarray(weights, dtype=np.int64)
+    scaled = total * weights
+    base, rem = scaled // weights.sum(), scaled % weights.sum()
+    left = total - int(base.sum())
+    base[np.lexsort((rng.random(weights.size), -rem))[:left]] += 1
+    return base
+
+
+def split_like_train(test_labels, train_parts, train_labels, *, rng=None):
+    """Split a test set among clients in the per-class shares of their training parts.
+
+    PerAda (Xie et al., CVPR 2024) gives each client a local test set with the
+    label distribution of its training data, and the union of the local test
+    sets is the whole test set ("Global-test"). Here each class's test
+    samples are shared among the clients in proportion to the clients' shares
+    of that class's training samples.
+
+    Parameters
+    ----------
+    test_labels : array_like of int, shape (n_test,)
+    train_parts : sequence of array_like of int
+        Each client's indices into ``train_labels`` (e.g. from
+        :func:`dirichlet_least_samples`), non-empty, without repeats.
+    train_labels : array_like of int, shape (n_train,)
+    rng : None, int, SeedSequence or Generator
+
+    Returns
+    -------
+    list of ndarray of int64
+        One sorted index array into ``test_labels`` per client; disjoint, and
+        together every test index exactly once. A client may get none.
+
+    Raises
+    ------
+    ValueError
+        A class of ``test_labels`` that no client's training part holds (its
+        test samples could not be assigned), or malformed ``train_parts``.
+
+    Notes
+    -----
+    For class ``k`` with ``t_k`` test samples, ``N_k`` training samples
+    across the parts and ``n_jk`` of them in client ``j``'s part, client ``j``
+    gets ``floor(t_k n_jk / N_k)`` test samples of class ``k`` or one more:
+    the ``t_k - sum_j floor(...)`` remaining samples go to the clients with
+    the largest remainders ``(t_k n_jk) mod N_k`` (exact integer arithmetic;
+    ties broken at random), so a client without training samples of a class
+    gets no test samples of it. Which samples go where is random within the
+    class. When every class has the same test/train ratio ``t_k / N_k = r``,
+    client ``j`` gets ``r n_jk`` test samples of class ``k`` to within one,
+    i.e. its training label distribution.
+
+    PerAda's official code instead re-runs its training partition on the
+    test set with the same Dirichlet shares; the two agree per class up to
+    the cap, the least samples and rounding.
+
+    Examples
+    --------
+    >>> train_labels = np.array([0, 0, 0, 1, 1, 1, 1, 1])
+    >>> parts = [np.array([0, 1, 3]), np.array([2, 4, 5, 6, 7])]
+    >>> test_labels = np.array([0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1])
+    >>> test = split_like_train(test_labels, parts, train_labels, rng=0)
+    >>> [np.bincount(test_labels[t], minlength=2).tolist() for t in test]
+    [[4, 2], [2, 6]]
+    """
+    test_labels = _labels_iv(test_labels)
+    train_labels = _labels_iv(train_labels)
+    try:
+        parts = _clients_iv(train_parts, train_labels.size)
+    except (TypeError, ValueError) as exc:  # the shared check names its own argument
+        message = str(exc).replace("client_indices", "train_parts")
+        raise type(exc)(message.replace("(labels has", "(train_labels has")) from None
+    classes, inverse, t_counts = np.unique(test_labels, return_inverse=True,
+                                           return_counts=True)
+    held = np.stack([np.array([np.count_nonzero(train_labels[p] == c) for c in classes],
+                              dtype=np.int64) for p in parts])  # (clients, classes)
+    missing = np.flatnonzero(held.sum(axis=0) == 0)
+    if missing.size:
+        raise ValueError(f"test_labels has class {classes[missing[0]]}, which no client's "
+                         "training part holds: its test samples cannot be shared like "
+                         "the training data")
+    rng = as_generator(rng)
+    order, starts = _grouped(inverse, t_counts)
+    out = [[] for _ in parts]
+    for c in range(classes.size):
+        sizes = _largest_remainders(int(t_counts[c]), held[:, c], rng)
+        idx = rng.permutation(order[starts[c]:starts[c] + t_counts[c]])
+        for j, chunk in enumerate(np.split(idx, np.cumsum(sizes)[:-1])):
+            out[j].append(chunk)
+    return [np.sort(np.concatenate(p)).astype(np.int64) for p in out]
