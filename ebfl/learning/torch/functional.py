@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-__all__ = ["batch_counters", "buffer_names", "clip_and_noise", "client_forward", "client_generators", "client_grad",
-           "clone_params", "cross_entropy", "distillation_kl", "drop_batch_counters", "eval_mode",
-           "fresh_params",
-           "model_state", "replicate", "sgd_step", "take", "train_mode", "weighted_mean"]
+__all__ = ["batch_counters", "buffer_names", "clip_and_noise", "client_forward",
+           "client_generators", "client_grad", "clone_params", "cross_entropy",
+           "distillation_kl", "drop_batch_counters", "eval_mode", "fresh_params", "model_state",
+           "replicate", "sgd_step", "take", "train_mode", "weighted_mean"]
 
 
 @contextlib.contextmanager

@@ -47,7 +47,6 @@ from ebfl.federated.protocol import FederatedAlgorithm
 from ebfl.federated.tree import tree_take
 from ebfl.learning.torch.functional import (
     batch_counters,
-    buffer_names,
     client_forward,
     client_generators,
     client_grad,
