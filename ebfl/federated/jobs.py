@@ -61,7 +61,10 @@ __all__ = ["ALGORITHMS", "DATASETS", "Job", "build_job", "digits_federation"]
 
 #: Learning algorithms (torch, ``learning`` extra) and empirical-Bayes protocols (numpy).
 LEARNING = ("fedavg", "local", "adaped", "adaped-ft", "dp-adaped", "fedavg-ft", "ditto",
-            "pfedme", "perfedavg", "quped", "fml", "fedem", "dp-fedem", "fedhdp")
+            "pfedme", "perfedavg", "quped", "fml", "fedem", "dp-fedem", "fedhdp", "perada",
+            "perada-nokd")
+#: PerAda's jobs run a small residual network with adapters on the digits as 8x8 images.
+PERADA = ("perada", "perada-nokd")
 EB = ("eb-beta-binomial", "eb-gaussian")
 #: Algorithm 1 of the FedHDP paper (numpy; :mod:`ebfl.fedhdp.point_estimation`).
 FEDHDP_POINT = ("fedhdp-point",)
@@ -84,12 +87,12 @@ class Job:
     settings: dict
 
 
-def digits_federation(n_clients=6, *, seed=0, classes_per_client=3):
+def digits_federation(n_clients=6, *, seed=0, classes_per_client=3, images=False):
     """scikit-learn's digits (8x8, 1797 images) split among ``n_clients`` clients.
 
     Each client holds ``classes_per_client`` classes (a pathological split) and
     keeps a quarter of its images, stratified, for testing. Bundled with
-    scikit-learn: no download.
+    scikit-learn: no download. ``images``: samples of shape (8, 8) instead of (64,).
     """
     from sklearn.datasets import load_digits
 
@@ -98,6 +101,8 @@ def digits_federation(n_clients=6, *, seed=0, classes_per_client=3):
 
     x, y = load_digits(return_X_y=True)
     x = (x / 16.0).astype(np.float32)
+    if images:
+        x = x.reshape(-1, 8, 8)
     rng = np.random.default_rng(seed)
     clients = pathological(y, n_clients, classes_per_client, rng=rng)
     train, test = train_test_split_per_client(y, clients, 0.25, rng=rng)
@@ -175,7 +180,8 @@ def build_job(settings):
     """The :class:`Job` of ``settings`` (see the module docstring)."""
     s = settings_of(settings)
     if s["algorithm"] in LEARNING:
-        data = digits_federation(int(s["clients"]), seed=int(s["seed"]))
+        data = digits_federation(int(s["clients"]), seed=int(s["seed"]),
+                                 images=s["algorithm"] in PERADA)
         algorithm = _learning_algorithm(s)
     elif s["algorithm"] in FEDHDP_POINT:
         from ebfl.fedhdp import point_estimation
@@ -218,6 +224,8 @@ def _learning_algorithm(s):
         "fedem": lambda: b.FedEM(model),
         "dp-fedem": lambda: b.DPFedEM(model, clip=clip, noise=noise),
         "fedhdp": lambda: _fedhdp(model, s),
+        "perada": lambda: _perada(s, distill=True),
+        "perada-nokd": lambda: _perada(s, distill=False),
     }
     return makers[s["algorithm"]]()
 
@@ -237,3 +245,22 @@ def _fedhdp(model, s):
                   ratio=0.1 if s["ratio"] is None else float(s["ratio"]),
                   noise_multiplier=[0.0, float(s["noise"])], clip=float(s["clip"]),
                   count_noise=1.0)
+
+
+def _perada(s, *, distill):
+    """PerAda on the digits as 8x8 images: adapters on a seeded random frozen backbone."""
+    import torch
+    from sklearn.datasets import load_digits
+
+    from ebfl.learning.torch.adapters import SmallResNet
+    from ebfl.learning.torch.functional import fresh_params
+    from ebfl.learning.torch.perada import PerAda
+
+    model = SmallResNet(10, 1, widths=(8, 16))
+    aux = None
+    if distill:
+        x = load_digits().images[:400] / 16.0
+        aux = torch.as_tensor(np.ascontiguousarray(x.transpose(0, 2, 1)), dtype=torch.float32)
+    return PerAda(model, fresh_params(model, int(s["seed"])), lr=float(s["lr"]),
+                  lam=2.0 if s["lambda"] is None else float(s["lambda"]), aux=aux,
+                  kd_steps=5, kd_batch_size=64)

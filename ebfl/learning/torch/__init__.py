@@ -12,6 +12,14 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("ebfl.learning.torch needs torch: pip install 'ebfl[learning]' "
                       "(on the project machines: pip install torch==2.13.0 first)") from exc
 
+from ebfl.learning.torch.adapters import (
+    AdapterBlock,
+    ResNet18Adapters,
+    SmallResNet,
+    load_torchvision_weights,
+    parameter_counts,
+    parameter_groups,
+)
 from ebfl.learning.torch.baselines import (
     FML,
     Ditto,
@@ -25,8 +33,13 @@ from ebfl.learning.torch.baselines import (
 from ebfl.learning.torch.data import FederatedDataset
 from ebfl.learning.torch.engine import TrainResult, train
 from ebfl.learning.torch.models import CNN5, MLP, LogisticModel
+from ebfl.learning.torch.perada import PerAda
+from ebfl.learning.torch.perada_dp import DPDitto, DPPerAda
+from ebfl.learning.torch.pretrain import load_backbone, pretrained_backbone
 from ebfl.learning.torch.strategies import AdaPeD, DPAdaPeD, FedAvg, Local
 
-__all__ = ["CNN5", "FML", "MLP", "AdaPeD", "DPAdaPeD", "DPFedEM", "Ditto", "FedAvg", "FedAvgFT",
-           "FedEM", "FederatedDataset", "Local", "LogisticModel", "PFedMe", "PerFedAvg", "QuPeDFP",
-           "TrainResult", "train"]
+__all__ = ["CNN5", "FML", "MLP", "AdaPeD", "AdapterBlock", "DPAdaPeD", "DPDitto", "DPFedEM",
+           "DPPerAda", "Ditto", "FedAvg", "FedAvgFT", "FedEM", "FederatedDataset", "Local",
+           "LogisticModel", "PFedMe", "PerAda", "PerFedAvg", "QuPeDFP", "ResNet18Adapters",
+           "SmallResNet", "TrainResult", "load_backbone", "load_torchvision_weights",
+           "parameter_counts", "parameter_groups", "pretrained_backbone", "train"]
