@@ -66,7 +66,6 @@ from torch.func import functional_call
 
 from ebfl._validation import (
     check_bool,
-    check_choice,
     check_int_scalar,
     check_nonnegative_scalar,
     check_positive_scalar,
@@ -88,7 +87,7 @@ from ebfl.learning.torch.functional import (
     sgd_step,
     weighted_mean,
 )
-from ebfl.learning.torch.perada import _aux_iv, _validation_iv, distill, ensemble_logits
+from ebfl.learning.torch.perada import ServerDistillation
 from ebfl.learning.torch.strategies import (
     FedAvg,
     GaussianRelease,
@@ -465,7 +464,7 @@ class FedAvgFT(_OneGlobalModel, _AdaptedGlobal, FedAvg):
 
 # --- FedAvg + server ensemble distillation ---------------------------------------------------
 
-class FedDF(_OneGlobalModel, FedAvg):
+class FedDF(ServerDistillation, _OneGlobalModel, FedAvg):
     """FedDF (Lin, Kong, Stich & Jaggi, NeurIPS 2020): FedAvg refined by ensemble distillation.
 
     Clients train exactly as in :class:`~.strategies.FedAvg` (message: the
@@ -502,6 +501,8 @@ class FedDF(_OneGlobalModel, FedAvg):
         Default Adam, cosine-annealed over the round's steps, with ``kd_lr``
         1e-3: the server optimizer of PerAda's official code on CIFAR-10.
     temperature : float
+    kd_rounds : int, optional
+        Distill only in rounds < ``kd_rounds`` (default: every round).
     kd_validation : (Tensor, Tensor), optional
         Labelled server data: keep the best student on it (see
         :func:`~ebfl.learning.torch.perada.distill`).
@@ -522,50 +523,28 @@ class FedDF(_OneGlobalModel, FedAvg):
     name = "FedDF"
 
     def __init__(self, model, lr=0.1, *, aux, kd_steps=50, kd_lr=1e-3, kd_batch_size=128,
-                 kd_optimizer="adam", temperature=1.0, kd_validation=None, kd_patience=None,
-                 kd_eval_every=1, weight_decay=1e-4):
+                 kd_optimizer="adam", temperature=1.0, kd_rounds=None, kd_validation=None,
+                 kd_patience=None, kd_eval_every=1, weight_decay=1e-4):
         super().__init__(model, lr, weight_decay=weight_decay)
         if aux is None:
             raise TypeError("aux must be a floating-point Tensor of unlabeled inputs "
                             "(n_aux, ...): FedDF distills on it (without it, use FedAvg)")
-        self.aux = _aux_iv(aux)
-        self.kd_steps = check_int_scalar(kd_steps, "kd_steps", minimum=0)
-        self.kd_lr = check_positive_scalar(kd_lr, "kd_lr")
-        self.kd_batch_size = check_int_scalar(kd_batch_size, "kd_batch_size", minimum=1)
-        self.kd_optimizer = check_choice(kd_optimizer, "kd_optimizer", ("adam", "sgd"))
-        self.temperature = check_positive_scalar(temperature, "temperature")
-        self.kd_validation = _validation_iv(kd_validation)
-        self.kd_patience = (None if kd_patience is None
-                            else check_int_scalar(kd_patience, "kd_patience", minimum=1))
-        self.kd_eval_every = check_int_scalar(kd_eval_every, "kd_eval_every", minimum=1)
-        if self.kd_patience is not None and self.kd_validation is None:
-            raise ValueError("kd_patience needs kd_validation (labelled server data to score "
-                             "the student on)")
+        self._distillation_setup(aux, kd_steps=kd_steps, kd_lr=kd_lr,
+                                 kd_batch_size=kd_batch_size, kd_optimizer=kd_optimizer,
+                                 temperature=temperature, kd_rounds=kd_rounds,
+                                 kd_validation=kd_validation, kd_patience=kd_patience,
+                                 kd_eval_every=kd_eval_every)
 
     def config(self):
-        return {**super().config(), "kd_steps": self.kd_steps, "kd_lr": self.kd_lr,
-                "kd_batch_size": self.kd_batch_size, "kd_optimizer": self.kd_optimizer,
-                "temperature": self.temperature, "n_aux": len(self.aux),
-                "kd_early_stopping": self.kd_patience is not None}
+        return {**super().config(), **self._distillation_config()}
 
     def aggregate(self, server, replies, weights, rc):
         models = replies["model"]
         average = weighted_mean(models, _weights(weights))
-        if self.kd_steps == 0:
+        if not self.distills(rc.round):
             return {"global": average}
-        gen = torch.Generator().manual_seed(
-            stream_seed(rc.config.seed, rc.round, SERVER, "aggregate"))
-        teacher = ensemble_logits(self.model, models, self.aux)
-        student, info = distill(
-            self.model, average, teacher, self.aux, steps=self.kd_steps, lr=self.kd_lr,
-            batch_size=min(self.kd_batch_size, len(self.aux)), generator=gen,
-            temperature=self.temperature, optimizer=self.kd_optimizer,
-            validation=self.kd_validation, eval_every=self.kd_eval_every,
-            patience=self.kd_patience)
-        return {"global": student, "kd": {k: torch.tensor(float(v)) for k, v in info.items()}}
-
-    def summary(self, server):
-        return {k: float(v) for k, v in server.get("kd", {}).items()}
+        student, stats = self._distilled(average, models, rc)
+        return {"global": student, "kd": stats}
 
 
 # --- one global model trained from local copies ----------------------------------------------

@@ -48,7 +48,8 @@ from ebfl.learning.torch.functional import (
 )
 from ebfl.learning.torch.strategies import Strategy, _model_iv
 
-__all__ = ["PerAda", "distill", "ensemble_logits", "frozen_batchnorm_eval", "kd_batches"]
+__all__ = ["PerAda", "ServerDistillation", "distill", "ensemble_logits", "frozen_batchnorm_eval",
+           "kd_batches"]
 
 #: The adapters' dropout key (a float buffer of ebfl's adapter models), redrawn per step.
 DROPOUT_KEY = "dropout_key"
@@ -218,7 +219,68 @@ def distill(model, student, teacher_logits, aux, *, steps, lr, batch_size, gener
     return out, info
 
 
-class PerAda(Strategy):
+class ServerDistillation:
+    """Mixin: the server's ensemble distillation of an averaged model (PerAda, FedDF).
+
+    ``_distillation_setup`` checks and stores the settings; ``_distilled``
+    distills a round's average toward the mean logits of the round's replies,
+    with batches from the server's stream of the round (so both runtimes agree).
+    """
+
+    def _distillation_setup(self, aux, *, kd_steps, kd_lr, kd_batch_size, kd_optimizer,
+                            temperature, kd_rounds, kd_validation, kd_patience, kd_eval_every):
+        self.aux = _aux_iv(aux)
+        self.kd_steps = check_int_scalar(kd_steps, "kd_steps", minimum=0)
+        self.kd_lr = check_positive_scalar(kd_lr, "kd_lr")
+        self.kd_batch_size = check_int_scalar(kd_batch_size, "kd_batch_size", minimum=1)
+        self.kd_optimizer = check_choice(kd_optimizer, "kd_optimizer", ("sgd", "adam"))
+        self.temperature = check_positive_scalar(temperature, "temperature")
+        self.kd_rounds = (None if kd_rounds is None
+                          else check_int_scalar(kd_rounds, "kd_rounds", minimum=0))
+        self.kd_validation = _validation_iv(kd_validation)
+        self.kd_patience = (None if kd_patience is None
+                            else check_int_scalar(kd_patience, "kd_patience", minimum=1))
+        self.kd_eval_every = check_int_scalar(kd_eval_every, "kd_eval_every", minimum=1)
+        if self.kd_patience is not None and self.kd_validation is None:
+            raise ValueError("kd_patience needs kd_validation (labelled server data to score "
+                             "the student on)")
+
+    def _distillation_config(self):
+        return {"kd_steps": self.kd_steps if self.aux is not None else 0, "kd_lr": self.kd_lr,
+                "kd_batch_size": self.kd_batch_size, "kd_optimizer": self.kd_optimizer,
+                "temperature": self.temperature, "kd_rounds": self.kd_rounds,
+                "n_aux": 0 if self.aux is None else len(self.aux),
+                "kd_early_stopping": self.kd_patience is not None}
+
+    def distills(self, round_):
+        """Whether the server distills after round ``round_`` (0-based)."""
+        return (self.aux is not None and self.kd_steps > 0
+                and (self.kd_rounds is None or round_ < self.kd_rounds))
+
+    def _distilled(self, average, teachers, rc, frozen=None):
+        """(student, diagnostics as tensors): ``average`` distilled toward the mean logits of
+        the stacked ``teachers`` on this round's batches of ``aux``."""
+        gen = torch.Generator().manual_seed(
+            stream_seed(rc.config.seed, rc.round, SERVER, "aggregate"))
+        batch = min(self.kd_batch_size, len(self.aux))
+        batches = kd_batches(len(self.aux), self.kd_steps, batch, gen)
+        # the teachers' logits on the aux samples this round's steps read, not all of D_aux
+        used = torch.unique(torch.cat(batches))
+        logits = ensemble_logits(self.model, teachers, self.aux[used], frozen=frozen)
+        teacher = logits.new_zeros((len(self.aux), logits.shape[1]))
+        teacher[used] = logits
+        student, info = distill(
+            self.model, average, teacher, self.aux, steps=self.kd_steps, lr=self.kd_lr,
+            batch_size=batch, batches=batches, temperature=self.temperature,
+            optimizer=self.kd_optimizer, frozen=frozen, validation=self.kd_validation,
+            eval_every=self.kd_eval_every, patience=self.kd_patience)
+        return student, {k: torch.tensor(float(v)) for k, v in info.items()}
+
+    def summary(self, server):
+        return {k: float(v) for k, v in server.get("kd", {}).items()}
+
+
+class PerAda(ServerDistillation, Strategy):
     """PerAda (Xie et al., CVPR 2024, Algorithm 1) on the two-runtime protocol.
 
     Message: the global adapter w^t. Reply: each sampled client's local adapter
@@ -297,21 +359,11 @@ class PerAda(Strategy):
         self.weight_decay = check_nonnegative_scalar(weight_decay, "weight_decay")
         self.trainable = _trainable_iv(model, trainable)
         self.pretrained = _pretrained_iv(model, pretrained, self.trainable)
-        self.aux = _aux_iv(aux)
-        self.kd_steps = check_int_scalar(kd_steps, "kd_steps", minimum=0)
-        self.kd_lr = check_positive_scalar(kd_lr, "kd_lr")
-        self.kd_batch_size = check_int_scalar(kd_batch_size, "kd_batch_size", minimum=1)
-        self.kd_optimizer = check_choice(kd_optimizer, "kd_optimizer", ("sgd", "adam"))
-        self.temperature = check_positive_scalar(temperature, "temperature")
-        self.kd_rounds = (None if kd_rounds is None
-                          else check_int_scalar(kd_rounds, "kd_rounds", minimum=0))
-        self.kd_validation = _validation_iv(kd_validation)
-        self.kd_patience = (None if kd_patience is None
-                            else check_int_scalar(kd_patience, "kd_patience", minimum=1))
-        self.kd_eval_every = check_int_scalar(kd_eval_every, "kd_eval_every", minimum=1)
-        if self.kd_patience is not None and self.kd_validation is None:
-            raise ValueError("kd_patience needs kd_validation (labelled server data to score "
-                             "the student on)")
+        self._distillation_setup(aux, kd_steps=kd_steps, kd_lr=kd_lr,
+                                 kd_batch_size=kd_batch_size, kd_optimizer=kd_optimizer,
+                                 temperature=temperature, kd_rounds=kd_rounds,
+                                 kd_validation=kd_validation, kd_patience=kd_patience,
+                                 kd_eval_every=kd_eval_every)
         if self.aux is None or self.kd_steps == 0:
             self.name = "PerAda w/o KD"
         self._frozen = {n: t for n, t in self.pretrained.items() if n not in self.trainable}
@@ -319,12 +371,7 @@ class PerAda(Strategy):
     def config(self):
         return {"name": self.name, "lr": self.lr, "lr_personal": self.lr_personal,
                 "lam": self.lam, "weight_decay": self.weight_decay,
-                "kd_steps": self.kd_steps if self.aux is not None else 0,
-                "kd_lr": self.kd_lr, "kd_batch_size": self.kd_batch_size,
-                "kd_optimizer": self.kd_optimizer, "temperature": self.temperature,
-                "kd_rounds": self.kd_rounds, "n_aux": 0 if self.aux is None else len(self.aux),
-                "kd_early_stopping": self.kd_patience is not None,
-                "trained_parameters": self.n_trainable}
+                **self._distillation_config(), "trained_parameters": self.n_trainable}
 
     @property
     def n_trainable(self):
@@ -362,36 +409,13 @@ class PerAda(Strategy):
     def evaluation_message(self, server):
         return {"global": server["global"]}
 
-    def distills(self, round_):
-        """Whether the server distills after round ``round_`` (0-based)."""
-        return (self.aux is not None and self.kd_steps > 0
-                and (self.kd_rounds is None or round_ < self.kd_rounds))
-
     def aggregate(self, server, replies, weights, rc):
         thetas = replies["theta"]
         average = {n: t.mean(0) for n, t in thetas.items()}  # uniform 1/|S_t| (Algorithm 1)
         if not self.distills(rc.round):
             return {"global": average}
-        gen = torch.Generator().manual_seed(
-            stream_seed(rc.config.seed, rc.round, SERVER, "aggregate"))
-        batch = min(self.kd_batch_size, len(self.aux))
-        batches = kd_batches(len(self.aux), self.kd_steps, batch, gen)
-        # the teachers' logits on the aux samples this round's steps read, not all of D_aux
-        used = torch.unique(torch.cat(batches))
-        logits = ensemble_logits(self.model, thetas, self.aux[used], frozen=self._frozen)
-        teacher = logits.new_zeros((len(self.aux), logits.shape[1]))
-        teacher[used] = logits
-        student, info = distill(
-            self.model, average, teacher, self.aux, steps=self.kd_steps, lr=self.kd_lr,
-            batch_size=batch, batches=batches,
-            temperature=self.temperature, optimizer=self.kd_optimizer, frozen=self._frozen,
-            validation=self.kd_validation, eval_every=self.kd_eval_every,
-            patience=self.kd_patience)
-        stats = {k: torch.tensor(float(v)) for k, v in info.items()}
+        student, stats = self._distilled(average, thetas, rc, frozen=self._frozen)
         return {"global": student, "kd": stats}
-
-    def summary(self, server):
-        return {k: float(v) for k, v in server.get("kd", {}).items()}
 
     # --- client half -------------------------------------------------------------------------
     def init_clients(self, run, data, clients):
