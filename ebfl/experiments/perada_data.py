@@ -40,6 +40,7 @@ from ebfl._validation import (
     check_probability,
     check_real_scalar,
 )
+from ebfl.experiments.fedhdp_data import _range_summary, _range_text
 from ebfl.learning.partition import MAX_ALPHA, dirichlet_least_samples, split_like_train
 
 if TYPE_CHECKING:  # torch is an optional dependency: imported where a dataset is built
@@ -150,15 +151,6 @@ class PerAdaData:
             each = f"{sizes.pop()} samples each" if len(sizes) == 1 else "sizes vary"
             lines.append(f"  out-of-distribution sets ({each}): {', '.join(d['ood_sizes'])}")
         return "\n".join(lines)
-
-
-def _range_summary(counts):
-    return {"min": int(counts.min()), "max": int(counts.max()), "total": int(counts.sum())}
-
-
-def _range_text(r):
-    span = str(r["min"]) if r["min"] == r["max"] else f"{r['min']}-{r['max']}"
-    return f"{span} ({r['total']} in all)"
 
 
 # -- the shared pipeline ----------------------------------------------------------------------
