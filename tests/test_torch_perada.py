@@ -258,3 +258,13 @@ def test_bad_input(data):
         PerAda(net, pre, kd_optimizer="rmsprop")
     with pytest.raises(ValueError, match="trainable names"):
         PerAda(net, pre, trainable=["nope"])
+    with pytest.warns(RuntimeWarning, match="overshoots"):
+        PerAda(net, pre, lr=0.2, lam=20.0)
+
+
+def test_a_proximal_step_with_lr_times_lam_above_2_moves_v_away_from_w():
+    """Why PerAda warns: the pull's factor on v - w is 1 - lr lam (here -3)."""
+    v, w, lr, lam = torch.tensor([1.0]), torch.tensor([0.0]), 0.2, 20.0
+    for _ in range(3):
+        v = v - lr * lam * (v - w)
+    assert abs(float(v)) == pytest.approx(27.0)

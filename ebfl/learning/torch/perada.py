@@ -22,6 +22,7 @@ Without D_aux (``aux=None``) this is "PerAda w/o KD": FedAvg on adapters.
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -356,6 +357,13 @@ class PerAda(ServerDistillation, Strategy):
         self.lr_personal = (self.lr if lr_personal is None
                             else check_positive_scalar(lr_personal, "lr_personal"))
         self.lam = check_nonnegative_scalar(lam, "lam")
+        if self.lr_personal * self.lam >= 2:
+            # v - lr (g + lam (v - w)) multiplies v - w by 1 - lr lam: |1 - lr lam| >= 1 when
+            # lr lam >= 2, so the pull to w overshoots and grows (the CPU-scale run diverged
+            # at lr 0.2 with lam 20)
+            warnings.warn(f"lr_personal * lam = {self.lr_personal * self.lam:g} >= 2: the "
+                          "proximal step overshoots w and diverges; lower lr_personal or lam",
+                          RuntimeWarning, stacklevel=2)
         self.weight_decay = check_nonnegative_scalar(weight_decay, "weight_decay")
         self.trainable = _trainable_iv(model, trainable)
         self.pretrained = _pretrained_iv(model, pretrained, self.trainable)
