@@ -47,6 +47,7 @@ from ebfl.federated.protocol import FederatedAlgorithm
 from ebfl.federated.tree import tree_take
 from ebfl.learning.torch.functional import (
     batch_counters,
+    buffer_names,
     client_forward,
     client_generators,
     client_grad,
@@ -183,10 +184,6 @@ class Strategy(FederatedAlgorithm):
 class _PlainSGD(Strategy):
     """Shared by FedAvg and Local: one learning rate and weight decay."""
 
-    def trained_parameters(self):
-        """Parameters each client trains (one model; buffers not counted)."""
-        return sum(p.numel() for p in self.model.parameters())
-
     def __init__(self, model, lr=0.1, *, weight_decay=1e-4):
         self.model = _model_iv(model)
         self.lr = check_positive_scalar(lr, "lr")
@@ -194,6 +191,10 @@ class _PlainSGD(Strategy):
 
     def config(self):
         return {"name": self.name, "lr": self.lr, "weight_decay": self.weight_decay}
+
+    def trained_parameters(self):
+        """Parameters each client trains (one model; buffers not counted)."""
+        return sum(p.numel() for p in self.model.parameters())
 
 
 class FedAvg(_PlainSGD):
@@ -465,6 +466,11 @@ class DPAdaPeD(GaussianRelease, AdaPeD):
     def __init__(self, model, *args, clip_mu, noise_mu, clip_psi=None, noise_psi=None,
                  concatenate=False, **kwargs):
         super().__init__(model, *args, **kwargs)
+        if buffer_names(model):
+            raise ValueError("model must not have float buffers (BatchNorm running "
+                             "statistics): DP-AdaPeD's reply would carry them computed from "
+                             "the client's data and not noised (use a model without "
+                             "BatchNorm, e.g. with GroupNorm)")
         self.name = "DP-AdaPeD" + ("-FT" if self.fine_tune else "")
         self.clip_mu = check_positive_scalar(clip_mu, "clip_mu")
         self.noise_mu = check_nonnegative_scalar(noise_mu, "noise_mu")
