@@ -97,3 +97,14 @@ def _one_torch_thread_per_xdist_worker():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op torch thread for a test module (its models are tiny: one thread is
+    faster, and immune to a busy machine's oversubscription); restored after."""
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -44,12 +44,7 @@ def digits():
     return dataclasses.replace(d, x_train=d.x_train.double(), x_test=d.x_test.double())
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _model():

@@ -22,15 +22,7 @@ from ebfl.experiments.perada import (  # noqa: E402
 )
 from tests.conftest import has_dataset  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 #: The quick run CI makes: on MNIST when the data home has it (the default command), else on

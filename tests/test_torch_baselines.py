@@ -54,14 +54,7 @@ def digits():
     return _digits_clients()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models: one intra-op thread is faster, and immune to a busy machine's
-    oversubscription (2 threads beside another job ran these tests 10x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _row(stack, i):

@@ -44,13 +44,7 @@ from ebfl.learning.torch.perada_dp import (  # noqa: E402
 )
 from ebfl.privacy.dp_fedavg import dp_fedavg_epsilon  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _net(dropout=0.3, dtype=torch.float64):

@@ -33,13 +33,7 @@ from tests.test_torch_engine import _digits_clients  # noqa: E402
 TOL = dict(atol=1e-6, rtol=0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models, a machine shared with other jobs: one intra-op thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def digit_images(m=6):

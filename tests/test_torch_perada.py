@@ -21,13 +21,7 @@ from ebfl.learning.torch.generalization import (  # noqa: E402
 from ebfl.learning.torch.perada import PerAda, _kd_loss, distill, ensemble_logits  # noqa: E402
 from tests.test_federated import assert_trees_close, drive_one_client_at_a_time  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _images(rng, n, label_shift):
