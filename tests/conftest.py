@@ -24,7 +24,9 @@ if "EBFL_DATA" not in os.environ and _SHARED.is_dir():
 _MANIFESTS = Path(__file__).resolve().parent.parent / "data" / "manifests"
 #: Files a loader reads besides those its manifest lists: UCI's own zip of the HAPT
 #: recordings (``load_hapt_raw``) and LEAF's JSON files (``load_leaf_femnist``).
-_OTHER_FILES = {"uci-hapt-raw": ["hapt_uci.zip"], "leaf-femnist": ["data/train/*.json"]}
+_OTHER_FILES = {"uci-hapt-raw": ["hapt_uci.zip"], "leaf-femnist": ["data/train/*.json"],
+                "uci-har": ["UCI HAR Dataset.zip",
+                            "human+activity+recognition+using+smartphones.zip"]}
 
 
 def has_dataset(folder):

@@ -61,6 +61,8 @@ def _jobs():
     for name in ALGORITHMS:
         s = {"algorithm": name, "clients": 6, "rounds": 3, "local-steps": 3,
              "clients-per-round": 3}
+        if name == "dp-pfl":  # private (each device's noise), with an Omega-step after round 2
+            s.update({"inner": 2, "epsilon": 8.0})
         jobs.append(s)
     return jobs
 

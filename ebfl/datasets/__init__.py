@@ -61,6 +61,7 @@ from ebfl.datasets.tff_emnist import (
     tff_emnist_federation,
     tff_emnist_writers,
 )
+from ebfl.datasets.uci_har import load_uci_har, read_uci_har_zip
 
 __all__ = ["ACTIVITIES", "CIFAR10_CLASSES", "CIFAR10_C_CORRUPTIONS", "ELECTION_YEARS",
            "ElectionMatrix", "FASHION_MNIST_CLASSES", "FEMNIST_CLASSES", "FemnistClients",
@@ -69,6 +70,7 @@ __all__ = ["ACTIVITIES", "CIFAR10_CLASSES", "CIFAR10_C_CORRUPTIONS", "ELECTION_Y
            "feature_names", "femnist_clients", "fetch", "fetch_leaf_femnist", "fetch_uci_hapt",
            "hapt_windows", "load_cifar10", "load_cifar100", "load_cifar10_1", "load_cifar10_c",
            "load_county_returns", "load_fashion_mnist", "load_hapt_raw", "load_leaf_femnist",
-           "load_mnist", "load_tff_emnist", "manifest", "read_idx", "read_uci_hapt_zip", "sha256",
+           "load_mnist", "load_tff_emnist", "load_uci_har", "manifest", "read_idx",
+           "read_uci_hapt_zip", "read_uci_har_zip", "sha256",
            "split_first_run", "standardized_clients", "tff_emnist_federation",
            "tff_emnist_writers", "tidy_county_returns"]

@@ -26,10 +26,8 @@ setting for users who have the data and weights.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import logging
 import math
 import time
 from dataclasses import asdict, dataclass, replace
@@ -38,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ebfl._validation import check_bool, check_choice, check_int_scalar
+from ebfl.privacy.accounting import quiet_absl
 
 __all__ = ["FULL", "QUICK", "PerAdaProtocol", "TABLE1_METHODS", "plot_perada", "reproduce_perada",
            "run_method"]
@@ -274,7 +273,7 @@ def run_method(name, data, protocol, backbone, *, seed=0, progress=False, cache=
            "report": report, "history": res.history, "train_seconds": train_seconds,
            "seconds": time.perf_counter() - t0}
     if hasattr(alg, "privacy"):
-        with _quiet_accountant():
+        with quiet_absl():
             priv = alg.privacy(protocol.delta, protocol.rounds, n_train=data.federated.n_train,
                                local_steps=protocol.local_steps,
                                participated=_participation(run_config(data.federated,
@@ -287,19 +286,6 @@ def run_method(name, data, protocol, backbone, *, seed=0, progress=False, cache=
         tmp.write_text(json.dumps(_jsonable(out)))
         tmp.replace(cache)
     return _jsonable(out)
-
-
-@contextlib.contextmanager
-def _quiet_accountant():
-    """dp-accounting logs, through absl, each RDP order it leaves out for not converging at
-    large sampling rates (hundreds of lines); leaving orders out only raises epsilon."""
-    log = logging.getLogger("absl")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
 
 
 def _participation(config):
@@ -561,7 +547,7 @@ def _table4(runs, data, protocol):
         for eps in protocol.dp_epsilons:
             # calibrated for a client that trains in every round: the reported epsilons,
             # from the rounds each client really trained in, are at most the target
-            with _quiet_accountant():
+            with quiet_absl():
                 z = calibrate_noise_multiplier(eps, protocol.delta, n_train=n_train,
                                                rounds=protocol.rounds,
                                                local_steps=protocol.local_steps,

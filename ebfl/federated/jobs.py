@@ -39,6 +39,12 @@ Settings (keys as in a Flower ``pyproject.toml``; all optional but ``algorithm``
     :func:`ebfl.fedhdp.point_estimation.job_algorithm`. ``fedhdp``: the clients
     with ids below ``opt-out`` x clients are non-private (default 0.5), r =
     ``ratio`` (default 0.1), lambda = ``lambda`` (default 0.005, Table 7).
+``inner``, ``epsilon``, ``ratio``, ``lambda``
+    ``dp-pfl`` (Algorithm 1 of DP-PFL, Hu et al., IEEE IoT J. 2020, on ``simulated``
+    devices; one round is one global iteration): the Omega-step every ``inner``
+    rounds (K, default 10), (``epsilon``, 1e-3)-DP per device (omitted:
+    non-private), the budget split r = ``ratio`` (default 1) and lambda =
+    ``lambda`` (default 0.1); see :func:`ebfl.dppfl.federated.job_algorithm`.
 """
 
 from __future__ import annotations
@@ -68,13 +74,15 @@ PERADA = ("perada", "perada-nokd")
 EB = ("eb-beta-binomial", "eb-gaussian")
 #: Algorithm 1 of the FedHDP paper (numpy; :mod:`ebfl.fedhdp.point_estimation`).
 FEDHDP_POINT = ("fedhdp-point",)
-ALGORITHMS = LEARNING + EB + FEDHDP_POINT
+#: Algorithm 1 of DP-PFL (numpy; :mod:`ebfl.dppfl.federated`).
+DPPFL = ("dp-pfl",)
+ALGORITHMS = LEARNING + EB + FEDHDP_POINT + DPPFL
 DATASETS = ("digits", "simulated", "elections")
 
 DEFAULTS = {"dataset": None, "clients": None, "rounds": 3, "seed": 0, "clients-per-round": None,
             "local-steps": 5, "batch-size": 10, "eval-every": 1, "lr": 0.1, "clip": 1.0,
             "noise": 0.1, "epsilon": None, "opt-out": None, "gamma2": None, "ratio": None,
-            "lambda": None}
+            "lambda": None, "inner": None}
 
 
 @dataclass
@@ -135,7 +143,7 @@ def settings_of(settings):
 
 #: Integer settings and their smallest values; the others below are positive reals.
 INTEGERS = {"clients": 1, "rounds": 1, "seed": 0, "clients-per-round": 1, "local-steps": 1,
-            "batch-size": 1, "eval-every": 1}
+            "batch-size": 1, "eval-every": 1, "inner": 1}
 POSITIVE = ("lr", "clip", "epsilon")
 
 
@@ -188,6 +196,11 @@ def build_job(settings):
 
         data = point_estimation.job_data(s)
         algorithm = point_estimation.job_algorithm(s, data)
+    elif s["algorithm"] in DPPFL:
+        from ebfl.dppfl import federated as dppfl
+
+        data = dppfl.job_data(s)
+        algorithm = dppfl.job_algorithm(s, data)
     else:
         from ebfl.federated import eb, eb_data
 

@@ -30,7 +30,9 @@ Conventions used throughout
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import math
 from dataclasses import dataclass
 
@@ -84,6 +86,24 @@ _METHODS = ("lemma2", "classic")
 # --------------------------------------------------------------------------- validation
 
 
+
+
+
+@contextlib.contextmanager
+def quiet_absl():
+    """Silence dp-accounting's absl log lines below ERROR for the duration.
+
+    Its RDP accountant logs every fractional order whose series does not
+    converge (hundreds of lines at large sampling rates) and leaves it out,
+    which can only raise epsilon.
+    """
+    log = logging.getLogger("absl")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _count(value, name, minimum=1):

@@ -563,4 +563,5 @@ def check_theorem7(reps, rng, progress, **p):
                              "the constant 6 / q^2 scaling needs unstated conditions "
                              "(spec D.9.7 [!13])")]
 
+from ebfl.validation import dppfl_checks  # noqa: E402, F401, I001  (registers dppfl_* checks)
 from ebfl.validation import fedhdp_checks  # noqa: E402, F401  (registers the fedhdp_* checks)
