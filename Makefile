@@ -28,6 +28,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_federated.py
 	$(PY) benchmarks/bench_adaped.py
 	$(PY) benchmarks/bench_flower.py
+	$(PY) benchmarks/bench_dppfl.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ebfl tests benchmarks

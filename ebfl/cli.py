@@ -471,6 +471,40 @@ def _cmd_accounting_fedhdp(args):
     _emit(args, payload, render)
 
 
+def _cmd_accounting_dp_pfl(args):
+    from ebfl.dppfl.accounting import dppfl_privacy_report
+
+    if args.q > 1:
+        raise ValueError(f"--q must lie in (0, 1] (q = n_iter/n_t), got {args.q:g}")
+    if args.drop >= 1:
+        raise ValueError("--drop must lie in [0, 1): at 1 no device ever takes part")
+    payload = dppfl_privacy_report(args.epsilon, args.delta, inner=args.inner,
+                                   outer=args.outer, drop_probability=args.drop,
+                                   sampling_rate=args.q, ratio=args.ratio)
+
+    def render(p):
+        s, cal, got, cor4 = p["setting"], p["calibration"], p["delivered"], p["corollary4"]
+        rows = [{"quantity": k, "value": v} for k, v in (
+            ("releases (K H)", s["releases"]), ("active probability p", s["active_probability"]),
+            ("epsilon per iteration", cal["epsilon_iteration"]),
+            ("epsilon1", cal["epsilon1"]), ("epsilon2", cal["epsilon2"]),
+            ("sigma1", cal["sigma1"]), ("sigma2", cal["sigma2"]),
+            ("delivered epsilon, RDP", got["rdp"]), ("delivered epsilon, PLD", got["pld"]),
+            ("Corollary 4 epsilon", cor4["epsilon"]),
+            ("Corollary 4, every order", cor4["epsilon_unrestricted"]),
+            ("proof's form, every order", cor4["epsilon_proof_form_unrestricted"]),
+            ("corrected sigma1 (RDP meets the target)", p["corrected"]["sigma1"]),
+            ("corrected sigma2", p["corrected"]["sigma2"]))]
+        _print_table(f"DP-PFL Theorem 5 noise for (epsilon={s['epsilon']:g}, "
+                     f"delta={s['delta']:g}), K={s['inner']}, H={s['outer']}, "
+                     f"drop={s['drop_probability']:g}, q={s['sampling_rate']:g}, "
+                     f"r={s['ratio']:g}; a device active in every iteration", rows,
+                     ["quantity", "value"])
+        print("violated conditions:", "; ".join(cal["violated"]) or "none")
+        print("Corollary 4 conditions failing:", "; ".join(cor4["failed"]) or "none")
+    _emit(args, payload, render)
+
+
 # --------------------------------------------------------------------- demo
 
 def _cmd_demo(args):
@@ -769,6 +803,58 @@ def _render_perada(p):
         print("saved", path)
 
 
+def _cmd_reproduce_dp_pfl(args):
+    from ebfl.experiments.dppfl import plot_dppfl, reproduce_dppfl
+
+    payload = reproduce_dppfl(quick=args.quick, reps=args.reps,
+                              checkpoint_dir=args.checkpoint_dir, jobs=args.jobs,
+                              progress=not args.json)
+    _save_figure(args, plot_dppfl, payload, "dppfl_figures.png")
+    _emit(args, _nan_to_none(payload), _render_dp_pfl)
+
+
+def _render_dp_pfl(p):
+    scale = "quick pipeline check" if p["quick"] else f"{p['protocol']['reps']} repetitions"
+    d = p["data"]
+    print(f"DP-PFL on {d['devices']} HAPT users ({d['features']} features), 'sitting' vs the "
+          f"rest ({scale}); K={p['protocol']['inner']}, H={p['protocol']['outer']}, "
+          f"epsilon={p['protocol']['epsilon']:g}, delta={p['protocol']['delta']:g}")
+    labels = {"non_private": "non-private", "private": "private (Theorem 5)",
+              "per_iteration": "epsilon per iteration"}
+    f5_labels = {**labels, "corrected": "corrected"}
+    for name, xkey in (("figure3", "tau"), ("figure4", "drop")):
+        fig = p[name]
+        rows = [{xkey: x, **{labels[k]: f"{fig[k]['mean'][i]:.4f} +- {fig[k]['sd'][i]:.4f}"
+                             for k in labels}} for i, x in enumerate(fig[xkey])]
+        _print_table(f"\n{name.replace('figure', 'Figure ')}: test error", rows,
+                     [xkey, *labels.values()])
+    f5 = p["figure5"]
+    keys = ("private", "per_iteration", "corrected")
+    rows = [{"epsilon": e, **{f5_labels[k]: f"{f5[k]['mean'][i]:.4f} +- {f5[k]['sd'][i]:.4f}"
+                              for k in keys}} for i, e in enumerate(f5["epsilon"])]
+    _print_table("\nFigure 5: test error against epsilon", rows,
+                 ["epsilon", *(f5_labels[k] for k in keys)])
+    rows = [{**r, "error": f"{r['error_mean']:.4f} +- {r['error_sd']:.4f}"}
+            for r in p["baselines"]]
+    _print_table("\nWhat learning Omega buys (tau=1, drop 0.2)", rows,
+                 ["method", "private", "lam", "xi", "rho", "error"])
+    for key, cal in p["calibration"].items():
+        print(f"\nnoise ({f5_labels[key]}): sigma1 {cal['sigma1'][0]:.4g}-{cal['sigma1'][1]:.4g}, "
+              f"delivered epsilon (RDP) {cal['delivered_epsilon_rdp'][0]:.4g}-"
+              f"{cal['delivered_epsilon_rdp'][1]:.4g} for a target of {cal['target_epsilon']:g}"
+              f"; violated: {', '.join(cal['violated']) or 'none'}")
+    s, paper = p["summary"], p.get("paper")
+    if paper:
+        print(f"\nFigure 4 private minimum: ours {s['figure4_private']['min_error']:.4f} at "
+              f"drop {s['figure4_private']['argmin_drop']:g} (epsilon per iteration: "
+              f"{s['figure4_per_iteration']['min_error']:.4f} at "
+              f"{s['figure4_per_iteration']['argmin_drop']:g}); paper "
+              f"{paper['figure4_min_error']:g} at {paper['figure4_argmin_drop']:g}")
+    print(f"\n{p['seconds']:.0f} s")
+    for path in p.get("figures", []):
+        print("saved", path)
+
+
 def _cmd_reproduce_dp_adaped(args):
     from ebfl.experiments.adaped import dp_sweep, plot_dp_sweep
 
@@ -837,7 +923,7 @@ def _job_settings(args):
             "local-steps": args.local_steps, "batch-size": args.batch_size, "lr": args.lr,
             "eval-every": args.eval_every, "epsilon": args.epsilon, "clip": args.clip,
             "noise": args.noise, "opt-out": args.opt_out, "gamma2": args.gamma2,
-            "ratio": args.ratio, "lambda": args.lam}
+            "ratio": args.ratio, "lambda": args.lam, "inner": args.inner}
 
 
 def _cmd_flower_simulate(args):
@@ -1012,7 +1098,11 @@ def _job_arguments(p):
     p.add_argument("--batch-size", type=_integer(1), default=10, help="default 10")
     p.add_argument("--eval-every", type=_integer(1), default=1, help="default 1")
     p.add_argument("--lr", type=_positive, default=0.1, help="learning rate (default 0.1)")
-    p.add_argument("--epsilon", type=_positive, help="local privacy of the eb-* protocols")
+    p.add_argument("--epsilon", type=_positive,
+                   help="local privacy of the eb-* protocols; dp-pfl: each device's (epsilon, "
+                        "1e-3) (default: no privacy)")
+    p.add_argument("--inner", type=_integer(1),
+                   help="dp-pfl: K, global iterations (rounds) per Omega-step (default 10)")
     p.add_argument("--seed", type=_integer(0), default=0)
     p.add_argument("--clip", type=_positive,
                    help="clip norm (dp-adaped, dp-fedem; fedhdp: the initial S, default 1)")
@@ -1025,8 +1115,10 @@ def _job_arguments(p):
                    help="fedhdp-point: privacy-noise variance of the private average "
                         "(default 1)")
     p.add_argument("--ratio", type=_unit,
-                   help="fedhdp, fedhdp-point: the private clients' weight ratio r")
-    p.add_argument("--lam", type=_nonnegative, help="fedhdp, fedhdp-point: lambda")
+                   help="fedhdp, fedhdp-point: the private clients' weight ratio r; dp-pfl: "
+                        "the budget split epsilon2/epsilon1")
+    p.add_argument("--lam", type=_nonnegative,
+                   help="fedhdp, fedhdp-point, dp-pfl: lambda")
 
 
 def build_parser():
@@ -1143,6 +1235,25 @@ def build_parser():
                          "both (default)")
     _add_json(af)
     af.set_defaults(func=_cmd_accounting_fedhdp)
+    dp = acc.add_parser("dp-pfl", help="DP-PFL: Theorem 5's noise and the epsilon it delivers "
+                        "(RDP, PLD, Corollary 4)")
+    dp.add_argument("--epsilon", type=_positive, default=8.0,
+                    help="end-to-end target epsilon of a device (default 8)")
+    dp.add_argument("--delta", type=_open_unit, default=1e-3, help="default 1e-3")
+    dp.add_argument("--inner", type=_integer(1), default=2000,
+                    help="K, global iterations per Omega-step (default 2000)")
+    dp.add_argument("--outer", type=_integer(1), default=10,
+                    help="H, Omega-steps (default 10); every one of the K H iterations "
+                         "is a release")
+    dp.add_argument("--drop", type=_unit, default=0.2,
+                    help="drop probability in [0, 1) (default 0.2, Figure 4's optimum)")
+    dp.add_argument("--q", type=_positive, default=0.5,
+                    help="sampling rate q = n_iter/n_t in (0, 1] (default 0.5: tau = 1, "
+                         "the device with the fewest samples)")
+    dp.add_argument("--ratio", type=_positive, default=1.0,
+                    help="r = epsilon2/epsilon1 > 0, the budget split (default 1)")
+    _add_json(dp)
+    dp.set_defaults(func=_cmd_accounting_dp_pfl)
 
     from ebfl.validation.checks import CHECKS
 
@@ -1248,6 +1359,21 @@ def build_parser():
     pa.add_argument("--plot", metavar="DIR", help="save the figures there")
     _add_json(pa)
     pa.set_defaults(func=_cmd_reproduce_perada)
+
+    dpf = rep.add_parser("dp-pfl", help="DP-PFL Figures 2-5 on 30 smartphone users, with "
+                                        "fixed-Omega baselines")
+    dpf.add_argument("--reps", type=_integer(1),
+                     help="repetitions: random splits and seeds (default 10, the paper's)")
+    dpf.add_argument("--jobs", type=_integer(1), default=2,
+                     help="fits run side by side on this many threads (default 2)")
+    dpf.add_argument("--checkpoint-dir", metavar="DIR",
+                     help="one result file per fit there: an interrupted run resumes")
+    dpf.add_argument("--quick", action="store_true",
+                     help="2 repetitions, 40 x 2 iterations, a small grid (seconds: a "
+                          "pipeline check)")
+    dpf.add_argument("--plot", metavar="DIR", help="save Figures 2-5 there")
+    _add_json(dpf)
+    dpf.set_defaults(func=_cmd_reproduce_dp_pfl)
 
     dpa = rep.add_parser("dp-adaped", help="Figures 1-3: DP-AdaPeD accuracy against epsilon")
     _neural_arguments(dpa, plot="the accuracy-vs-epsilon figure")

@@ -75,3 +75,13 @@ def test_bench_fedhdp_smoke(capsys):
     assert result["threads"] == 1 and result["seconds_per_round"]["loop"] > 0
     assert result["floor"]["matmul_gflop"] > 0
     assert capsys.readouterr().out.lstrip().startswith("{")
+
+
+def test_bench_dppfl_smoke(capsys):
+    # P7: the Figure 4 sweep (quick) and the kernel against its numpy twin
+    result = _load("bench_dppfl").main(["--quick", "--json"])
+    assert result["fits"] == 2 * 3 * 2 and result["sweep_seconds"] > 0
+    for key in ("non_private", "private"):
+        assert result[key]["twin_over_kernel"] > 1  # the twin is the slow reference
+    assert result["floor_private_extra_per_iteration_s"] > 0
+    assert capsys.readouterr().out.lstrip().startswith("{")

@@ -232,6 +232,13 @@ CASES = {
     "dp-adaped-noise-inf": ("reproduce dp-adaped --quick --noise inf", ["--noise"]),
     "dp-adaped-clip": ("reproduce dp-adaped --quick --clip -1", ["--clip"]),
     "dp-adaped-delta": ("reproduce dp-adaped --quick --delta 0", ["--delta"]),
+    "dp-pfl-reps": ("reproduce dp-pfl --quick --reps 0", ["--reps"]),
+    "dp-pfl-jobs": ("reproduce dp-pfl --quick --jobs x", ["--jobs"]),
+    "dp-pfl-plot": ("reproduce dp-pfl --quick --plot {d}/plain.txt", ["--plot"]),
+    "acc-dp-pfl-q": ("accounting dp-pfl --q 1.5", ["--q"]),
+    "acc-dp-pfl-drop": ("accounting dp-pfl --drop 1", ["--drop"]),
+    "acc-dp-pfl-delta": ("accounting dp-pfl --delta 0", ["--delta"]),
+    "flower-dp-pfl-inner": ("flower simulate dp-pfl --inner 0", ["--inner"]),
     "fedem-seeds": ("reproduce adaped-fedem --quick --seeds -1", ["--seeds"]),
     "fedem-delta": ("reproduce adaped-fedem --quick --delta 2", ["--delta"]),
     # --- election --data
