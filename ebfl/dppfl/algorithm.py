@@ -36,8 +36,8 @@ from ebfl.dppfl.objective import (
 )
 
 __all__ = ["CALIBRATIONS", "DUAL_SENSITIVITIES", "DPPFLResult", "PrivacySetting",
-           "dual_sensitivity", "exchangeable_omega", "fit_dppfl", "noise_multipliers",
-           "sampling_rates", "test_error"]
+           "classification_error", "dual_sensitivity", "exchangeable_omega", "fit_dppfl",
+           "noise_multipliers", "sampling_rates", "test_error"]
 
 _LOSS_CODES = {"hinge": _kernels.HINGE, "smoothed_hinge": _kernels.SMOOTHED_HINGE,
                "squared": _kernels.SQUARED}
@@ -61,7 +61,11 @@ class PrivacySetting:
         (line 6) and the upload (line 7); not reported in the paper, 1 by default.
     upload_sensitivity : {"printed", "bound"}
         s2 of the upload: 2 xi ||Delta alpha_t + b_t|| as Corollary 3 states it
-        (data-dependent), or the data-independent 2 xi.
+        (computed from the noisy dual update, the output of line 6, so the
+        adaptive composition of the two releases covers it), or the
+        data-independent 2 xi, which bounds 2 xi |Delta alpha_t^i| for the
+        clean hinge-loss update but not for the noisy one (b_t is unbounded):
+        an alternative reading, not a guarantee.
     calibration : {"theorem5", "rdp", "per_iteration"}
         How sigma1 and sigma2 are set.
 
@@ -216,16 +220,23 @@ def sampling_rates(sizes, n_min, tau):
     return 0.5 * (low + n_min) / sizes, n_min / sizes
 
 
+def classification_error(W, X, y, offsets):
+    """Pooled and per-device error of sign(w_t^T x) on rows ``X`` of the devices ``offsets``.
+
+    sign(0) counts as +1. Every device needs at least one row.
+    """
+    rows = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    scores = np.einsum("ij,ij->i", X, np.asarray(W)[rows])
+    wrong = (np.where(scores >= 0.0, 1.0, -1.0) != y).astype(np.float64)
+    per_device = np.add.reduceat(wrong, offsets[:-1]) / np.diff(offsets)
+    return float(wrong.mean()), per_device
+
+
 def test_error(data, W):
-    """Pooled and per-device test error of sign(w_t^T x) (sign(0) counts as +1)."""
+    """Pooled and per-device test error of the models W (NaN without a test split)."""
     if data.X_test is None:
         return float("nan"), np.full(data.n_clients, np.nan)
-    rows = np.repeat(np.arange(data.n_clients), np.diff(data.test_offsets))
-    scores = np.einsum("ij,ij->i", data.X_test, W[rows])
-    wrong = (np.where(scores >= 0.0, 1.0, -1.0) != data.y_test).astype(np.float64)
-    sizes = np.diff(data.test_offsets)
-    per_device = np.add.reduceat(wrong, data.test_offsets[:-1]) / np.maximum(sizes, 1)
-    return float(wrong.mean()), per_device
+    return classification_error(W, data.X_test, data.y_test, data.test_offsets)
 
 
 def noise_multipliers(privacy, sizes, n_min, tau, drop, releases):

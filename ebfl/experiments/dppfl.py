@@ -101,12 +101,6 @@ def _omega(method, m, rho=None):
             "gaussian_prior": exchangeable_omega(m, 0.0 if rho is None else rho)}[method]
 
 
-def _error(W, X, y, offsets):
-    rows = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    scores = np.einsum("ij,ij->i", X, W[rows])
-    return float(np.mean(np.where(scores >= 0.0, 1.0, -1.0) != y))
-
-
 class _Runner:
     """Fits cached per configuration under ``checkpoint_dir``, run on ``jobs`` threads."""
 
@@ -129,7 +123,7 @@ class _Runner:
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def _fit(self, spec):
-        from ebfl.dppfl.algorithm import PrivacySetting, fit_dppfl
+        from ebfl.dppfl.algorithm import PrivacySetting, classification_error, fit_dppfl
 
         path = None if self.dir is None else self.dir / f"dppfl_{self._key(spec)}.json"
         if path is not None and path.is_file():
@@ -150,7 +144,7 @@ class _Runner:
                         parallel=False)
         out = {"spec": spec, "seconds": fit.seconds}
         if val is not None:
-            out["validation_error"] = _error(fit.W, val.X, val.y, val.offsets)
+            out["validation_error"] = classification_error(fit.W, val.X, val.y, val.offsets)[0]
         else:
             out["test_error"] = fit.final_test_error
             out["history"] = fit.history if spec.get("record_every") else fit.history[-1:]
