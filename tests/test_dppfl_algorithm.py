@@ -23,6 +23,11 @@ from ebfl.dppfl import _kernels as K
 from ebfl.dppfl.objective import conjugate, duality_gap, regularizer
 from tests import naive_dppfl as naive
 
+# Theorem 5's calibration fails its own conditions at these small settings, as at the paper's;
+# the tests that are about that warning catch it with pytest.warns.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::ebfl.dppfl.accounting.CalibrationConditionWarning")
+
 LOSSES = {"hinge": K.HINGE, "smoothed_hinge": K.SMOOTHED_HINGE, "squared": K.SQUARED}
 
 
