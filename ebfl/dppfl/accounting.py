@@ -17,7 +17,7 @@ H Omega-steps) makes K H releases (:func:`releases_of`). Whether a device drops
 out of an iteration is seen by the server, so no amplification is credited to
 the active probability p here, although Theorem 5 credits it.
 
-Three things live here:
+Four things live here:
 
 * :func:`calibrate_theorem5`: the paper's noise calibration (Theorem 5 with
   Lemma 4, constants c1 = c2 = 1), with its conditions checked;
@@ -25,6 +25,8 @@ Three things live here:
   deliver, by dp-accounting's RDP or PLD accountant;
 * :func:`corollary4_epsilon`: the paper's own moments-accountant bound
   (Corollary 4, Theorem 1, Theorem 2);
+* :func:`calibrate_rdp`: the corrected calibration, the smallest noise at which
+  the RDP accountant certifies the target;
 
 and :func:`dppfl_privacy_report` puts them side by side (what ``ebfl accounting
 dp-pfl`` prints).
