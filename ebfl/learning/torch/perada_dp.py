@@ -366,7 +366,29 @@ def calibrate_noise_multiplier(epsilon, delta, *, n_train, rounds, local_steps,
 
 
 class _DPSGDClients:
-    """Mixin: clients train their two models by DP-SGD (clip, noise, Poisson batches)."""
+    """Mixin: clients train their two models by DP-SGD (clip, noise, Poisson batches).
+
+    A subclass lists its local iteration's steps in ``DP_STEPS``, in order: (the
+    state holding the model, "work" or "client"; its key; the attribute of its
+    learning rate; whether the proximal pull toward ``work["anchor"]`` applies).
+    """
+
+    DP_STEPS = ()
+
+    def client_train(self, message, client, data, rc):
+        work = self.client_begin(message, client, rc)
+        states = {"work": work, "client": client}
+        rates = self._client_rates(data)
+        rng = client_generators(rc.seeds())
+        with self.training():
+            for step in range(rc.config.local_steps):
+                scale = rc.lr_scale(step)
+                for where, key, lr, pulled in self.DP_STEPS:
+                    state = states[where]
+                    state[key] = self._dp_step(state[key], data, rates, rng,
+                                               getattr(self, lr) * scale,
+                                               work["anchor"] if pulled else None)
+        return self.client_reply(work, client)
 
     def _dp_setup(self, clip, noise_multiplier, sampling_rate, expected_batch):
         self.clip = check_positive_scalar(clip, "clip")
@@ -492,6 +514,8 @@ class DPPerAda(_DPSGDClients, PerAda):
     """
 
     name = "PerAda"
+    #: The personalized adapter first (pulled to the global one), then the local adapter.
+    DP_STEPS = (("client", "personal", "lr_personal", True), ("work", "theta", "lr", False))
 
     def __init__(self, model, pretrained, *, clip, noise_multiplier, sampling_rate=None,
                  expected_batch=None, **kwargs):
@@ -501,17 +525,6 @@ class DPPerAda(_DPSGDClients, PerAda):
     def config(self):
         return {**super().config(), **self._dp_config(), "name": self.name}
 
-    def client_train(self, message, client, data, rc):
-        work = self.client_begin(message, client, rc)
-        rates = self._client_rates(data)
-        rng = client_generators(rc.seeds())
-        with self.training():
-            for step in range(rc.config.local_steps):
-                scale = rc.lr_scale(step)
-                client["personal"] = self._dp_step(client["personal"], data, rates, rng,
-                                                   self.lr_personal * scale, work["anchor"])
-                work["theta"] = self._dp_step(work["theta"], data, rates, rng, self.lr * scale)
-        return self.client_reply(work, client)
 
 
 class DPDitto(_DPSGDClients, Ditto):
@@ -540,6 +553,8 @@ class DPDitto(_DPSGDClients, Ditto):
     """
 
     name = "Ditto"
+    #: The copy of the global model first, then the personal model (pulled to the global one).
+    DP_STEPS = (("work", "model", "lr", False), ("client", "personal", "lr_personal", True))
 
     def __init__(self, model, *, clip, noise_multiplier, sampling_rate=None, expected_batch=None,
                  **kwargs):
@@ -549,14 +564,3 @@ class DPDitto(_DPSGDClients, Ditto):
     def config(self):
         return {**super().config(), **self._dp_config(), "name": self.name}
 
-    def client_train(self, message, client, data, rc):
-        work = self.client_begin(message, client, rc)
-        rates = self._client_rates(data)
-        rng = client_generators(rc.seeds())
-        with self.training():
-            for step in range(rc.config.local_steps):
-                scale = rc.lr_scale(step)
-                work["model"] = self._dp_step(work["model"], data, rates, rng, self.lr * scale)
-                client["personal"] = self._dp_step(client["personal"], data, rates, rng,
-                                                   self.lr_personal * scale, work["anchor"])
-        return self.client_reply(work, client)
