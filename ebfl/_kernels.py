@@ -35,6 +35,91 @@ def _bernoulli_counts(values, offsets):
     return ones, invalid
 
 
+# SWAR constants of :func:`_byte_counts` (uint64: numba turns int64 | uint64 into float64).
+_LOW_BITS = np.uint64(0x0101010101010101)
+_NOT_01 = np.uint64(0xFEFEFEFEFEFEFEFE)
+_ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
+_BYTES_EVEN = np.uint64(0x00FF00FF00FF00FF)
+_SHORTS_EVEN = np.uint64(0x0000FFFF0000FFFF)
+_LOW_INT = np.uint64(0xFFFFFFFF)
+_ONE = np.uint64(1)
+_U8 = np.uint64(8)
+_U16 = np.uint64(16)
+_U32 = np.uint64(32)
+#: Words whose bytes (each 0 or 1) are added lane-wise before a lane could pass 255.
+_LANE_WORDS = 255
+
+
+@njit(cache=CACHE, fastmath=FASTMATH)
+def _lane_sum(w):
+    """Sum of the eight byte lanes of ``w`` (each <= 255), without overflow."""
+    w = (w & _BYTES_EVEN) + ((w >> _U8) & _BYTES_EVEN)
+    w = (w & _SHORTS_EVEN) + ((w >> _U16) & _SHORTS_EVEN)
+    return (w & _LOW_INT) + (w >> _U32)
+
+
+@njit(parallel=True, cache=CACHE, fastmath=FASTMATH)
+def _byte_counts(values, words, offsets, ones):
+    """Per-client number of ones of 1-byte 0/1 data, eight bytes at a time.
+
+    ``words`` is ``values[:8 * (N // 8)]`` viewed as uint64 (``values`` must be
+    8-byte aligned); ``ones`` (m,) int64 is filled in. Returns the number of
+    clients holding a byte other than 0 and 1 (their counts are then meaningless:
+    the caller locates them with :func:`_bernoulli_counts`).
+
+    A client's bytes are its partial first word (bytes below it masked off), its
+    whole words and its partial last word. Their low bits are added lane-wise
+    (each byte lane counts its ones, up to 255 words at a time) and the lanes
+    summed once; ``w & 0xFE..FE`` flags invalid bytes. No per-byte loop and no
+    wrapping arithmetic (so ``NUMBA_DISABLE_JIT=1`` runs it without overflow
+    warnings); a byte loop was 3-5x slower.
+    """
+    m = offsets.size - 1
+    n_words = words.size
+    n_bad = 0
+    for i in prange(m):
+        lo = offsets[i]
+        hi = offsets[i + 1]
+        first = lo >> 3
+        last = hi >> 3
+        total = np.uint64(0)
+        bad = np.uint64(0)
+        if first == last:  # all within one word
+            for j in range(lo, hi):
+                v = np.uint64(values[j])
+                total += v & _ONE
+                bad |= v & _NOT_01
+        else:
+            w = words[first] & (_ALL << (_U8 * np.uint64(lo & 7)))
+            bad |= w & _NOT_01
+            lanes = w & _LOW_BITS
+            k = first + 1
+            while True:
+                stop = min(last, k + _LANE_WORDS - 1)
+                for j in range(k, stop):
+                    w = words[j]
+                    bad |= w & _NOT_01
+                    lanes += w & _LOW_BITS
+                total += _lane_sum(lanes)
+                lanes = np.uint64(0)
+                k = stop
+                if k >= last:
+                    break
+            rest = hi & 7
+            if rest and last < n_words:
+                w = words[last] & ((_ONE << (_U8 * np.uint64(rest))) - _ONE)
+                bad |= w & _NOT_01
+                total += _lane_sum(w & _LOW_BITS)
+            elif rest:  # the last word is the array's tail, shorter than 8 bytes
+                for j in range(last * 8, hi):
+                    v = np.uint64(values[j])
+                    total += v & _ONE
+                    bad |= v & _NOT_01
+        ones[i] = np.int64(total)
+        n_bad += bad != 0
+    return n_bad
+
+
 @njit(parallel=True, cache=CACHE, fastmath=FASTMATH)
 def _client_mean_ssd(values, offsets):
     """Per-client coordinate means and total within-client sum of squared deviations.

@@ -323,7 +323,9 @@ def check_counts(x, name, *, minimum=0):
     if arr.size and arr.min() < minimum:
         raise ValueError(f"{name} must be >= {minimum}; smallest value is {arr.min()}")
     # uint64 values or integral floats beyond int64 would wrap around on the cast
-    # (a float is compared with 2.0**63: INT64_MAX itself rounds up to it).
-    if arr.size and (arr.max() >= 2.0**63 if arr.dtype.kind == "f" else arr.max() > INT64_MAX):
+    # (a float is compared with 2.0**63: INT64_MAX itself rounds up to it). Signed
+    # integers always fit: no pass over them.
+    if arr.size and arr.dtype.kind != "i" and (
+            arr.max() >= 2.0**63 if arr.dtype.kind == "f" else arr.max() > INT64_MAX):
         raise ValueError(f"{name} must be <= {INT64_MAX} (int64); largest value is {arr.max()}")
     return arr.astype(np.int64, copy=False)

@@ -1,6 +1,7 @@
 """The benchmark scripts run end to end on tiny inputs (their figures are not asserted)."""
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -85,3 +86,14 @@ def test_bench_dppfl_smoke(capsys):
         assert result[key]["twin_over_kernel"] > 1  # the twin is the slow reference
     assert result["floor_private_extra_per_iteration_s"] > 0
     assert capsys.readouterr().out.lstrip().startswith("{")
+
+
+def test_bench_beta_bernoulli_smoke(capsys):
+    # P1 in process, and one P5 child's body (make bench runs it in a fresh process).
+    bench = _load("bench_beta_bernoulli")
+    p1 = bench.run_p1(3000, seed=0, reps=1, methods=["mle", "loo_corrected"])
+    assert set(p1["methods"]) == {"mle", "loo_corrected"}
+    assert p1["streaming_read_seconds"] > 0 and p1["input_bytes"] == p1["n_observations"] + 8 * 3001
+    bench.main(["--p5-child", "loo_proof", "--p5-clients", "3000", "--reps", "1"])
+    child = json.loads(capsys.readouterr().out)
+    assert child["method"] == "loo_proof" and child["input_bytes"] == 2 * 8 * 3000

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from ebfl._kernels import _bernoulli_counts, _client_mean_ssd
+from ebfl._kernels import _bernoulli_counts, _byte_counts, _client_mean_ssd
 from ebfl.eb import _kernels
+from ebfl.eb.results import BetaPosterior
 from tests import naive
 
 SEEDS = [0, 1, 2]
@@ -31,6 +32,52 @@ def test_bernoulli_counts(seed, dtype):
     want = naive.naive_bernoulli_counts(values, offsets)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g, w)
+
+
+def _byte_counts_of(values, offsets):
+    """The word-at-a-time kernel on ``values`` (any 8-byte-aligned 1-byte array)."""
+    ones = np.full(offsets.size - 1, -7, np.int64)
+    words = values[:values.size - values.size % 8].view(np.uint64)
+    return ones, _byte_counts(values.view(np.uint8), words, offsets, ones)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("n_values", [0, 5, 8, 13, 64, 203])
+def test_byte_counts(seed, n_values):
+    # Clients of 0 to 20 bytes over a short array: within one word, across words,
+    # ending in the tail shorter than a word, empty.
+    rng = np.random.default_rng(seed)
+    cuts = np.sort(rng.integers(0, n_values + 1, size=rng.integers(1, 30)))
+    offsets = np.concatenate([[0], cuts, [n_values]]).astype(np.int64)
+    values = rng.integers(0, 2, n_values).astype(np.uint8)
+    ones, n_bad = _byte_counts_of(values, offsets)
+    want_ones, want_bad = naive.naive_bernoulli_counts(values, offsets)
+    np.testing.assert_array_equal(ones, want_ones)
+    assert n_bad == 0 == want_bad.sum()
+    if n_values:
+        for bad in (2, 255, 128):  # every byte other than 0 and 1 is seen, wherever it is
+            spoilt = values.copy()
+            spoilt[rng.integers(n_values)] = bad
+            assert _byte_counts_of(spoilt, offsets)[1] == 1
+
+
+def test_byte_counts_long_clients():
+    # Clients of thousands of bytes: the byte lanes are summed every 255 words.
+    rng = np.random.default_rng(3)
+    values = (rng.random(20_011) < 0.97).astype(np.uint8)
+    offsets = np.array([0, 3, 2044, 2045, 6133, 20_011], np.int64)
+    ones, n_bad = _byte_counts_of(values, offsets)
+    np.testing.assert_array_equal(ones, naive.naive_bernoulli_counts(values, offsets)[0])
+    assert n_bad == 0
+
+
+def test_byte_counts_bool_and_int8():
+    offsets = np.array([0, 3, 11, 11, 20], np.int64)
+    flags = np.arange(20) % 3 == 0
+    np.testing.assert_array_equal(_byte_counts_of(flags, offsets)[0], [1, 3, 0, 3])
+    signed = flags.astype(np.int8)
+    signed[15] = -1
+    assert _byte_counts_of(signed, offsets)[1] == 1
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -60,12 +107,15 @@ def test_loo_beta_shrinkage(seed, variant):
     total = x.sum()
     ssq = np.sum((x - x.mean()) ** 2)
     corr = np.sum(x * (1 - x) / (n - 1))
-    got = _kernels._loo_beta_shrinkage(x, n, z, code, total, ssq, corr)
+    mu, var, a, est, concentration, n_clipped, _ = _kernels._loo_beta_shrinkage(
+        z, n, code, total, ssq, corr)
     want = naive.naive_loo_beta(x, n, z, variant)
-    names = ("mu", "var", "a", "est", "post_var", "alpha", "beta")
-    for name, g in zip(names, got[:7], strict=True):
+    posterior = BetaPosterior(est, concentration)
+    got = {"mu": mu, "var": var, "a": a, "est": est, "alpha": posterior.alpha,
+           "beta": posterior.beta, "post_var": posterior.var}
+    for name, g in got.items():
         np.testing.assert_allclose(g, want[name], rtol=RTOL, atol=1e-15, err_msg=name)
-    np.testing.assert_array_equal(got[7], want["clipped"])
+    assert n_clipped == want["clipped"].sum()
 
 
 def test_loo_beta_shrinkage_clips():
@@ -73,9 +123,9 @@ def test_loo_beta_shrinkage_clips():
     x = np.array([0, 1, 1, 0, 1, 1, 0, 1], float)
     n = np.ones(8, np.int64)
     z = x.astype(np.int64)
-    got = _kernels._loo_beta_shrinkage(x, n, z, 0, x.sum(), np.sum((x - x.mean()) ** 2), 0.0)
+    got = _kernels._loo_beta_shrinkage(z, n, 0, x.sum(), np.sum((x - x.mean()) ** 2), 0.0)
     want = naive.naive_loo_beta(x, n, z, "loo_printed")
-    assert want["clipped"].all() and got[7].all()
+    assert want["clipped"].all() and got[5] == 8
     np.testing.assert_allclose(got[2], 1.0)
 
 
@@ -84,19 +134,35 @@ def test_beta_posterior(seed):
     rng = np.random.default_rng(seed)
     n = rng.integers(1, 40, size=100)
     z = rng.binomial(n, 0.3)
-    got = _kernels._beta_posterior(z, n, 1.7, 4.2)
-    want = naive.naive_beta_posterior(z, n, 1.7, 4.2)
-    for g, w in zip(got, want, strict=True):
+    mean, concentration, weight = _kernels._beta_posterior(z, n, 1.7, 4.2)
+    want_alpha, want_beta, want_mean, want_var, want_weight = naive.naive_beta_posterior(
+        z, n, 1.7, 4.2)
+    posterior = BetaPosterior(mean, concentration)
+    for g, w in [(posterior.alpha, want_alpha), (posterior.beta, want_beta), (mean, want_mean),
+                 (weight, want_weight), (posterior.var, want_var)]:
         np.testing.assert_allclose(g, w, rtol=RTOL)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_trials_successes_table(seed):
+@pytest.mark.parametrize("n_chunks", [1, 3])
+def test_trials_successes_table(seed, n_chunks):
     rng = np.random.default_rng(seed)
     n = rng.integers(1, 25, size=500)
     z = rng.binomial(n, 0.6)
-    np.testing.assert_array_equal(_kernels._trials_successes_table(z, n, 24),
+    np.testing.assert_array_equal(_kernels._trials_successes_table(z, n, 24, n_chunks),
                                   naive.naive_trials_successes_table(z, n, 24))
+
+
+@pytest.mark.parametrize("n_chunks", [1, 4])
+def test_pair_checks(n_chunks):
+    rng = np.random.default_rng(5)
+    n = rng.integers(0, 30, size=301)
+    z = rng.integers(0, 31, size=301)
+    empty, exceed = np.flatnonzero(n == 0), np.flatnonzero(z > n)
+    want = (n.max(), empty.size, empty[0], exceed.size, exceed[0])
+    assert _kernels._pair_checks(z, n, n_chunks) == want
+    n_ok = np.maximum(n, 1)
+    assert _kernels._pair_checks(np.minimum(z, n_ok), n_ok, n_chunks) == (n.max(), 0, -1, 0, -1)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -63,81 +63,137 @@ def _loo_client(xi, ni, m, total, ssq, corr_total, variant):
     return mu_i, v, ai, clipped, floored
 
 
-@njit(parallel=True, cache=CACHE, fastmath=FASTMATH)
-def _loo_beta_shrinkage(x, n, z, variant, total, ssq, corr_total):
+def _outputs(m, k):
+    """``k`` empty float64 arrays of ``m`` for a kernel to fill.
+
+    Allocated by numpy rather than inside the kernel: numpy asks Linux for huge
+    pages for large arrays, and first-touching 10^7-client outputs was then ~25%
+    faster than with Numba's own allocations (measured).
+    """
+    return tuple(np.empty(m) for _ in range(k))
+
+
+def _loo_beta_shrinkage(z, n, variant, total, ssq, corr_total):
     """Leave-one-out moment shrinkage of eq. (6) for every client.
 
     Parameters (all validated by the caller)
-    x : (m,) local means z/n;  n, z : (m,) trials and successes
+    z, n : (m,) successes and trials (the local means are x = z/n)
     variant : LOO_PRINTED, LOO_PROOF or LOO_CORRECTED
     total, ssq, corr_total : global sums, see :func:`_loo_client`
+
+    Returns mu, var, a, est, concentration (m,) and the numbers of clipped
+    weights and floored variances. No (m,) temporaries: at 10^7 clients every
+    extra array is 80 MB.
     """
-    m = x.size
-    mu = np.empty(m)
-    var = np.empty(m)
-    a = np.empty(m)
-    est = np.empty(m)
-    post_var = np.empty(m)
-    post_alpha = np.empty(m)
-    post_beta = np.empty(m)
-    clipped = np.zeros(m, np.bool_)
-    floored = np.zeros(m, np.bool_)
+    out = _outputs(z.size, 5)
+    n_clipped, n_floored = _loo_fill(z, n, variant, total, ssq, corr_total, *out)
+    return (*out, n_clipped, n_floored)
+
+
+@njit(parallel=True, cache=CACHE, fastmath=FASTMATH)
+def _loo_fill(z, n, variant, total, ssq, corr_total, mu, var, a, est, concentration):
+    m = z.size
+    n_clipped = 0
+    n_floored = 0
     for i in prange(m):
-        xi = x[i]
         ni = n[i]
-        mu_i, v, ai, clipped[i], floored[i] = _loo_client(xi, ni, m, total, ssq, corr_total,
-                                                          variant)
+        xi = z[i] / ni
+        mu_i, v, ai, clipped, floored = _loo_client(xi, ni, m, total, ssq, corr_total, variant)
         e = ai * xi + (1.0 - ai) * mu_i
         mu[i] = mu_i
         var[i] = v
         a[i] = ai
         est[i] = e
-        # Implied prior Beta(mu_i s, (1-mu_i) s) with s = n(1-a)/a; a = 0 is a point mass.
-        post_var[i] = e * (1.0 - e) * ai / (ni + ai)
-        if ai == 0.0:
-            post_alpha[i] = np.inf
-            post_beta[i] = np.inf
-        else:
-            s = ni * (1.0 - ai) / ai
-            post_alpha[i] = mu_i * s + z[i]
-            post_beta[i] = (1.0 - mu_i) * s + (ni - z[i])
-    return mu, var, a, est, post_var, post_alpha, post_beta, clipped, floored
+        n_clipped += clipped
+        n_floored += floored
+        # Implied prior Beta(mu_i s, (1-mu_i) s) with s = n(1-a)/a: the posterior's
+        # concentration is s + n = n/a, its mean est; a = 0 is a point mass (inf).
+        concentration[i] = np.inf if ai == 0.0 else ni / ai
+    return n_clipped, n_floored
+
+
+def _beta_posterior(z, n, alpha, beta):
+    """Posterior Beta(alpha + z, beta + n - z): mean, concentration, and the weight on z/n."""
+    out = _outputs(z.size, 3)
+    _beta_posterior_fill(z, n, alpha, beta, *out)
+    return out
 
 
 @njit(parallel=True, cache=CACHE, fastmath=FASTMATH)
-def _beta_posterior(z, n, alpha, beta):
-    """Posterior Beta(alpha + z, beta + n - z): parameters, mean, variance, weight on z/n."""
-    m = z.size
-    post_alpha = np.empty(m)
-    post_beta = np.empty(m)
-    mean = np.empty(m)
-    var = np.empty(m)
-    weight = np.empty(m)
-    for i in prange(m):
-        pa = alpha + z[i]
-        pb = beta + (n[i] - z[i])
-        s = pa + pb
-        post_alpha[i] = pa
-        post_beta[i] = pb
-        mean[i] = pa / s
-        var[i] = pa * pb / (s * s * (s + 1.0))
-        weight[i] = n[i] / (alpha + beta + n[i])
-    return post_alpha, post_beta, mean, var, weight
+def _beta_posterior_fill(z, n, alpha, beta, mean, concentration, weight):
+    for i in prange(z.size):
+        c = alpha + beta + n[i]
+        mean[i] = (alpha + z[i]) / c
+        concentration[i] = c
+        weight[i] = n[i] / c
 
 
-@njit(cache=CACHE, fastmath=FASTMATH)
-def _trials_successes_table(z, n, n_max):
+@njit(parallel=True, cache=CACHE, fastmath=FASTMATH)
+def _trials_successes_table(z, n, n_max, n_chunks):
     """Dense table ``T[n, z]`` = number of clients with those counts.
 
     The beta-binomial likelihood depends on a client only through (n, z), so
     the MLE iterates over the non-empty cells instead of over all m clients.
-    Serial: one increment per client is memory-bound and a parallel version
-    would need a table per thread.
+    ``n_chunks`` blocks of clients fill a table each, in parallel; the integer
+    tables are then added (exact, so independent of the chunking).
     """
-    table = np.zeros((n_max + 1, n_max + 1), np.int64)
-    for i in range(z.size):
-        table[n[i], z[i]] += 1
-    return table
+    m = z.size
+    tables = np.zeros((n_chunks, n_max + 1, n_max + 1), np.int64)
+    for c in prange(n_chunks):
+        table = tables[c]
+        for i in range(c * m // n_chunks, (c + 1) * m // n_chunks):
+            table[n[i], z[i]] += 1
+    out = tables[0].copy()
+    for c in range(1, n_chunks):
+        out += tables[c]
+    return out
+
+
+@njit(parallel=True, cache=CACHE, fastmath=FASTMATH)
+def _pair_checks(z, n, n_chunks):
+    """One pass over counts: the largest n, and the clients with n = 0 or z > n.
+
+    Returns (n_max, n_empty, first_empty, n_exceed, first_exceed); a ``first``
+    is -1 when there is none. Per-chunk results, combined in chunk order.
+    """
+    m = z.size
+    stats = np.zeros((n_chunks, 5), np.int64)
+    for c in prange(n_chunks):
+        n_max = 0
+        n_empty = 0
+        n_exceed = 0
+        first_empty = -1
+        first_exceed = -1
+        for i in range(c * m // n_chunks, (c + 1) * m // n_chunks):
+            ni = n[i]
+            n_max = max(n_max, ni)
+            if ni == 0:
+                if n_empty == 0:
+                    first_empty = i
+                n_empty += 1
+            if z[i] > ni:
+                if n_exceed == 0:
+                    first_exceed = i
+                n_exceed += 1
+        stats[c, 0] = n_max
+        stats[c, 1] = n_empty
+        stats[c, 2] = first_empty
+        stats[c, 3] = n_exceed
+        stats[c, 4] = first_exceed
+    n_max = 0
+    n_empty = 0
+    n_exceed = 0
+    first_empty = -1
+    first_exceed = -1
+    for c in range(n_chunks):
+        n_max = max(n_max, stats[c, 0])
+        if first_empty < 0 and stats[c, 1] > 0:
+            first_empty = stats[c, 2]
+        if first_exceed < 0 and stats[c, 3] > 0:
+            first_exceed = stats[c, 4]
+        n_empty += stats[c, 1]
+        n_exceed += stats[c, 3]
+    return n_max, n_empty, first_empty, n_exceed, first_exceed
 
 
 @njit(parallel=True, cache=CACHE, fastmath=FASTMATH)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import warnings
 from typing import NamedTuple
 
+import numba
 import numpy as np
 from scipy import special
 
 from ebfl._config import MAX_DENSE_TABLE_CELLS
-from ebfl._kernels import _bernoulli_counts
+from ebfl._kernels import _bernoulli_counts, _byte_counts
 from ebfl._validation import INT64_MAX, check_bool, check_choice, check_counts
 from ebfl.eb import _kernels
 from ebfl.eb.priors import BetaPrior
@@ -60,13 +61,30 @@ def bernoulli_counts(data):
         raise TypeError(f"data.values must be bool, integer or float, got {values.dtype}")
     trials = data.counts
     _check_nonempty(trials, "data")
-    successes, invalid = _bernoulli_counts(values, data.offsets)
+    return _count_ones(values, data.offsets), trials
+
+
+def _count_ones(values, offsets):
+    """Ones per client, refusing values other than 0 and 1.
+
+    1-byte data that are 8-byte aligned (numpy's own allocations are) are read
+    a word at a time (:func:`ebfl._kernels._byte_counts`); other dtypes, and
+    a slice that starts off alignment, by the generic kernel, which also locates
+    invalid values for the error message.
+    """
+    if values.itemsize == 1 and values.flags.c_contiguous and values.ctypes.data % 8 == 0:
+        values = values.view(np.uint8)
+        ones = np.empty(offsets.size - 1, np.int64)
+        words = values[:values.size - values.size % 8].view(np.uint64)
+        if _byte_counts(values, words, offsets, ones) == 0:
+            return ones
+    successes, invalid = _bernoulli_counts(values, offsets)
     n_invalid = int(invalid.sum())
     if n_invalid:
         first = int(np.flatnonzero(invalid)[0])
         raise ValueError(f"data.values must be 0 or 1; {n_invalid} value(s) are not "
                          f"(first in client {first})")
-    return successes, trials
+    return successes
 
 
 def beta_bernoulli_eb(data, **kwargs):
@@ -95,7 +113,7 @@ def beta_bernoulli_eb(data, **kwargs):
     (4,)
     """
     successes, trials = bernoulli_counts(data)
-    return beta_binomial_eb(successes, trials, **kwargs)
+    return _fit(successes, trials, **kwargs)  # counts valid by construction
 
 
 def beta_binomial_eb(successes, trials, *, method="mle", prior=None, fix_prior=False):
@@ -204,24 +222,33 @@ def beta_binomial_eb(successes, trials, *, method="mle", prior=None, fix_prior=F
     (('concentration_upper',), 0.5)
     """
     z, n = _counts_iv(successes, trials)
+    return _fit(z, n, method=method, prior=prior, fix_prior=fix_prior)
+
+
+def _fit(z, n, *, method="mle", prior=None, fix_prior=False):
+    """:func:`beta_binomial_eb` on validated counts (int64, 0 <= z <= n, n >= 1)."""
     check_choice(method, "method", METHODS)
     if prior is not None and not isinstance(prior, BetaPrior):
         raise TypeError(f"prior must be a BetaPrior or None, got {type(prior).__name__}")
-    if check_bool(fix_prior, "fix_prior"):
-        if prior is None:
-            raise ValueError("fix_prior=True needs a prior")
-        return _posterior_result("fixed", prior, z, n, {})
-    if z.size < 2:
+    fix_prior = check_bool(fix_prior, "fix_prior")
+    if fix_prior and prior is None:
+        raise ValueError("fix_prior=True needs a prior")
+    if not fix_prior and z.size < 2:
         raise ValueError(f"fitting a prior needs at least 2 clients, got {z.size}")
+    # Every method but the MLE's optimizer makes two passes over the m clients: this
+    # one, which counts the distinct (n, z) pairs, and the posteriors'.
+    counts = _counts_model(z, n)
+    if fix_prior:
+        return _posterior_result("fixed", prior, z, n, {}, counts)
+    single = int(counts.pairs[2][counts.pairs[0] < 2].sum())  # clients with 1 trial
     if method in _LOO_VARIANTS:
-        return _loo_fit(method, z / n, z, n)
-    if method == "moments" and np.any(n < 2):
+        return _loo_fit(method, z, n, counts, single)
+    if method == "moments" and single:
         raise ValueError("method='moments' needs trials >= 2 for every client to separate "
-                         f"binomial noise from heterogeneity ({int(np.sum(n < 2))} have 1)")
-    if np.all(n == 1):
+                         f"binomial noise from heterogeneity ({single} have 1)")
+    if single == z.size:
         raise ValueError("every client has 1 trial: the likelihood depends on the prior only "
                          "through its mean, so alpha + beta is not identifiable")
-    counts = _counts_model(z, n)
     moments = _corrected_moments(counts)
     if method == "moments":
         return _posterior_result("moments", _prior_or_none(*moments), z, n,
@@ -237,12 +264,22 @@ def _counts_iv(successes, trials):
                          f"and {n.size}")
     if z.size == 0:
         raise ValueError("successes and trials must hold at least one client")
-    _check_nonempty(n, "trials")
-    if np.any(z > n):
-        first = int(np.flatnonzero(z > n)[0])
+    _, n_empty, first_empty, n_exceed, first = _kernels._pair_checks(z, n, _n_chunks(z.size))
+    if n_empty:
+        raise ValueError(f"trials: every client needs at least one observation; {n_empty} "
+                         f"client(s) are empty (first: {first_empty})")
+    if n_exceed:
         raise ValueError(f"successes must not exceed trials (client {first}: "
                          f"{z[first]} > {n[first]})")
     return z, n
+
+
+def _n_chunks(m, cells=1):
+    """Blocks of clients for the parallel count kernels: one per thread when m is large,
+    with at most 2^22 table cells (32 MB) in all when each block fills a table."""
+    if m < 100_000:
+        return 1
+    return max(1, min(numba.get_num_threads(), (1 << 22) // cells))
 
 
 def _check_nonempty(trials, name):
@@ -277,19 +314,17 @@ def _prior_or_none(mean, variance):
     return None
 
 
-def _loo_fit(method, x, z, n):
-    m = x.size
+def _loo_fit(method, z, n, counts, single):
+    m = z.size
     if m < 3:
         raise ValueError(f"method={method!r} uses leave-one-out moments and needs at least "
                          f"3 clients, got {m}")
-    if method == "loo_corrected" and np.any(n < 2):
+    if method == "loo_corrected" and single:
         raise ValueError("method='loo_corrected' needs trials >= 2 for every client "
-                         f"({int(np.sum(n < 2))} client(s) have 1 trial)")
-    total = float(np.sum(x))
-    ssq = float(np.sum((x - total / m) ** 2))
-    corr_total = float(np.sum(x * (1.0 - x) / (n - 1.0))) if method == "loo_corrected" else 0.0
-    mu, var, a, est, post_var, post_alpha, post_beta, clipped, floored = \
-        _kernels._loo_beta_shrinkage(x, n, z, _LOO_VARIANTS[method], total, ssq, corr_total)
+                         f"({single} client(s) have 1 trial)")
+    total, ssq, corr_total = _loo_sums(counts.pairs, method)
+    mu, var, a, est, concentration, n_clipped, n_floored = \
+        _kernels._loo_beta_shrinkage(z, n, _LOO_VARIANTS[method], total, ssq, corr_total)
     # Global prior implied by the same moments on all m clients (no leave-one-out).
     var_all = ssq / (m - 1.0)
     if method == "loo_corrected":
@@ -299,10 +334,25 @@ def _loo_fit(method, x, z, n):
     if np.isfinite(s_all) and s_all > 0:
         mean_all = total / m
         prior = BetaPrior(mean_all * s_all, (1 - mean_all) * s_all) if 0 < mean_all < 1 else None
-    posterior = BetaPosterior(post_alpha, post_beta, est, post_var)
-    diagnostics = {"n_variance_floored": int(floored.sum()), "loo_variance": var}
+    posterior = BetaPosterior(est, concentration)
+    diagnostics = {"n_variance_floored": int(n_floored), "loo_variance": var}
     return BetaBinomialEBResult(method, prior, posterior, a, mu,
-                                _log_likelihood(prior, z, n), int(clipped.sum()), diagnostics)
+                                _log_likelihood(prior, z, n, counts), int(n_clipped),
+                                diagnostics)
+
+
+def _loo_sums(pairs, method):
+    """The global sums of eq. (6) on x = z/n: sum x, sum (x - mean x)^2 and (for
+    "loo_corrected", else 0) sum x(1-x)/(n-1), as sums over the distinct (n, z)
+    pairs of :func:`_compress` (no pass over the m clients)."""
+    nu, zu, w = pairs
+    x = zu / nu
+    total = float(w @ x)
+    ssq = float(w @ (x - total / float(w.sum())) ** 2)
+    corr_total = 0.0
+    if method == "loo_corrected":
+        corr_total = float(w @ (x * (1.0 - x) / (nu - 1.0)))
+    return total, ssq, corr_total
 
 
 def _implied_concentration(method, mean, variance):
@@ -318,10 +368,9 @@ def _posterior_result(method, prior, z, n, diagnostics, counts=None):
         raise ValueError(f"method={method!r}: the moments of these successes and trials "
                          "define no proper Beta prior (variance of p estimated <= 0 or "
                          ">= mean(1-mean)); try method='mle' or a leave-one-out method")
-    post_alpha, post_beta, mean, var, weight = _kernels._beta_posterior(
-        z, n, prior.alpha, prior.beta)
-    centre = np.full(z.size, prior.mean)
-    return BetaBinomialEBResult(method, prior, BetaPosterior(post_alpha, post_beta, mean, var),
+    mean, concentration, weight = _kernels._beta_posterior(z, n, prior.alpha, prior.beta)
+    centre = np.broadcast_to(np.float64(prior.mean), z.shape)  # read-only, no m-sized copy
+    return BetaBinomialEBResult(method, prior, BetaPosterior(mean, concentration),
                                 weight, centre, _log_likelihood(prior, z, n, counts), 0,
                                 diagnostics)
 
@@ -391,7 +440,8 @@ def _compress(z, n):
     """Distinct (n, z) pairs with multiplicities: the likelihood's sufficient statistic."""
     n_max = int(n.max())
     if (n_max + 1) ** 2 <= min(MAX_DENSE_TABLE_CELLS, max(4 * z.size, 1 << 16)):
-        table = _kernels._trials_successes_table(z, n, n_max)
+        chunks = _n_chunks(z.size, (n_max + 1) ** 2)
+        table = _kernels._trials_successes_table(z, n, n_max, chunks)
         nu, zu = np.nonzero(table)
         return nu.astype(np.float64), zu.astype(np.float64), table[nu, zu].astype(np.float64)
     if n_max * (n_max + 1) + n_max > INT64_MAX:  # the packed key n (n_max + 1) + z overflows

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 
 import numpy as np
@@ -37,25 +38,49 @@ def _freeze(*arrays):
 class BetaPosterior:
     """Per-client posterior Beta(alpha_i, beta_i) of the success probabilities.
 
+    Stored as the mean and the concentration alpha_i + beta_i (the mean-precision
+    parameterization); ``alpha``, ``beta`` and ``var`` are derived from them on
+    first access, so that a fit for 10^7 clients holds two arrays, not five.
+
     Attributes
     ----------
-    alpha, beta : ndarray of shape (m,)
-        Posterior shape parameters. ``inf`` marks a point mass at ``mean``
-        (a leave-one-out fit with shrinkage weight 0); 0 marks the limit
-        Beta(0, b) (point mass at 0) or Beta(a, 0) (point mass at 1).
     mean : ndarray of shape (m,)
-        Posterior means, the personalized estimates.
-    var : ndarray of shape (m,)
-        Posterior variances.
+        Posterior means alpha_i / (alpha_i + beta_i), the personalized estimates.
+    concentration : ndarray of shape (m,)
+        alpha_i + beta_i. ``inf`` marks a point mass at ``mean`` (a
+        leave-one-out fit with shrinkage weight 0).
     """
 
-    alpha: np.ndarray
-    beta: np.ndarray
     mean: np.ndarray
-    var: np.ndarray
+    concentration: np.ndarray
 
     def __post_init__(self):
-        _freeze(self.alpha, self.beta, self.mean, self.var)
+        _freeze(self.mean, self.concentration)
+
+    @cached_property
+    def alpha(self) -> np.ndarray:
+        """Posterior shape alpha_i = mean_i (alpha_i + beta_i); ``inf`` for a point mass
+        (0 marks the limit Beta(0, b), a point mass at 0)."""
+        return self._shape(self.mean)
+
+    @cached_property
+    def beta(self) -> np.ndarray:
+        """Posterior shape beta_i = (1 - mean_i) (alpha_i + beta_i); ``inf`` for a point
+        mass (0 marks the limit Beta(a, 0), a point mass at 1)."""
+        return self._shape(1.0 - self.mean)
+
+    def _shape(self, share):
+        with np.errstate(invalid="ignore"):  # 0 * inf of a point mass at 0 or 1
+            shape = np.where(np.isinf(self.concentration), np.inf, share * self.concentration)
+        _freeze(shape)
+        return shape
+
+    @cached_property
+    def var(self) -> np.ndarray:
+        """Posterior variances, mean (1 - mean) / (alpha + beta + 1); 0 for a point mass."""
+        var = self.mean * (1.0 - self.mean) / (self.concentration + 1.0)
+        _freeze(var)
+        return var
 
     @property
     def sd(self) -> np.ndarray:
@@ -105,8 +130,9 @@ class BetaBinomialEBResult:
         Weight ``a_i`` on the client's own mean z_i/n_i; ``1 - a_i`` goes to
         ``centre``.
     centre : ndarray of shape (m,)
-        What each client shrinks towards: the prior mean, or the leave-one-out
-        mean mu_hat_i.
+        What each client shrinks towards: the prior mean (a read-only
+        broadcast of that one number, holding no memory per client), or the
+        leave-one-out mean mu_hat_i.
     log_likelihood : float
         Beta-binomial marginal log-likelihood of all counts under ``prior``
         (binomial coefficients included); NaN when ``prior`` is None.

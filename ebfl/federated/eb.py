@@ -91,7 +91,8 @@ from ebfl._validation import (
 )
 from ebfl.eb import _kernels
 from ebfl.eb.beta_binomial import METHODS as BETA_METHODS
-from ebfl.eb.beta_binomial import beta_binomial_eb
+from ebfl.eb.beta_binomial import _compress, beta_binomial_eb
+from ebfl.eb.beta_binomial import _loo_sums as _pair_loo_sums
 from ebfl.eb.gaussian import METHODS as GAUSSIAN_METHODS
 from ebfl.eb.gaussian import gaussian_eb
 from ebfl.eb.npmle import npmle_binomial, npmle_normal
@@ -460,9 +461,9 @@ class EBBetaBinomial(_EmpiricalBayes):
         z, n = data.successes, data.trials
         kind = self._kind
         if kind == "beta":
-            _, _, mean, var, weight = _kernels._beta_posterior(
+            mean, concentration, weight = _kernels._beta_posterior(
                 z, n, _read(message, "alpha"), _read(message, "beta"))
-            return mean, var, weight
+            return mean, mean * (1.0 - mean) / (concentration + 1.0), weight
         if kind in ("npmle", "randomized-response"):
             mean, var = _binomial_grid_posterior(z, n, message["grid"], message["weights"])
             return mean, var, np.full(z.size, np.nan)
@@ -544,11 +545,11 @@ def _read_sums(message):
 
 
 def _loo_sums(z, n, method):
-    """The sums of eq. (6) on x = z/n, and corr_total = sum x(1-x)/(n-1)."""
-    x = z / n
-    corr_total = (float(np.sum(x * (1.0 - x) / (n - 1.0))) if method == "loo_corrected"
-                  else 0.0)
-    return {**_sums_message(x), "corr_total": _scalar(corr_total)}
+    """The sums of eq. (6) on x = z/n, and corr_total = sum x(1-x)/(n-1), summed as
+    :func:`ebfl.eb.beta_binomial_eb` sums them (over the distinct (n, z) pairs)."""
+    total, ssq, corr_total = _pair_loo_sums(_compress(z, n), method)
+    return {"count": _scalar(z.size), "total": _scalar(total), "ssq": _scalar(ssq),
+            "corr_total": _scalar(corr_total)}
 
 
 def _loo_posterior(z, n, included, message, method):
@@ -573,7 +574,10 @@ def _loo_posterior(z, n, included, message, method):
         a = np.where(v == 0.0, 0.0, np.where(den <= 0.0, np.inf, n * v / den))
     a = np.clip(a, 0.0, 1.0)
     est = a * x + (1.0 - a) * mu
-    return est, est * (1.0 - est) * a / (n + a), a
+    # As BetaPosterior.var from the concentration n / a (inf: a point mass).
+    with np.errstate(divide="ignore"):
+        concentration = np.where(a == 0.0, np.inf, n / a)
+    return est, est * (1.0 - est) / (concentration + 1.0), a
 
 
 # --------------------------------------------------------------------------- Gaussian
