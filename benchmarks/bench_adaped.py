@@ -18,7 +18,9 @@ equal (float32, to 1e-4) before timing. Both run with denormals flushed, as
 Goal: loop / ours >= 3 per round. ``--quick``: m = 10, 2 local iterations.
 ``--model mlp`` runs the same comparison with a 784-200-200-10 MLP, where the
 per-client work is small and the loop's per-call overhead dominates.
-``--json`` prints one JSON object.
+``--device cuda`` runs both on a GPU (the model, the parameters and the
+batches, drawn on the CPU from the same generator, moved there; the clock is
+read after ``torch.cuda.synchronize()``). ``--json`` prints one JSON object.
 """
 
 import argparse
@@ -33,7 +35,7 @@ from _timing import best_of
 from ebfl.federated import RoundContext, RunConfig
 from ebfl.learning.torch import CNN5, MLP, AdaPeD
 from ebfl.learning.torch.engine import flush_denormals
-from ebfl.learning.torch.functional import replicate
+from ebfl.learning.torch.functional import check_device, replicate
 
 GOAL = 3.0
 
@@ -98,16 +100,20 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--model", choices=["cnn", "mlp"], default="cnn",
                     help="the paper's CNN (P4), or a 784-200-200-10 MLP for comparison")
+    ap.add_argument("--device", default="cpu",
+                    help="cpu (default), cuda or cuda:N: where both versions run")
     args = ap.parse_args(argv)
+    device = check_device(args.device)
     m, tau, batch = (10, 2, 20) if args.quick else (50, 10, 20)
-    torch.manual_seed(0)
-    model = CNN5() if args.model == "cnn" else MLP(784, 10)
-    strat = AdaPeD(model)
+    torch.manual_seed(0)  # the model is initialized on the CPU, then moved
+    model = (CNN5() if args.model == "cnn" else MLP(784, 10)).to(device)
     init = {n: p.detach().clone() for n, p in model.named_parameters()}
     gen = torch.Generator().manual_seed(1)
-    batches = [(torch.rand((m, batch, 28, 28), generator=gen),
-                torch.randint(0, 10, (m, batch), generator=gen)) for _ in range(tau)]
+    batches = [(torch.rand((m, batch, 28, 28), generator=gen).to(device),
+                torch.randint(0, 10, (m, batch), generator=gen).to(device))
+               for _ in range(tau)]
 
+    strat = AdaPeD(model)
     strat.init_params = init
     run = RunConfig(n_clients=m, rounds=1)
     message = strat.broadcast(strat.init_server(run), None)
@@ -122,14 +128,28 @@ def main(argv=None):
 
     def loop():
         return loop_round(model, replicate(init, m), replicate(init, m),
-                          torch.full((m,), strat.psi0), batches, strat.lr_theta, strat.lr_mu,
-                          strat.lr_psi, strat.weight_decay)
+                          torch.full((m,), strat.psi0, device=device), batches, strat.lr_theta,
+                          strat.lr_mu, strat.lr_psi, strat.weight_decay)
 
-    with flush_denormals():
-        return _compare(args, m, tau, batch, ours, loop, init)
+    with flush_denormals():  # a CPU setting: nothing changes on a GPU
+        return _compare(args, m, tau, batch, ours, loop, init, device)
 
 
-def _compare(args, m, tau, batch, ours, loop, init):
+def _synchronized(fn, device):
+    """``fn`` that returns only once the device has finished its work (CUDA runs
+    asynchronously: without it the clock would stop at the last kernel launch)."""
+    if device.type != "cuda":
+        return fn
+
+    def run():
+        out = fn()
+        torch.cuda.synchronize(device)
+        return out
+
+    return run
+
+
+def _compare(args, m, tau, batch, ours, loop, init, device):
     state = ours()
     theta, mu, psi = loop()
     for n in init:
@@ -137,17 +157,22 @@ def _compare(args, m, tau, batch, ours, loop, init):
         torch.testing.assert_close(state["work_mu"][n], mu[n], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(state["work_psi"], psi, atol=1e-4, rtol=1e-4)
 
+    ours, loop = _synchronized(ours, device), _synchronized(loop, device)
+    ours()  # settles the device (nothing queued) before the first clock reading
     t_ours, _ = best_of(ours, args.reps)
     t_loop, _ = best_of(loop, args.reps)
-    result = {"model": args.model, "m": m, "tau": tau, "batch": batch,
-              "threads": torch.get_num_threads(),
+    name = (torch.cuda.get_device_name(device) if device.type == "cuda"
+            else f"cpu, {torch.get_num_threads()} threads")
+    result = {"model": args.model, "m": m, "tau": tau, "batch": batch, "device": str(device),
+              "device_name": name, "threads": torch.get_num_threads(),
               "seconds_per_round": {"vectorized": t_ours, "loop": t_loop},
               "ratio_loop_over_ours": t_loop / t_ours, "goal": GOAL,
               "met": t_loop / t_ours >= GOAL}
     if args.json:
         print(json.dumps(result, indent=1))
         return result
-    print(f"P4: AdaPeD round, {args.model}, m = {m} clients, tau = {tau}, batch {batch}")
+    print(f"P4: AdaPeD round, {args.model}, m = {m} clients, tau = {tau}, batch {batch}, "
+          f"on {device} ({name})")
     print(f"  vectorized {t_ours:.3f} s   loop over clients {t_loop:.3f} s   "
           f"ratio {t_loop / t_ours:.1f}x (goal >= {GOAL:g})")
     return result

@@ -663,7 +663,26 @@ def _neural_arguments(parser, *, plot):
     parser.add_argument("--seed", type=_integer(0), default=0)
     parser.add_argument("--quick", action="store_true", help="10 rounds, one evaluation")
     parser.add_argument("--plot", metavar="DIR", help=f"save {plot} there")
+    _device_argument(parser)
     _add_json(parser)
+
+
+def _device(text):
+    """argparse type: a torch device, checked before any work (CUDA must be usable)."""
+    try:
+        from ebfl.learning.torch.functional import check_device
+    except ImportError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    try:
+        return str(check_device(text))
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _device_argument(parser):
+    parser.add_argument("--device", type=_device, metavar="DEVICE",
+                        help="where the models train: cpu (default), cuda or cuda:N; the same "
+                             "random numbers on every device")
 
 
 def _privacy_arguments(parser, *, noise_default, clip_help):
@@ -678,7 +697,7 @@ def _cmd_reproduce_adaped(args):
 
     payload = table1(args.dataset, methods=tuple(args.methods or METHODS),
                      seeds=tuple(range(args.seed, args.seed + args.seeds)), quick=args.quick,
-                     femnist_root=args.femnist_root, progress=not args.json)
+                     femnist_root=args.femnist_root, progress=not args.json, device=args.device)
     _save_figure(args, plot_table1, payload, f"table1_{args.dataset}.png")
     payload.pop("curves")
 
@@ -705,7 +724,7 @@ def _cmd_reproduce_fedhdp(args):
                                seeds=tuple(range(args.seed, args.seed + args.seeds)),
                                quick=args.quick, rounds=args.rounds,
                                denominator=args.denominator, checkpoint_dir=args.checkpoint_dir,
-                               progress=not args.json)
+                               progress=not args.json, device=args.device)
     if table == "sweep":
         _save_figure(args, plot_sweep, payload, f"fedhdp_sweep_{args.dataset}.png")
     payload = _nan_to_none(payload)
@@ -754,7 +773,8 @@ def _cmd_reproduce_perada(args):
                                seeds=tuple(range(args.seed, args.seed + args.seeds)),
                                rounds=args.rounds, checkpoint_dir=args.checkpoint_dir,
                                arch=args.arch, backbone_weights=args.backbone_weights,
-                               cache_dir=args.cache_dir, progress=not args.json)
+                               cache_dir=args.cache_dir, progress=not args.json,
+                               device=args.device)
     _save_figure(args, plot_perada, payload, f"perada_{args.dataset}.png")
     _emit(args, _nan_to_none(payload), _render_perada)
 
@@ -861,7 +881,8 @@ def _cmd_reproduce_dp_adaped(args):
     payload = dp_sweep(args.dataset, noise_multipliers=tuple(args.noise or (0.5, 1.0, 2.0, 4.0)),
                        clip=args.clip, delta=args.delta, concatenate=args.concatenate,
                        fine_tune=args.fine_tune, seed=args.seed, quick=args.quick,
-                       femnist_root=args.femnist_root, progress=not args.json)
+                       femnist_root=args.femnist_root, progress=not args.json,
+                       device=args.device)
     _save_figure(args, plot_dp_sweep, payload, f"dp_adaped_{args.dataset}.png")
 
     def render(p):
@@ -882,7 +903,7 @@ def _cmd_reproduce_adaped_fedem(args):
                                delta=args.delta, seeds=tuple(range(args.seed,
                                                                    args.seed + args.seeds)),
                                quick=args.quick, femnist_root=args.femnist_root,
-                               progress=not args.json)
+                               progress=not args.json, device=args.device)
     if zs:
         _save_figure(args, plot_fedem_comparison, payload, f"adaped_fedem_{args.dataset}.png")
 
@@ -1328,6 +1349,7 @@ def build_parser():
     fh.add_argument("--quick", action="store_true",
                     help="200 clients, 12 rounds of 2 local epochs, q = 0.1 (seconds)")
     fh.add_argument("--plot", metavar="DIR", help="save the accuracy-vs-r figure (--sweep)")
+    _device_argument(fh)
     _add_json(fh)
     fh.set_defaults(func=_cmd_reproduce_fedhdp)
 
@@ -1357,6 +1379,7 @@ def build_parser():
     pa.add_argument("--quick", action="store_true",
                     help="6 clients, 3 rounds, 7 methods (seconds: a pipeline check)")
     pa.add_argument("--plot", metavar="DIR", help="save the figures there")
+    _device_argument(pa)
     _add_json(pa)
     pa.set_defaults(func=_cmd_reproduce_perada)
 

@@ -147,7 +147,7 @@ def load_clients(dataset, *, seed=0, femnist_root=None, test_fraction=0.2):
 
 
 def table1(dataset="mnist", *, methods=METHODS, seeds=(0,), quick=False, femnist_root=None,
-           progress=False, eval_every=None):
+           progress=False, eval_every=None, device=None):
     """Train every method on ``dataset``; per-method accuracy (mean, sd over seeds).
 
     Parameters
@@ -162,6 +162,9 @@ def table1(dataset="mnist", *, methods=METHODS, seeds=(0,), quick=False, femnist
         10 rounds instead of the paper's epochs, evaluated once at the end (CI).
     femnist_root : path-like, optional
         LEAF FEMNIST directory (with ``train/`` and ``test/``).
+    device : None, str or torch.device
+        Where the models train: "cpu" (None), "cuda" or "cuda:N" (see
+        :func:`ebfl.learning.torch.train`; the same random numbers on every device).
 
     Returns
     -------
@@ -171,8 +174,10 @@ def table1(dataset="mnist", *, methods=METHODS, seeds=(0,), quick=False, femnist
         ``paper`` {method: [value, pm]} where the paper reports the column.
     """
     from ebfl.learning.torch import train
+    from ebfl.learning.torch.functional import check_device
 
     _dataset_iv(dataset)
+    device = check_device(device)  # before any data is loaded
     registry = _methods()
     methods = check_names(methods, "methods", registry, what="method")
     seeds = _seeds_iv(seeds)
@@ -192,7 +197,7 @@ def table1(dataset="mnist", *, methods=METHODS, seeds=(0,), quick=False, femnist
             strategy = registry[name](make_model())
             res = train(strategy, data, rounds=rounds, local_steps=TAU, clients_per_round=k,
                         iters_per_epoch=ITERS_PER_EPOCH, eval_every=eval_every, seed=seed,
-                        progress=progress)
+                        progress=progress, device=device)
             results[name]["per_seed"].append(100 * float(res.accuracy.mean()))
             results[name]["seconds"].append(res.seconds)
             if seed == seeds[0]:
@@ -241,7 +246,7 @@ def plot_table1(result, path):
 
 def dp_sweep(dataset="mnist", *, noise_multipliers=(0.5, 1.0, 2.0, 4.0), clip=1.0, delta=1e-5,
              concatenate=False, fine_tune=False, seed=0, quick=False, femnist_root=None,
-             progress=False):
+             progress=False, device=None):
     """DP-AdaPeD accuracy against epsilon (Figures 1-3 of the paper, spec B.5-B.7).
 
     One run per noise multiplier z = sigma / C (both blocks, C1 = C2 = ``clip``),
@@ -249,7 +254,8 @@ def dp_sweep(dataset="mnist", *, noise_multipliers=(0.5, 1.0, 2.0, 4.0), clip=1.
     construction). Each run's epsilon at ``delta`` is given twice: by the
     paper's Theorem 7 and by the correct accountant
     (:meth:`ebfl.learning.torch.DPAdaPeD.privacy`; fixed-size sampling,
-    trusted aggregator, RDP).
+    trusted aggregator, RDP). ``device``: where the models train (as in
+    :func:`table1`).
 
     Returns
     -------
@@ -258,8 +264,10 @@ def dp_sweep(dataset="mnist", *, noise_multipliers=(0.5, 1.0, 2.0, 4.0), clip=1.
         epsilon_accountant), ``reference`` {AdaPeD, Local: accuracy %}.
     """
     from ebfl.learning.torch import AdaPeD, DPAdaPeD, Local, train
+    from ebfl.learning.torch.functional import check_device
 
     _dataset_iv(dataset)
+    device = check_device(device)
     noise_multipliers = _noise_iv(noise_multipliers)
     clip, delta = _clip_delta_iv(clip, delta)
     concatenate = check_bool(concatenate, "concatenate")
@@ -272,7 +280,8 @@ def dp_sweep(dataset="mnist", *, noise_multipliers=(0.5, 1.0, 2.0, 4.0), clip=1.
     data, make_model, info = load_clients(dataset, seed=seed, femnist_root=femnist_root)
     k = max(1, round(proto["ratio"] * data.n_clients))
     kw = dict(rounds=rounds, local_steps=TAU, clients_per_round=k,
-              iters_per_epoch=ITERS_PER_EPOCH, eval_every=rounds, seed=seed, progress=progress)
+              iters_per_epoch=ITERS_PER_EPOCH, eval_every=rounds, seed=seed, progress=progress,
+              device=device)
     runs = []
     for z in noise_multipliers:
         if concatenate:
@@ -369,7 +378,8 @@ def _mean_sd(values):
 
 
 def fedem_comparison(dataset="mnist", *, noise_multipliers=(1.0, 4.0, 16.0), clip=1.0,
-                     delta=1e-5, seeds=(0,), quick=False, femnist_root=None, progress=False):
+                     delta=1e-5, seeds=(0,), quick=False, femnist_root=None, progress=False,
+                     device=None):
     """AdaPeD against FedEM, non-private and DP, at full participation (E7, Figure 3; spec B.7).
 
     Every client trains every round (K = m, "to give an advantage to FedEM").
@@ -393,6 +403,8 @@ def fedem_comparison(dataset="mnist", *, noise_multipliers=(1.0, 4.0, 16.0), cli
         One run per seed, for the mean and sd (the paper's error bars are 3 sd).
     quick : bool
         10 rounds (CI).
+    device : None, str or torch.device
+        Where the models train (as in :func:`table1`).
 
     Returns
     -------
@@ -403,8 +415,10 @@ def fedem_comparison(dataset="mnist", *, noise_multipliers=(1.0, 4.0, 16.0), cli
         pm]} where the paper reports it (MNIST).
     """
     from ebfl.learning.torch import DPAdaPeD, train
+    from ebfl.learning.torch.functional import check_device
 
     _dataset_iv(dataset)
+    device = check_device(device)
     zs = _noise_iv(noise_multipliers, allow_empty=True)
     seeds = _seeds_iv(seeds)
     clip, delta = _clip_delta_iv(clip, delta)
@@ -417,7 +431,7 @@ def fedem_comparison(dataset="mnist", *, noise_multipliers=(1.0, 4.0, 16.0), cli
     for seed in seeds:
         data, make_model, info = load_clients(dataset, seed=seed, femnist_root=femnist_root)
         kw = dict(rounds=rounds, local_steps=TAU, iters_per_epoch=ITERS_PER_EPOCH,
-                  eval_every=rounds, seed=seed, progress=progress)
+                  eval_every=rounds, seed=seed, progress=progress, device=device)
         for key in acc:
             res = train(_e7_strategy(key, make_model(), clip), data, **kw)
             acc[key].append(100 * float(res.accuracy.mean()))

@@ -194,7 +194,7 @@ def make_algorithm(name, fed, *, r=None, lam=0.005, protocol=MNIST_PROTOCOL,
 
 def run_fedhdp(fed, algorithm, *, r=None, lam=0.005, protocol=MNIST_PROTOCOL, rounds=None,
                local_epochs=None, sampling_rate=None, seed=0, denominator="realized",
-               eval_every=None, checkpoint=None, progress=False):
+               eval_every=None, checkpoint=None, progress=False, device=None):
     """Train one algorithm on ``fed`` and measure the seven metrics.
 
     Parameters
@@ -216,6 +216,10 @@ def run_fedhdp(fed, algorithm, *, r=None, lam=0.005, protocol=MNIST_PROTOCOL, ro
     checkpoint : path-like, optional
         Resume from / save to this file.
     progress : bool
+    device : None, str or torch.device
+        Where the model trains and is evaluated: "cpu" (None), "cuda" or
+        "cuda:N" (see :func:`ebfl.learning.torch.train`; the same random
+        numbers on every device).
 
     Returns
     -------
@@ -224,9 +228,10 @@ def run_fedhdp(fed, algorithm, *, r=None, lam=0.005, protocol=MNIST_PROTOCOL, ro
     import torch
 
     from ebfl.learning.torch import train
-    from ebfl.learning.torch.functional import client_forward
+    from ebfl.learning.torch.functional import check_device, client_forward
 
     algorithm = check_choice(algorithm, "algorithm", ALGORITHMS)
+    device = check_device(device)
     p = dict(protocol)
     for key, value in (("rounds", rounds), ("local_epochs", local_epochs),
                        ("sampling_rate", sampling_rate)):
@@ -246,16 +251,19 @@ def run_fedhdp(fed, algorithm, *, r=None, lam=0.005, protocol=MNIST_PROTOCOL, ro
                 clients_per_round=k, batch_size=p["batch_size"],
                 iters_per_epoch=p["decay_every_rounds"] * local_steps, lr_decay=p["lr_decay"],
                 eval_every=eval_every, seed=seed, checkpoint=checkpoint, progress=progress,
-                sampling="poisson")
-    x = torch.from_numpy(np.array(fed.x_server_test))  # a writable copy
+                sampling="poisson", device=device)
+    alg = alg.to(device)  # the evaluation runs where the training ran
+    server, clients = alg.restore_state(res.server), alg.restore_state(res.clients)
+    x = torch.from_numpy(np.array(fed.x_server_test)).to(device)  # a writable copy
     with torch.no_grad():
-        logits = client_forward(alg.model, {n: v[None] for n, v in res.server["global"].items()},
+        logits = client_forward(alg.model, {n: v[None] for n, v in server["global"].items()},
                                 x[None])[0]
-    server_acc = float((logits.argmax(-1).numpy() == np.asarray(fed.y_server_test)).mean())
-    everyone = fed.data.subset(np.arange(fed.n_clients))
-    out = alg.client_evaluate(alg.evaluation_message(res.server), res.clients, everyone)
-    metrics = fedhdp_metrics(server_acc, out["global_accuracy"].numpy(),
-                             out["accuracy"].numpy(), fed.groups,
+    server_acc = float((logits.argmax(-1).cpu().numpy()
+                        == np.asarray(fed.y_server_test)).mean())
+    everyone = fed.data.to(device).subset(np.arange(fed.n_clients))
+    out = alg.client_evaluate(alg.evaluation_message(server), clients, everyone)
+    metrics = fedhdp_metrics(server_acc, out["global_accuracy"].cpu().numpy(),
+                             out["accuracy"].cpu().numpy(), fed.groups,
                              all_private=algorithm == "DP-FedAvg+Ditto",
                              all_nonprivate=algorithm == "Non-Private+Ditto")
     epsilon = math.inf
@@ -285,7 +293,7 @@ def load_federation(dataset, *, quick=False, seed=0, directory=None, download=Tr
 
 def reproduce_fedhdp(dataset="mnist", *, table="3", lam=0.005, ratios=None, seeds=(0,),
                      quick=False, rounds=None, denominator="realized", checkpoint_dir=None,
-                     directory=None, download=True, progress=False):
+                     directory=None, download=True, progress=False, device=None):
     """Table 3 (``table="3"``) or an r-sweep as in Tables 8-9 (``table="sweep"``), beside
     the paper's numbers.
 
@@ -312,7 +320,9 @@ def reproduce_fedhdp(dataset="mnist", *, table="3", lam=0.005, ratios=None, seed
         Override the 500 rounds.
     denominator : {"realized", "expected"}
     checkpoint_dir : path-like, optional
-        One checkpoint per run: an interrupted reproduction resumes.
+        One checkpoint per run: an interrupted reproduction resumes (on any device).
+    device : None, str or torch.device
+        Where the models train (see :func:`run_fedhdp`).
 
     Returns
     -------
@@ -323,8 +333,10 @@ def reproduce_fedhdp(dataset="mnist", *, table="3", lam=0.005, ratios=None, seed
     from pathlib import Path
 
     from ebfl.experiments.fedhdp_data import fedhdp_paper_numbers
+    from ebfl.learning.torch.functional import check_device
 
     dataset = check_choice(dataset, "dataset", tuple(DATASETS))
+    device = check_device(device)  # before any data is loaded
     table = check_choice(str(table), "table", ("3", "sweep"))
     quick = check_bool(quick, "quick")
     seeds = [check_int_scalar(s, "seeds", minimum=0) for s in np.atleast_1d(seeds).tolist()]
@@ -352,7 +364,8 @@ def reproduce_fedhdp(dataset="mnist", *, table="3", lam=0.005, ratios=None, seed
                 tag = f"{dataset}-{algorithm}-r{r}-lam{lam_}-seed{seed}-{protocol['rounds']}"
                 ckpt = Path(checkpoint_dir) / (tag.replace("+", "_") + ".pt")
             runs.append(run_fedhdp(fed, algorithm, r=r, lam=lam_, protocol=protocol, seed=seed,
-                                   denominator=denominator, checkpoint=ckpt, progress=progress))
+                                   denominator=denominator, checkpoint=ckpt, progress=progress,
+                                   device=device))
     paper_name, table3, sweep_table = DATASETS[dataset]
     paper = fedhdp_paper_numbers(table3 if table == "3" else sweep_table)
     paper = paper[paper["dataset"] == paper_name]

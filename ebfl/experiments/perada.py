@@ -237,15 +237,21 @@ def _parameter_columns(alg):
     return out
 
 
-def run_method(name, data, protocol, backbone, *, seed=0, progress=False, cache=None, **kw):
+def run_method(name, data, protocol, backbone, *, seed=0, progress=False, cache=None,
+               device=None, **kw):
     """Train Table 1's method ``name`` on ``data`` and evaluate it (Local-test, Global-test,
     OOD, global model, Phi, prediction distance, the Theorem 1-2 inequalities).
 
     ``cache``: a JSON file; if it exists its result is returned (an interrupted
     reproduction resumes run by run), else the result is written there.
+    ``device``: where the model trains and is evaluated ("cpu", "cuda", "cuda:N";
+    see :func:`ebfl.learning.torch.train`).
     """
     from ebfl.learning.torch.engine import run_config, train
+    from ebfl.learning.torch.functional import check_device
     from ebfl.learning.torch.generalization import generalization_report
+
+    device = check_device(device)
 
     if cache is not None and Path(cache).is_file():
         return json.loads(Path(cache).read_text())
@@ -255,10 +261,11 @@ def run_method(name, data, protocol, backbone, *, seed=0, progress=False, cache=
     schedule = dict(rounds=protocol.rounds, local_steps=protocol.local_steps,
                     clients_per_round=protocol.clients_per_round, batch_size=protocol.batch_size,
                     lr_decay=1.0, eval_every=max(1, protocol.rounds // 5), seed=seed)
-    res = train(alg, data.federated, init_params=init, progress=progress, **schedule)
+    res = train(alg, data.federated, init_params=init, progress=progress, device=device,
+                **schedule)
     train_seconds = time.perf_counter() - t0
     aux = data.aux.get("out-of-domain")
-    report = generalization_report(alg, res.server, res.clients, data.federated,
+    report = generalization_report(alg.to(device), res.server, res.clients, data.federated,
                                    global_test=data.global_test, ood=data.ood, aux=aux)
     ood_names = list(data.ood)
     report["ood_mean"] = {
@@ -392,7 +399,7 @@ def _table2_row(name, runs):
 
 def reproduce_perada(*, dataset="mnist", quick=False, parts=PARTS, seeds=(0,), rounds=None,
                      checkpoint_dir=None, directory=None, cache_dir=None, arch="small",
-                     backbone_weights=None, progress=False):
+                     backbone_weights=None, progress=False, device=None):
     """The CPU-scale analogue of PerAda's Tables 1, 2, 4 and Figures 4, 7.
 
     Parameters
@@ -421,6 +428,10 @@ def reproduce_perada(*, dataset="mnist", quick=False, parts=PARTS, seeds=(0,), r
         shrinks it to a shape check).
     backbone_weights : path-like, optional
         The torchvision-format ImageNet state_dict of ResNet-18, for ``arch="resnet18"``.
+    device : None, str or torch.device
+        Where the federated runs train and are evaluated: "cpu" (None), "cuda"
+        or "cuda:N" (see :func:`ebfl.learning.torch.train`). The backbone's
+        pretraining stays on the CPU.
 
     Returns
     -------
@@ -429,8 +440,11 @@ def reproduce_perada(*, dataset="mnist", quick=False, parts=PARTS, seeds=(0,), r
         paper's tables (``paper``), ``protocol``, ``federation``, ``backbone``,
         ``seconds``.
     """
+    from ebfl.learning.torch.functional import check_device
+
     dataset = check_choice(dataset, "dataset", DATASETS)
     quick = check_bool(quick, "quick")
+    device = check_device(device)  # before the backbone is pretrained or data loaded
     parts = list(dict.fromkeys(check_choice(p, "parts", PARTS) for p in parts))
     seeds = [check_int_scalar(s, "seeds", minimum=0) for s in np.atleast_1d(seeds).tolist()]
     if not seeds:
@@ -463,7 +477,8 @@ def reproduce_perada(*, dataset="mnist", quick=False, parts=PARTS, seeds=(0,), r
         for seed in seeds:
             cache = None if ckdir is None else ckdir / f"{tag}-{_slug(label)}-s{seed}.json"
             out.append(run_method(name, data, protocol, backbone, seed=seed,
-                                  progress=progress, cache=cache, arch=arch, **kw))
+                                  progress=progress, cache=cache, arch=arch, device=device,
+                                  **kw))
         return out
 
     methods = QUICK_METHODS if quick else [m for m, _ in TABLE1_METHODS]

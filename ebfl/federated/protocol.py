@@ -222,6 +222,12 @@ class FederatedAlgorithm:
         """Scalars of the server state for the history."""
         return {}
 
+    def restore_state(self, tree):
+        """A server or client state read from a checkpoint, placed where this algorithm
+        computes (checkpoints hold CPU arrays; a torch strategy on a GPU moves them there).
+        Default: as read."""
+        return tree
+
     # ---- client half
     def init_clients(self, run, data, clients):
         """The persistent state of clients ``clients`` (a dict of stacks, one row each)."""

@@ -20,7 +20,7 @@ import numpy as np
 
 from ebfl._validation import check_bool, check_int_scalar
 from ebfl.federated.protocol import FederatedAlgorithm, RoundContext, RunConfig, sample_clients
-from ebfl.federated.tree import tree_cat, tree_nbytes, tree_put, tree_take
+from ebfl.federated.tree import _is_torch, tree_cat, tree_nbytes, tree_put, tree_take
 
 __all__ = ["RunResult", "history_row", "run"]
 
@@ -100,7 +100,8 @@ def run(algorithm, data, config, *, failures=None, checkpoint=None, checkpoint_e
         Saved every ``checkpoint_every`` rounds (default ``config.eval_every``)
         and at the end; if the file exists the run resumes from it, to the same
         result as an uninterrupted run (also with more ``rounds`` than the run that
-        wrote it).
+        wrote it). Tensors are saved on the CPU and placed by the algorithm's
+        ``restore_state`` on resuming, so a run resumes on another device.
     progress : bool
         A progress bar.
 
@@ -136,7 +137,8 @@ def run(algorithm, data, config, *, failures=None, checkpoint=None, checkpoint_e
         if saved["identity"] != identity:
             raise ValueError(f"checkpoint {checkpoint} was written by another configuration: "
                              f"{saved['identity']} != {identity}")
-        server, clients, start = saved["server"], saved["clients"], saved["round"]
+        server, clients, start = (algorithm.restore_state(saved["server"]),
+                                  algorithm.restore_state(saved["clients"]), saved["round"])
         history, metrics = saved["history"], saved["metrics"]
     else:
         server = algorithm.init_server(config)
@@ -185,8 +187,9 @@ def run(algorithm, data, config, *, failures=None, checkpoint=None, checkpoint_e
             if bar is not None and "accuracy" in metrics:
                 bar.set_postfix(acc=f"{history[-1]['accuracy']:.4f}")
         if checkpoint is not None and (done % checkpoint_every == 0 or done == config.rounds):
-            _save(checkpoint, {"identity": identity, "server": server, "clients": clients,
-                               "round": done, "history": history, "metrics": metrics})
+            _save(checkpoint, {"identity": identity, "server": _on_cpu(server),
+                               "clients": _on_cpu(clients), "round": done, "history": history,
+                               "metrics": metrics})
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -213,6 +216,14 @@ def _to_numpy(v):
 def stack_replies(replies):
     """Replies of single clients, in client-id order, as one stack (Flower's server side)."""
     return tree_cat(replies)
+
+
+def _on_cpu(tree):
+    """A state with its torch tensors on the CPU (no copy for those already there): a
+    checkpoint that any machine can read."""
+    if isinstance(tree, dict):
+        return {k: _on_cpu(v) for k, v in tree.items()}
+    return tree.cpu() if _is_torch(tree) else tree
 
 
 def _save(path, payload):

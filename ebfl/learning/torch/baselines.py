@@ -277,7 +277,8 @@ def _full_batch(model, stack, data, steps, lr, weight_decay, chunk=16):
         part = data.subset(rows)
         rows_used = int(part.n_train.max())  # beyond the chunk's largest client: all padding
         x, y = part.x_train[:, :rows_used].to(dtype), part.y_train[:, :rows_used]
-        mask = (torch.arange(rows_used)[None, :] < part.n_train[:, None]).to(dtype)
+        rows_of = torch.arange(rows_used, device=x.device)
+        mask = (rows_of[None, :] < part.n_train[:, None]).to(dtype)
         idx = torch.from_numpy(rows)
         params = {n: p[idx] for n, p in out.items()}
         for _ in range(steps):
@@ -301,9 +302,10 @@ def _minibatch(model, stack, data, steps, lr, weight_decay, batch_size, rng):
 
 # The adaptation stream of each client is persistent client state: an int64 tensor holds the
 # unsigned 64-bit seed in two's complement (tensors have no uint64 arithmetic we can rely on).
-def _seed_state(run, clients):
+def _seed_state(run, clients, device):
     seeds = _adaptation_seeds(run.seed, clients)
-    return torch.tensor([s - 2**64 if s >= 2**63 else s for s in seeds], dtype=torch.int64)
+    return torch.tensor([s - 2**64 if s >= 2**63 else s for s in seeds], dtype=torch.int64,
+                        device=device)
 
 
 def _seed_generators(state):
@@ -323,7 +325,7 @@ class _AdaptedGlobal:
     def _adaptation_state(self, run, clients, batch):
         if batch is None:
             return {}
-        return {"adapt_seed": _seed_state(run, clients)}
+        return {"adapt_seed": _seed_state(run, clients, self.device)}
 
     def _adapt(self, message, client, data, steps, lr, weight_decay, batch):
         stack = replicate(message["global"], data.n_clients)
@@ -934,7 +936,7 @@ class APFL(_LocalCopyOfGlobal):
     def init_clients(self, run, data, clients):
         params, k = self.initial_params(run), len(clients)
         return {"personal": replicate(params, k),
-                "alpha": torch.full((k,), self.alpha, dtype=_dtype(params))}
+                "alpha": torch.full((k,), self.alpha, dtype=_dtype(params), device=self.device)}
 
     def evaluation_message(self, server):
         return {"global": server["global"]}
@@ -1188,7 +1190,7 @@ class FedEM(Strategy):
     def init_clients(self, run, data, clients):
         dtype = _dtype(self.initial_params(run))
         return {"pi": torch.full((len(clients), self.n_components), 1 / self.n_components,
-                                 dtype=dtype)}
+                                 dtype=dtype, device=self.device)}
 
     def client_begin(self, message, client, rc):
         k = rc.clients.size

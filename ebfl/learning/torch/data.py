@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from ebfl._validation import INT64_MAX, check_counts, check_int_scalar, real_dtype_array
+from ebfl.learning.torch.functional import check_device
 
 __all__ = ["ClientSubset", "FederatedDataset"]
 
@@ -122,6 +123,42 @@ class FederatedDataset:
     def n_clients(self) -> int:
         return self.x_train.shape[0]
 
+    @property
+    def device(self):
+        """The device the tensors live on."""
+        return self.x_train.device
+
+    def to(self, device):
+        """This dataset with every tensor on ``device`` (a new dataset; this one is unchanged).
+
+        Tensors already on ``device`` are shared, not copied (a dataset's
+        tensors are never written to).
+
+        Parameters
+        ----------
+        device : str or torch.device
+            "cpu", "cuda" or "cuda:N" (see
+            :func:`~ebfl.learning.torch.functional.check_device`).
+
+        Returns
+        -------
+        FederatedDataset
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> x = [np.eye(3, dtype=np.float32)] * 2
+        >>> y = [np.array([0, 1, 1])] * 2
+        >>> data = FederatedDataset.from_clients(x, y, x, y)
+        >>> moved = data.to("cpu")
+        >>> moved is data, moved.device, bool(torch.equal(moved.x_train, data.x_train))
+        (False, device(type='cpu'), True)
+        """
+        device = check_device(device)
+        return replace(self, x_train=self.x_train.to(device), y_train=self.y_train.to(device),
+                       n_train=self.n_train.to(device), x_test=self.x_test.to(device),
+                       y_test=self.y_test.to(device), n_test=self.n_test.to(device))
+
     def subset(self, clients):
         """The clients ``clients`` (ids, in that order) as a :class:`ClientSubset` (no copy)."""
         return ClientSubset(self, torch.as_tensor(np.asarray(clients, dtype=np.int64)))
@@ -132,8 +169,8 @@ class FederatedDataset:
         Returns ``(x, y)`` of shapes (K, B, ...) and (K, B). With replacement keeps
         one batch shape for clients of different sizes.
         """
-        u = torch.rand((clients.numel(), batch_size), generator=generator)
-        idx = (u * self.n_train[clients, None]).long()
+        u = torch.rand((clients.numel(), batch_size), generator=generator)  # on the CPU
+        idx = (u.to(self.n_train.device) * self.n_train[clients, None]).long()
         rows = clients[:, None]
         return self.x_train[rows, idx], self.y_train[rows, idx]
 
@@ -189,9 +226,12 @@ class ClientSubset:
 
         Client j's indices come from ``generators[j]`` (its own stream), so a
         client draws the same batch whether it runs alone or with others.
+        The uniforms are drawn on the CPU (the generators' device) and moved to
+        the data's, so the batches are the same on every device.
         Returns ``(x, y)`` of shapes (K, B, ...) and (K, B).
         """
         u = torch.stack([torch.rand(batch_size, generator=g) for g in generators])
-        idx = (u * self.n_train[:, None]).long()
+        n = self.n_train
+        idx = (u.to(n.device) * n[:, None]).long()
         rows = self.clients[:, None]
         return self.parent.x_train[rows, idx], self.parent.y_train[rows, idx]

@@ -75,7 +75,7 @@ def _clipped_sum(grads, clip, mask):
     for name, g in grads.items():
         scaled = g * factor.reshape(k, b, *([1] * (g.dim() - 2))).to(g.dtype)
         keep = mask.reshape(k, b, *([1] * (g.dim() - 2)))
-        out[name] = torch.where(keep, scaled, torch.zeros((), dtype=g.dtype)).sum(1)
+        out[name] = torch.where(keep, scaled, scaled.new_zeros(())).sum(1)
     return out
 
 
@@ -90,7 +90,8 @@ def _dp_sgd_gradient(model, loss_fn, stack, x, y, mask, clip, noise_multiplier, 
     for name, s in total.items():
         # drawn even at sigma = 0, so a client's stream does not depend on the noise level
         noisy = s + sigma * _gaussian(s, generators, k)
-        out[name] = noisy / expected_batch.to(s.dtype).reshape(k, *([1] * (s.dim() - 1)))
+        denominator = expected_batch.to(device=s.device, dtype=s.dtype)
+        out[name] = noisy / denominator.reshape(k, *([1] * (s.dim() - 1)))
     return out
 
 
@@ -143,12 +144,12 @@ def _check_batch(k, x, y, mask):
                          f"clients (the stack's rows), got {tuple(x.shape)} and "
                          f"{tuple(y.shape)}")
     if mask is None:
-        return torch.ones(y.shape, dtype=torch.bool)
+        return torch.ones(y.shape, dtype=torch.bool, device=y.device)
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != y.shape:
         raise ValueError(f"mask must be a bool Tensor of shape {tuple(y.shape)} (K, B), got "
                          f"{getattr(mask, 'dtype', type(mask).__name__)} "
                          f"{tuple(getattr(mask, 'shape', ()))}")
-    return mask
+    return mask.to(y.device)  # poisson_batch draws it on the CPU
 
 
 def _check_sample_state(model, sample_state, k, b):
@@ -261,8 +262,7 @@ def per_sample_grads(model, loss_fn, stack, x, y, mask=None, frozen=None, *, sam
     _check_no_train_batchnorm(model)
     sample_state = _check_sample_state(model, sample_state, k, y.shape[1])
     grads = _per_sample_grads(model, loss_fn, stack, x, y, frozen, sample_state)
-    return {n: torch.where(mask.reshape(*mask.shape, *([1] * (g.dim() - 2))), g,
-                           torch.zeros((), dtype=g.dtype))
+    return {n: torch.where(mask.reshape(*mask.shape, *([1] * (g.dim() - 2))), g, g.new_zeros(()))
             for n, g in grads.items()}
 
 
@@ -351,7 +351,9 @@ def poisson_batch(n_train, sampling_rate, generators):
     overflow would need accounting; only the tensor width varies from step to
     step. The cost of the padding is the gap between the largest and the mean
     batch of the stack (per-sample gradients of padding rows are computed,
-    then masked out).
+    then masked out). The draws and the returned tensors are on the CPU, where
+    the generators are; :func:`gather_batch` and :func:`dp_sgd_gradient` take
+    them for data on any device.
 
     Parameters
     ----------

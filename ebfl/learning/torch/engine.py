@@ -12,6 +12,10 @@ engine's defaults: every random number (client sampling, each client's
 minibatches and noise) comes from a stream keyed by (seed, round, client), so a
 run gives the same result on Flower (:mod:`ebfl.federated.flower`), and a run
 resumed from a checkpoint continues exactly as the uninterrupted run.
+
+A run computes on the CPU or on a CUDA GPU (``train(..., device=)``); every
+random number is drawn on the CPU either way, so the two differ only by
+floating-point arithmetic.
 """
 
 from __future__ import annotations
@@ -33,7 +37,16 @@ from ebfl._validation import (
 from ebfl.federated.protocol import MAX_SEED, RunConfig
 from ebfl.federated.runtime import run
 from ebfl.learning.torch.data import FederatedDataset
-from ebfl.learning.torch.functional import client_forward, clone_params, eval_mode, model_state
+from ebfl.learning.torch.functional import (
+    check_device,
+    client_forward,
+    clone_params,
+    eval_mode,
+    model_device,
+    model_state,
+    to_device,
+)
+from ebfl.learning.torch.strategies import _test_accuracy
 
 __all__ = ["TrainResult", "evaluate", "evaluate_strategy", "flush_denormals", "train"]
 
@@ -47,7 +60,8 @@ def flush_denormals():
     denormal operation is slow, and here one CNN5 step ran 40x slower with them
     (382 ms against 10 ms for 5 clients x 19 images). Values below 1.2e-38 are
     numerically irrelevant to training. torch has no getter for the flag, so it
-    is reset to torch's default (off) on exit.
+    is reset to torch's default (off) on exit. The flag is a CPU setting: it
+    changes nothing in a run on a GPU.
     """
     torch.set_flush_denormal(True)
     try:
@@ -59,6 +73,9 @@ def flush_denormals():
 @dataclass
 class TrainResult:
     """Final states, per-client test accuracy and the per-round history of a run.
+
+    Every tensor lies on the CPU, whatever device the run computed on, so results
+    of runs on different devices compare directly and pickle anywhere.
 
     Attributes
     ----------
@@ -96,7 +113,8 @@ def evaluate(model, stack, data, *, chunk=16, frozen=None):
     """Per-client test accuracy of the stacked models ``stack`` (m clients).
 
     ``frozen``: parameters shared by all clients and absent from ``stack``
-    (see :func:`~ebfl.learning.torch.functional.client_forward`).
+    (see :func:`~ebfl.learning.torch.functional.client_forward`). ``model``,
+    ``stack`` and ``data`` must be on one device.
     """
     if not isinstance(data, FederatedDataset):
         raise TypeError(f"data must be a FederatedDataset, got {type(data).__name__}")
@@ -106,13 +124,7 @@ def evaluate(model, stack, data, *, chunk=16, frozen=None):
         logits = torch.cat([client_forward(model, {k: v[lo:lo + chunk] for k, v in stack.items()},
                                            data.x_test[lo:lo + chunk], frozen=frozen)
                             for lo in range(0, m, chunk)])
-    return _accuracy(logits, data)
-
-
-def _accuracy(logits, data):
-    hit = (logits.argmax(-1) == data.y_test).float()
-    valid = torch.arange(data.x_test.shape[1])[None, :] < data.n_test[:, None]
-    return (hit * valid).sum(1) / data.n_test.float()
+    return _test_accuracy(logits, data)
 
 
 @torch.no_grad()
@@ -120,20 +132,24 @@ def evaluate_strategy(strategy, result, data):
     """Per-client test accuracy of a strategy's personal predictors after a run.
 
     ``result`` is a :class:`TrainResult` (or anything with ``server`` and
-    ``clients``) of ``strategy`` on ``data``.
+    ``clients``) of ``strategy`` on ``data``. The evaluation runs on
+    ``strategy``'s device (see :meth:`~.strategies.Strategy.to`), the result's
+    states and ``data`` copied there; the accuracies are returned on that device.
     """
     if not isinstance(data, FederatedDataset):
         raise TypeError(f"data must be a FederatedDataset, got {type(data).__name__}")
-    message = strategy.evaluation_message(result.server)
+    data = data.to(strategy.device)
+    server, clients = strategy.restore_state(result.server), strategy.restore_state(result.clients)
+    message = strategy.evaluation_message(server)
     everyone = data.subset(range(data.n_clients))
-    return strategy.client_evaluate(message, result.clients, everyone)["accuracy"]
+    return strategy.client_evaluate(message, clients, everyone)["accuracy"]
 
 
 @flush_denormals()
 def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, sampling_ratio=None,
           batch_size=None, iters_per_epoch=60, lr_decay=0.99, eval_every=1, seed=0, checkpoint=None,
           checkpoint_every=None, init_params=None, failures=None, progress=False,
-          sampling="fixed"):
+          sampling="fixed", device=None):
     """Run ``rounds`` synchronization rounds of ``strategy`` on ``data``, in this process.
 
     Parameters
@@ -180,10 +196,41 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, sam
         "fixed": K clients per round without replacement; "poisson": each
         client independently with probability K / m (DP-FedAvg's accounting
         assumes it).
+    device : None, str or torch.device
+        Where the run computes: "cpu" (None, the default), "cuda" or "cuda:N".
+        The strategy (its model and the tensors it holds) and ``data`` are
+        copied there; the caller's objects are not modified. Every random
+        number (initialization, client sampling, minibatch indices, dropout
+        keys, privacy noise) is still drawn on the CPU from the streams keyed
+        by (seed, round, client) and then moved to the device, so a run on a
+        GPU uses exactly the random numbers of the same run on the CPU and
+        differs from it only by floating-point arithmetic (summation order,
+        fused kernels): accuracies agree closely, not bit for bit. A
+        checkpoint holds CPU tensors, and a run resumes on any device.
 
     Returns
     -------
     TrainResult
+        On the CPU (see :class:`TrainResult`).
+
+    Raises
+    ------
+    ValueError
+        Bad arguments, among them an unknown ``device`` or "cuda" where torch
+        has no CUDA (the message says which).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ebfl.learning.torch import FederatedDataset, FedAvg, LogisticModel
+    >>> rng = np.random.default_rng(0)
+    >>> xs = [rng.normal(size=(20, 4)).astype(np.float32) for _ in range(3)]
+    >>> ys = [(x[:, 0] > 0).astype(np.int64) for x in xs]
+    >>> data = FederatedDataset.from_clients(xs, ys, xs, ys, n_classes=2)
+    >>> res = train(FedAvg(LogisticModel(4, 2), 0.5), data, rounds=2, local_steps=2,
+    ...             batch_size=5, device="cpu")
+    >>> tuple(res.accuracy.shape), res.accuracy.device
+    ((3,), device(type='cpu'))
     """
     if not isinstance(data, FederatedDataset):
         raise TypeError(f"data must be a FederatedDataset, got {type(data).__name__}")
@@ -195,13 +242,15 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, sam
     if checkpoint is not None and not isinstance(checkpoint, str | os.PathLike):
         raise TypeError(f"checkpoint must be a path, got {type(checkpoint).__name__}")
     progress = check_bool(progress, "progress")
+    device = check_device(device)
     if init_params is not None:
         _init_params_iv(init_params, strategy.model)
         strategy = copy.copy(strategy)  # the caller's strategy is not modified
         strategy.init_params = clone_params(init_params)
+    strategy, data = strategy.to(device), data.to(device)  # copies: the caller's stay put
     res = run(strategy, data, config, failures=failures, checkpoint=checkpoint,
               checkpoint_every=checkpoint_every, progress=progress)
-    return TrainResult(res.server, res.clients,
+    return TrainResult(to_device(res.server, "cpu"), to_device(res.clients, "cpu"),
                        torch.as_tensor(res.metrics["accuracy"], dtype=torch.float32),
                        res.history, res.seconds)
 
@@ -257,8 +306,8 @@ def _model_fits(model, data):
     features = tuple(data.x_train.shape[2:])
     was_training = model.training
     model.eval()  # no batch-norm statistics are updated by the check
-    try:
-        out = model(data.x_train[0, :1])
+    try:  # on the model's device: the run moves both to the same one later
+        out = model(data.x_train[0, :1].to(model_device(model)))
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
         raise ValueError(f"model does not accept the data's inputs: a batch of B samples of "
                          f"shape {features}, i.e. (B, {', '.join(map(str, features))}) "

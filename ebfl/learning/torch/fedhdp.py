@@ -61,7 +61,7 @@ from ebfl.learning.torch.functional import (
     cross_entropy,
     replicate,
 )
-from ebfl.learning.torch.strategies import EVAL_CHUNK, Strategy, _model_iv
+from ebfl.learning.torch.strategies import EVAL_CHUNK, Strategy, _model_iv, _test_accuracy
 from ebfl.privacy.dp_fedavg import adaptive_clipping_noise
 
 __all__ = ["FedHDP", "dp_fedavg_ditto", "hdp_fedavg_ditto", "non_private_ditto"]
@@ -236,7 +236,7 @@ class FedHDP(Strategy):
                     f"{self.noise_multiplier.max() / 2:g}: pass a larger count_noise") from None
         server = {"global": self.initial_params(run)}
         if self.clip is not None:
-            server["clip"] = torch.tensor(self.clip, dtype=torch.float64)
+            server["clip"] = torch.tensor(self.clip, dtype=torch.float64, device=self.device)
         return server
 
     def broadcast(self, server, rc):
@@ -269,6 +269,7 @@ class FedHDP(Strategy):
         for name, p in server["global"].items():
             # one draw per group and parameter, in a fixed order, whatever the data
             noise = torch.randn((self.n_groups, *p.shape), generator=gen, dtype=p.dtype)
+            noise = noise.to(p.device)  # drawn on the CPU: the same numbers on every device
             step = torch.zeros_like(p)
             delta = replies["delta"][name][rows] if ids.size else None
             for i in np.flatnonzero(w > 0):  # realized counts: an empty group has w = 0
@@ -280,24 +281,26 @@ class FedHDP(Strategy):
         if self.adaptive:
             n = counts.sum() if self.denominator == "expected" else float(ids.size)
             if n > 0:
-                b = replies["unclipped"][rows].double().numpy() if ids.size else np.zeros(0)
+                b = (replies["unclipped"][rows].double().cpu().numpy() if ids.size
+                     else np.zeros(0))
                 frac = noisy_unclipped_fraction(b, n, self.sigma_b(run) * count_draw)
                 clip = update_clip_norm(clip, frac, self.clip_lr, self.target_quantile)
         if "clip" not in server:
             return {"global": new}
-        return {"global": new, "clip": torch.tensor(clip, dtype=torch.float64)}
+        return {"global": new, "clip": torch.tensor(clip, dtype=torch.float64,
+                                                    device=self.device)}
 
     # ---- client half
     def init_clients(self, run, data, clients):
         k = len(clients)
         return {"personal": replicate(self.initial_params(run), k),
-                "trained": torch.zeros(k, dtype=torch.bool)}
+                "trained": torch.zeros(k, dtype=torch.bool, device=self.device)}
 
     def client_begin(self, message, client, rc):
         ids = np.asarray(rc.clients, dtype=np.int64)
         k = ids.size
         g = self.groups[ids]
-        active = torch.as_tensor(self.ratio[g] > 0)
+        active = torch.as_tensor(self.ratio[g] > 0, device=self.device)
         fresh = active & ~client["trained"]  # Algorithm 2: theta_j <- theta^0 if not initialized
         if bool(fresh.any()):
             start = replicate(message["global"], k)
@@ -305,7 +308,7 @@ class FedHDP(Strategy):
                                   for n, v in client["personal"].items()}
         client["trained"] = client["trained"] | active
         return {"model": replicate(message["global"], k), "anchor": message["global"],
-                "lam": torch.as_tensor(self.lam[g]), "active": active,
+                "lam": torch.as_tensor(self.lam[g], device=self.device), "active": active,
                 "clip": message.get("clip")}
 
     def local_step(self, work, client, x, y, scale, rng):
@@ -333,7 +336,7 @@ class FedHDP(Strategy):
         delta = {n: work["model"][n] - work["anchor"][n] for n in work["model"]}
         k = work["active"].numel()
         if work["clip"] is None:  # the non-private baseline: no clipping
-            return {"delta": delta, "unclipped": torch.ones(k)}
+            return {"delta": delta, "unclipped": torch.ones(k, device=self.device)}
         norm = torch.sqrt(sum(d.reshape(k, -1).double().pow(2).sum(1) for d in delta.values()))
         clip = work["clip"].double()
         unclipped = norm <= clip
@@ -359,9 +362,7 @@ class FedHDP(Strategy):
             part = data.subset(np.arange(lo, min(lo + EVAL_CHUNK, k)))
             logits = client_forward(self.model, replicate(message["global"], part.n_clients),
                                     part.x_test)
-            hit = (logits.argmax(-1) == part.y_test).float()
-            valid = torch.arange(part.x_test.shape[1])[None, :] < part.n_test[:, None]
-            acc.append((hit * valid).sum(1) / part.n_test.float())
+            acc.append(_test_accuracy(logits, part))
         return {**out, "global_accuracy": torch.cat(acc)}
 
     def privacy(self, delta, *, rounds, sampling_rate, accountant="rdp"):

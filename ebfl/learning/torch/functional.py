@@ -20,10 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-__all__ = ["batch_counters", "buffer_names", "clip_and_noise", "client_forward",
+__all__ = ["batch_counters", "buffer_names", "check_device", "clip_and_noise", "client_forward",
            "client_generators", "client_grad", "clone_params", "cross_entropy",
-           "distillation_kl", "drop_batch_counters", "eval_mode", "fresh_params", "model_state",
-           "replicate", "sgd_step", "take", "train_mode", "weighted_mean"]
+           "distillation_kl", "drop_batch_counters", "eval_mode", "fresh_params", "model_device",
+           "model_state", "replicate", "sgd_step", "take", "to_device", "train_mode",
+           "weighted_mean"]
 
 
 @contextlib.contextmanager
@@ -85,16 +86,117 @@ def model_state(model):
     return state
 
 
+def check_device(device, name="device"):
+    """The ``torch.device`` a run computes on: "cpu" (or None), "cuda" or "cuda:N".
+
+    Parameters
+    ----------
+    device : None, str or torch.device
+        None means "cpu". "cuda" is the current CUDA device (index filled in,
+        so that devices compare equal).
+    name : str
+        The argument's name in error messages.
+
+    Returns
+    -------
+    torch.device
+
+    Raises
+    ------
+    ValueError
+        An unknown device, a device type other than CPU and CUDA, CUDA where
+        this torch build or machine has none, or a GPU index out of range.
+    TypeError
+        Neither None, a str nor a torch.device.
+
+    Examples
+    --------
+    >>> check_device(None)
+    device(type='cpu')
+    >>> check_device("cpu")
+    device(type='cpu')
+    """
+    if device is None:
+        return torch.device("cpu")
+    if isinstance(device, str):
+        try:
+            parsed = torch.device(device)
+        except RuntimeError:
+            raise ValueError(f"{name} must be 'cpu', 'cuda' or 'cuda:N' (N a GPU index), got "
+                             f"{device!r}") from None
+    elif isinstance(device, torch.device):
+        parsed = device
+    else:
+        raise TypeError(f"{name} must be None, a str ('cpu', 'cuda', 'cuda:N') or a "
+                        f"torch.device, got {type(device).__name__}")
+    if parsed.type == "cpu":
+        return torch.device("cpu")
+    if parsed.type != "cuda":
+        raise ValueError(f"{name} must be 'cpu', 'cuda' or 'cuda:N' (N a GPU index), got "
+                         f"{str(device)!r}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"{name}={str(device)!r}: CUDA is not available (this torch build "
+                         f"{torch.__version__} has no CUDA support, or this machine has no "
+                         "usable GPU); use device='cpu'")
+    count = torch.cuda.device_count()
+    index = torch.cuda.current_device() if parsed.index is None else parsed.index
+    if index >= count:
+        raise ValueError(f"{name}={str(device)!r}: GPU index out of range; this machine has "
+                         f"{count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    return torch.device("cuda", index)
+
+
+def model_device(model):
+    """The device of ``model``'s parameters (and buffers): where a strategy computes.
+
+    Examples
+    --------
+    >>> model_device(torch.nn.Linear(2, 1))
+    device(type='cpu')
+    """
+    for tensor in model.parameters():
+        return tensor.device
+    for tensor in model.buffers():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def to_device(tree, device):
+    """A nested dict (or list, tuple) of tensors with every tensor on ``device``.
+
+    Tensors already there are passed on as they are (no copy); other leaves
+    (numbers, strings, numpy arrays) too. The input is not modified.
+
+    Examples
+    --------
+    >>> tree = {"w": torch.zeros(2), "kd": {"steps": torch.tensor(3.0)}, "n": 4}
+    >>> moved = to_device(tree, "cpu")
+    >>> moved["kd"]["steps"].device, moved["n"]
+    (device(type='cpu'), 4)
+    """
+    if isinstance(tree, torch.Tensor):
+        return tree.to(device)
+    if isinstance(tree, dict):
+        return {k: to_device(v, device) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(to_device(v, device) for v in tree)
+    return tree
+
+
 def fresh_params(model, seed):
     """Fresh initial parameters of ``model``'s architecture, drawn from ``seed``.
 
     A copy of the model has every submodule's ``reset_parameters`` called under
     a seeded, forked RNG: the caller's model and the global RNG stay untouched.
     Float buffers (BatchNorm statistics) come with the parameters, reset too.
+    The draws are made on the CPU whatever the model's device (CUDA's generator
+    gives other numbers for the same seed), then moved to it: a model on a GPU
+    starts from exactly the parameters it has on the CPU.
     """
     import copy
 
-    fresh = copy.deepcopy(model)
+    device = model_device(model)
+    fresh = copy.deepcopy(model).to("cpu")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for module in fresh.modules():
@@ -102,7 +204,7 @@ def fresh_params(model, seed):
                 _reset_batchnorm(module)
             elif hasattr(module, "reset_parameters"):
                 module.reset_parameters()
-    return model_state(fresh)
+    return to_device(model_state(fresh), device)
 
 
 @torch.no_grad()
@@ -144,7 +246,8 @@ def put(stack, idx, rows):
 def weighted_mean(stack, weights):
     """The weighted average over the client axis: a single parameter dict."""
     w = weights / weights.sum()
-    return {name: torch.tensordot(w.to(p.dtype), p, dims=1) for name, p in stack.items()}
+    return {name: torch.tensordot(w.to(device=p.device, dtype=p.dtype), p, dims=1)
+            for name, p in stack.items()}
 
 
 def sgd_step(stack, grads, lr, weight_decay=0.0):
@@ -159,7 +262,8 @@ def sgd_step(stack, grads, lr, weight_decay=0.0):
             continue
         g = grads[name] if weight_decay == 0 else grads[name] + weight_decay * p
         if isinstance(lr, torch.Tensor):  # one rate per client: broadcast over the rest
-            out[name] = p - lr.to(p.dtype).reshape(-1, *([1] * (p.dim() - 1))) * g
+            rate = lr.to(device=p.device, dtype=p.dtype)
+            out[name] = p - rate.reshape(-1, *([1] * (p.dim() - 1))) * g
         else:  # one pass over memory instead of three (the step is memory-bound)
             out[name] = torch.add(p, g, alpha=-lr)
     return out
@@ -258,16 +362,22 @@ def clip_and_noise(tensors, clip, noise_std, generator, *, rows_per_client=1):
 
 def _gaussian(t, generator, k):
     """Standard normal noise shaped as ``t``: from one generator, or client j's rows from
-    ``generator[j]``."""
+    ``generator[j]``; drawn on the CPU (the generators' device), then moved to ``t``'s."""
     if isinstance(generator, torch.Generator):
-        return torch.randn(t.shape, generator=generator, dtype=t.dtype)
+        return torch.randn(t.shape, generator=generator, dtype=t.dtype).to(t.device)
     if len(generator) != k:
         raise ValueError(f"need one generator per client: {k} clients, {len(generator)} "
                          "generators")
     rows = (t.shape[0] // k, *t.shape[1:])
-    return torch.cat([torch.randn(rows, generator=g, dtype=t.dtype) for g in generator])
+    noise = torch.cat([torch.randn(rows, generator=g, dtype=t.dtype) for g in generator])
+    return noise.to(t.device)
 
 
 def client_generators(seeds):
-    """One ``torch.Generator`` per seed (the clients' streams of a round)."""
+    """One CPU ``torch.Generator`` per seed (the clients' streams of a round).
+
+    Every random number of a run is drawn from CPU generators, then moved to
+    the device the run computes on, so a run on a GPU uses the same random
+    numbers as on the CPU.
+    """
     return [torch.Generator().manual_seed(int(s)) for s in seeds]

@@ -189,6 +189,9 @@ def generalization_report(strategy, server, clients, data, *, global_test, ood=N
     chunk : int
         Clients per vectorized forward pass.
 
+    The evaluation runs on ``strategy``'s device (:meth:`~.strategies.Strategy.to`):
+    the states and test sets are copied there (no copy where they already are).
+
     Returns
     -------
     dict
@@ -200,10 +203,18 @@ def generalization_report(strategy, server, clients, data, *, global_test, ood=N
         inequality slacks (all >= 0 up to rounding, else :class:`InequalityViolation`).
         ``phi_aux``: Phi on D_aux.
     """
+    from ebfl.learning.torch.data import FederatedDataset
     from ebfl.learning.torch.engine import evaluate_strategy
+    from ebfl.learning.torch.functional import to_device
 
+    if not isinstance(data, FederatedDataset):
+        raise TypeError(f"data must be a FederatedDataset, got {type(data).__name__}")
+    device = strategy.device
+    server, clients = strategy.restore_state(server), strategy.restore_state(clients)
+    data = data.to(device)
+    global_test, ood, aux = to_device((global_test, ood, aux), device)
     local = evaluate_strategy(strategy, _Result(server, clients), data)
-    report = {"local": _summary(local.numpy(), data.n_test.numpy())}
+    report = {"local": _summary(local.cpu().numpy(), data.n_test.cpu().numpy())}
     sets = {"global_test": global_test, **(ood or {})}
     inputs = {name: x for name, (x, _) in sets.items()}
     if aux is not None:
@@ -211,7 +222,7 @@ def generalization_report(strategy, server, clients, data, *, global_test, ood=N
     probs = _personal_probs(strategy, server, clients, data, inputs, chunk)
     for name, (x, y) in sets.items():
         p = probs[name]
-        acc = (p.argmax(-1) == y).float().mean(-1).numpy()
+        acc = (p.argmax(-1) == y).float().mean(-1).cpu().numpy()
         entry = {"personalized": _summary(acc),
                  "personalized_soft_error": float(soft_error(p, y).mean())}
         g = _global_probs(strategy, server, x)

@@ -458,10 +458,12 @@ class PerAda(ServerDistillation, Strategy):
 
 def _redraw_keys(stack, rng):
     """A fresh dropout key per client from its own stream (the adapters' dropout masks
-    are a hash of the key: the same whether a client runs alone or stacked)."""
+    are a hash of the key: the same whether a client runs alone or stacked, and on
+    every device, since the keys are drawn on the CPU)."""
     if DROPOUT_KEY in stack:
         keys = [int(torch.randint(_KEY_RANGE, (1,), generator=g)) for g in rng]
-        stack[DROPOUT_KEY] = torch.tensor(keys, dtype=stack[DROPOUT_KEY].dtype)
+        old = stack[DROPOUT_KEY]
+        stack[DROPOUT_KEY] = torch.tensor(keys, dtype=old.dtype, device=old.device)
 
 
 def _trainable_iv(model, trainable):

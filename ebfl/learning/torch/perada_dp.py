@@ -165,7 +165,7 @@ class ClientPrivacy:
 
 
 def _n_train_iv(n_train):
-    n = np.asarray(n_train.numpy() if isinstance(n_train, torch.Tensor) else n_train)
+    n = np.asarray(n_train.cpu().numpy() if isinstance(n_train, torch.Tensor) else n_train)
     if n.ndim != 1 or n.size == 0 or n.dtype.kind not in "iu":
         raise TypeError("n_train must be a non-empty 1-d array of integers (training samples "
                         "per client)")
@@ -413,10 +413,12 @@ class _DPSGDClients:
         return torch.from_numpy(q), torch.from_numpy(expected)
 
     def _noisy_gradient(self, stack, data, rates, rng):
-        """One DP-SGD gradient per client, on a fresh Poisson batch of its data."""
+        """One DP-SGD gradient per client, on a fresh Poisson batch of its data (drawn on the
+        CPU, then moved to the data's device)."""
         q, expected = rates
         idx, mask, _ = _poisson_batch(data.n_train, q, rng)
         x, y = gather_batch(data, idx)
+        mask = mask.to(y.device)
         return _dp_sgd_gradient(self.model, cross_entropy, stack, x, y, mask, self.clip,
                                 self.noise_multiplier, rng, expected, self.frozen(),
                                 _sample_keys(stack, rng, idx.shape[1]))
@@ -460,13 +462,15 @@ class _DPSGDClients:
 
 def _sample_keys(stack, rng, width):
     """One dropout key per sample (key_j + i for sample i of client j, key_j drawn from the
-    client's stream), so that samples get independent masks; None without a dropout key."""
+    client's stream), so that samples get independent masks; None without a dropout key.
+    The keys are exact integers in float64, made on the CPU and moved to the stack's device."""
     if DROPOUT_KEY not in stack:
         return None
     base = torch.tensor([float(torch.randint(_KEY_RANGE, (1,), generator=g)) for g in rng],
                         dtype=torch.float64)
     offsets = torch.arange(width, dtype=torch.float64)
-    return {DROPOUT_KEY: torch.remainder(base[:, None] + offsets[None, :], _KEY_RANGE)}
+    keys = torch.remainder(base[:, None] + offsets[None, :], _KEY_RANGE)
+    return {DROPOUT_KEY: keys.to(stack[DROPOUT_KEY].device)}
 
 
 class DPPerAda(_DPSGDClients, PerAda):

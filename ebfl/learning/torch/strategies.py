@@ -35,9 +35,17 @@ the stacks (a pretrained backbone under adapters; default: none).
 
 ``model`` (an ``nn.Module``) is only the architecture: every call goes through
 ``torch.func.functional_call`` with stacked parameters.
+
+Devices: a strategy computes where its model lives (:attr:`Strategy.device`);
+:meth:`Strategy.to` gives a copy on another device. Tensors a strategy makes
+are made there (``device=``, ``*_like``), while every random number is drawn
+from the clients' CPU generators and then moved, so that a run on a GPU draws
+the same numbers as on the CPU.
 """
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import torch
@@ -48,6 +56,7 @@ from ebfl.federated.tree import tree_take
 from ebfl.learning.torch.functional import (
     batch_counters,
     buffer_names,
+    check_device,
     client_forward,
     client_generators,
     client_grad,
@@ -57,8 +66,10 @@ from ebfl.learning.torch.functional import (
     distillation_kl,
     eval_mode,
     fresh_params,
+    model_device,
     replicate,
     sgd_step,
+    to_device,
     train_mode,
     weighted_mean,
 )
@@ -113,11 +124,54 @@ class Strategy(FederatedAlgorithm):
             return fresh
         return {**fresh, **clone_params(self.init_params)}
 
+    @property
+    def device(self):
+        """The device this strategy computes on: its model's."""
+        return model_device(self.model)
+
+    def to(self, device):
+        """A copy of this strategy computing on ``device`` (this one is unchanged).
+
+        The copy's model and every tensor the strategy holds (pretrained
+        weights, distillation data, ``init_params``, ...; found in its
+        attributes, also inside dicts, lists and tuples) are moved; a tensor
+        held twice is moved once and stays shared. On the device it already
+        uses, the strategy itself is returned.
+
+        Parameters
+        ----------
+        device : str or torch.device
+            "cpu", "cuda" or "cuda:N".
+
+        Returns
+        -------
+        Strategy
+
+        Examples
+        --------
+        >>> from ebfl.learning.torch import FedAvg, LogisticModel
+        >>> alg = FedAvg(LogisticModel(4, 3))
+        >>> alg.to("cpu") is alg, alg.device
+        (True, device(type='cpu'))
+        """
+        device = check_device(device)
+        if self.device == device and all(t.device == device for t in _held_tensors(self)):
+            return self
+        moved = copy.copy(self)
+        memo = {}
+        for name, value in vars(self).items():
+            setattr(moved, name, _moved(value, device, memo))
+        return moved
+
+    def restore_state(self, tree):
+        """A state read from a checkpoint (CPU tensors), on this strategy's device."""
+        return to_device(tree, self.device)
+
     def init_clients(self, run, data, clients):
         return {}
 
     def client_weights(self, data):
-        return data.n_train.numpy().astype(np.float64)
+        return data.n_train.cpu().numpy().astype(np.float64)
 
     def client_begin(self, message, client, rc):
         return {}
@@ -175,10 +229,52 @@ class Strategy(FederatedAlgorithm):
             with eval_mode(self.model):
                 logits = self.client_logits(message, tree_take(client, rows), part,
                                             part.x_test)
-            hit = (logits.argmax(-1) == part.y_test).float()
-            valid = torch.arange(part.x_test.shape[1])[None, :] < part.n_test[:, None]
-            acc.append((hit * valid).sum(1) / part.n_test.float())
+            acc.append(_test_accuracy(logits, part))
         return {"accuracy": torch.cat(acc)}
+
+
+def _test_accuracy(logits, data):
+    """Each client's accuracy of ``logits`` (K, n_test_max, classes) on its own test rows
+    (the padding rows past ``data.n_test`` excluded)."""
+    hit = (logits.argmax(-1) == data.y_test).float()
+    rows = torch.arange(data.x_test.shape[1], device=hit.device)
+    valid = rows[None, :] < data.n_test[:, None]
+    return (hit * valid).sum(1) / data.n_test.float()
+
+
+def _moved(value, device, memo):
+    """``value`` with its modules and tensors on ``device`` (containers rebuilt; ``memo``
+    maps id -> moved object, so that shared tensors stay shared)."""
+    if id(value) in memo:
+        return memo[id(value)]
+    if isinstance(value, torch.nn.Module):
+        out = copy.deepcopy(value).to(device)
+    elif isinstance(value, torch.Tensor):
+        out = value.to(device)
+    elif isinstance(value, dict):
+        out = {k: _moved(v, device, memo) for k, v in value.items()}
+    elif isinstance(value, list | tuple):
+        out = type(value)(_moved(v, device, memo) for v in value)
+    else:
+        return value
+    memo[id(value)] = out
+    return out
+
+
+def _held_tensors(strategy):
+    """Every tensor a strategy holds in its attributes (modules' parameters and buffers too)."""
+    stack = list(vars(strategy).values())
+    while stack:
+        value = stack.pop()
+        if isinstance(value, torch.nn.Module):
+            yield from value.parameters()
+            yield from value.buffers()
+        elif isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple):
+            stack.extend(value)
 
 
 class _PlainSGD(Strategy):
@@ -336,13 +432,13 @@ class AdaPeD(Strategy):
 
     # ---- server half
     def init_server(self, run):
-        return {"mu": self.initial_params(run), "psi": torch.tensor(self.psi0)}
+        return {"mu": self.initial_params(run), "psi": torch.tensor(self.psi0, device=self.device)}
 
     def broadcast(self, server, rc):
         return {"mu": server["mu"], "psi": server["psi"]}
 
     def aggregate(self, server, replies, weights, rc):
-        return {"mu": weighted_mean(replies["mu"], torch.ones(len(weights))),
+        return {"mu": weighted_mean(replies["mu"], torch.ones(len(weights), device=self.device)),
                 "psi": replies["psi"].mean()}
 
     def summary(self, server):
@@ -354,7 +450,7 @@ class AdaPeD(Strategy):
         state = {"theta": replicate(params, k)}
         if self.fine_tune:  # what each client last received from the server
             state["mu_client"] = replicate(params, k)
-            state["psi_client"] = torch.full((k,), self.psi0)
+            state["psi_client"] = torch.full((k,), self.psi0, device=self.device)
         return state
 
     def client_begin(self, message, client, rc):
