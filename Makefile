@@ -23,10 +23,12 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_beta_bernoulli.py
-	$(PY) benchmarks/bench_npmle.py
+	$(PY) benchmarks/bench_npmle.py --large
 	$(PY) benchmarks/bench_validation.py
 	$(PY) benchmarks/bench_federated.py
-	$(PY) benchmarks/bench_adaped.py
+	$(PY) benchmarks/bench_adaped.py --model cnn
+	$(PY) benchmarks/bench_adaped.py --model mlp
+	$(PY) benchmarks/bench_fedhdp.py
 	$(PY) benchmarks/bench_flower.py
 	$(PY) benchmarks/bench_dppfl.py
 

@@ -106,11 +106,6 @@ def naive_normal_likelihood_matrix(x, s, grid):
     return np.exp(log_lik - shift[:, None]), shift
 
 
-def naive_mixture_gradient(lik, w, counts):
-    f = lik @ w
-    return lik.T @ (counts / f), float(counts @ np.log(f))
-
-
 def naive_normal_grid_posterior(x, s, grid, w):
     """Posterior over the grid by Bayes' rule with scipy's normal density."""
     from scipy import special, stats
@@ -254,3 +249,78 @@ def naive_normal_profile(t, count, s2, xm, ss, *, mean=None, restricted=False):
         slopes += 0.5 * d * np.sum(na * a, axis=1) / na_sum
         slope_scale += 0.5 * d * np.sum(na * a, axis=1) / na_sum
     return values, slopes, value_scale, slope_scale
+
+
+# --- grid NPMLE (ebfl.eb._npmle_kernels) ----------------------------------------------
+
+def naive_sparse_mixture_gradient(lik, w, support, counts):
+    """f = L[:, S] w[S] on the support S, then g = L' (c / f) over every column and
+    c' log f; rows with f = 0 give -inf and no gradient."""
+    f = lik[:, support] @ w[support]
+    ok = f > 0
+    ll = float(counts[ok] @ np.log(f[ok])) if ok.all() else -np.inf
+    return lik[ok].T @ (counts[ok] / f[ok]), ll, f
+
+
+def naive_atom_posterior(x, s, atoms, w):
+    """Posterior mean and variance on the atoms by Bayes' rule, and the total
+    log-likelihood (scipy's normal density)."""
+    mean, var, loglik = naive_normal_grid_posterior(x, s, atoms, w)
+    return mean, var, float(loglik.sum())
+
+
+def naive_weighted_gram(a, f, counts):
+    return (a * (counts / f**2)[:, None]).T @ a
+
+
+def naive_log_likelihood_along(f, u, alpha, counts):
+    v = f + alpha * (u - f)
+    return float(counts @ np.log(v)) if np.all(v > 0) else -np.inf
+
+
+def naive_cell_index(x, s, scale, widths, x_low):
+    """Class floor(J(s)) of s (J(s) = scale[0] log s - scale[1] / s^2 + scale[2]), then
+    bin floor((x - x_low) / width) within the class, both capped to their ranges."""
+    span = x.max() - x_low
+    n_bins = np.floor(span / widths).astype(np.int64) + 1
+    offsets = np.concatenate([[0], np.cumsum(n_bins)])
+    if widths.size == 1:
+        klass = np.zeros(x.size, np.int64)
+    else:
+        level = scale[0] * np.log(s) - scale[1] / s**2 + scale[2]
+        klass = np.clip(np.floor(level), 0, widths.size - 1).astype(np.int64)
+    local = np.clip(np.floor((x - x_low) / widths[klass]), 0, n_bins[klass] - 1)
+    return offsets[klass] + local.astype(np.int64)
+
+
+def naive_cell_rows(cell, x, s, counts):
+    """Occupied cells in increasing order: count-weighted means of x and s, the total
+    count, and each observation's row (np.unique)."""
+    _, row = np.unique(cell, return_inverse=True)
+    total = np.bincount(row, weights=counts)
+    return (np.bincount(row, weights=counts * x) / total,
+            np.bincount(row, weights=counts * s) / total, total, row)
+
+
+def naive_binning_error(x, s, rep_x, rep_s, low, high):
+    """r_i = max over u in [low, high] of |log phi_{s_i}(x_i - u) - log phi_{s'_i}(c_i - u)|
+    with scipy's log density, at the ends and at the vertex of the quadratic
+    A u^2 + B u + C (A = 1/(2 s'^2) - 1/(2 s^2), B = x / s^2 - c / s'^2)."""
+    from scipy import stats
+
+    def rho(u):
+        return stats.norm.logpdf(x, u, s) - stats.norm.logpdf(rep_x, u, rep_s)
+
+    r = np.maximum(np.abs(rho(low)), np.abs(rho(high)))
+    a = 0.5 / rep_s**2 - 0.5 / s**2
+    b = x / s**2 - rep_x / rep_s**2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        vertex = -b / (2 * a)
+    inside = (a != 0) & (vertex > low) & (vertex < high)
+    r[inside] = np.maximum(r[inside], np.abs(rho(np.where(inside, vertex, low))[inside]))
+    return r
+
+
+def naive_farthest_from_grid(x, s, grid):
+    reach = np.min(np.abs(x[:, None] - grid[None, :]), axis=1) / s
+    return float(reach.max()), int(np.argmax(reach))

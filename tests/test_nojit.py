@@ -16,9 +16,15 @@ out = {m: beta_bernoulli_eb(sample.data, method=m).posterior.mean.tolist()
        for m in ("mle", "moments", "loo_printed", "loo_proof", "loo_corrected")}
 g = GaussianPopulation([0.0, 1.0], 0.3, 1.0).sample(100, np.arange(100) % 5 + 2, rng=6)
 out["gaussian"] = gaussian_eb_samples(g.data).posterior.mean.tolist()
-from ebfl.eb import npmle_normal
+from ebfl.eb import npmle_binomial, npmle_normal
 x = np.linspace(-2, 3, 200) ** 3 / 5
 out["npmle"] = npmle_normal(x, 0.5 + (np.arange(200) % 3) / 4, n_grid=60).posterior_mean.tolist()
+x3, s3 = 3 * np.sin(np.arange(800) * 0.37) + np.arange(800) % 5 / 4, 0.5 + np.arange(800) % 7 / 6
+out["npmle_warm"] = npmle_normal(x3, s3, n_grid=30).posterior_mean.tolist()
+auto = npmle_normal(x3, s3, n_grid=30, bins="auto", bin_error=4.0)
+out["npmle_auto"] = auto.posterior_mean.tolist() + [auto.diagnostics["binning_error_bound"]]
+out["npmle_binomial"] = npmle_binomial(np.arange(300) % 7, 6 + np.arange(300) % 5,
+                                       n_grid=30).posterior_mean.tolist()
 print(json.dumps(out))
 """
 

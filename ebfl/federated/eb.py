@@ -95,7 +95,7 @@ from ebfl.eb.beta_binomial import _compress, beta_binomial_eb
 from ebfl.eb.beta_binomial import _loo_sums as _pair_loo_sums
 from ebfl.eb.gaussian import METHODS as GAUSSIAN_METHODS
 from ebfl.eb.gaussian import gaussian_eb
-from ebfl.eb.npmle import npmle_binomial, npmle_normal
+from ebfl.eb.npmle import _atom_posterior, npmle_binomial, npmle_normal
 from ebfl.federated.eb_data import (
     MAX_ABS_MEAN,
     SIMULATED_N,
@@ -795,10 +795,9 @@ class EBGaussian(_EmpiricalBayes):
             return mean, np.full(x.size, np.nan), weight
         s = self._standard_errors(data, message)
         if self.prior == "npmle":
-            with np.errstate(divide="ignore"):
-                log_w = np.log(message["weights"])
-            mean, var, _ = _kernels._normal_grid_posterior(np.ascontiguousarray(x), s,
-                                                           message["grid"], log_w)
+            mean, var, _ = _atom_posterior(np.ascontiguousarray(x), s,
+                                           np.asarray(message["grid"], float),
+                                           np.asarray(message["weights"], float))
             return mean, var, np.full(x.size, np.nan)
         tau2 = _read(message, "sd") ** 2
         mean, var, weight = _kernels._normal_posterior(
