@@ -1,5 +1,8 @@
 """The FedHDP reproduction: metrics, the table's rows beside the paper's, quick runs."""
 
+import contextlib
+import io
+import json
 import math
 
 import numpy as np
@@ -69,11 +72,28 @@ def test_quick_sweep_runs_every_algorithm_beside_the_papers_rows(sweep, tmp_path
     assert (tmp_path / "sweep.png").stat().st_size > 10_000 and path.endswith("sweep.png")
 
 
-def test_table3_quick_with_checkpoints_resumes_to_the_same_result(tmp_path):
-    a = reproduce_fedhdp("synthetic", quick=True, rounds=3, checkpoint_dir=tmp_path)
-    b = reproduce_fedhdp("synthetic", quick=True, rounds=3, checkpoint_dir=tmp_path)
+@pytest.fixture(scope="module")
+def table3_cli(tmp_path_factory):
+    """``ebfl reproduce fedhdp --dataset synthetic --quick --rounds 3 --json`` with a
+    checkpoint folder, run once for the module: its JSON payload and the folder. (One
+    quick Table 3 serves the CLI test and the resumption test, which each ran their own.)
+    """
+    from ebfl.cli import main
+
+    ck = tmp_path_factory.mktemp("fedhdp-checkpoints")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["reproduce", "fedhdp", "--dataset", "synthetic", "--quick", "--rounds",
+                     "3", "--checkpoint-dir", str(ck), "--json"]) == 0
+    return json.loads(out.getvalue()), ck
+
+
+def test_table3_quick_with_checkpoints_resumes_to_the_same_result(table3_cli):
+    """The same protocol and defaults as the CLI's run: every run resumes from its file."""
+    a, ck = table3_cli
+    b = reproduce_fedhdp("synthetic", quick=True, rounds=3, checkpoint_dir=ck)
     assert [r["acc_g"] for r in a["rows"]] == [r["acc_g"] for r in b["rows"]]
-    assert len(list(tmp_path.glob("*.pt"))) == len(a["rows"])
+    assert len(list(ck.glob("*.pt"))) == len(a["rows"])
 
 
 def test_bad_input():
@@ -85,14 +105,10 @@ def test_bad_input():
         reproduce_fedhdp("synthetic", seeds=[])
 
 
-def test_cli_reproduce_fedhdp_json_and_bad_input(capsys):
-    import json
-
+def test_cli_reproduce_fedhdp_json_and_bad_input(table3_cli, capsys):
     from ebfl.cli import main
 
-    assert main(["reproduce", "fedhdp", "--dataset", "synthetic", "--quick", "--rounds", "2",
-                 "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    out, _ = table3_cli
     assert [r["algorithm"] for r in out["rows"]] == list(ALGORITHMS)
     assert out["rows"][0]["acc_g_p"] is None  # NaN -> null: no private clients
     assert out["rows"][3]["paper"]["acc_g"] == pytest.approx(92.48)

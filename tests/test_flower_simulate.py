@@ -118,14 +118,19 @@ def test_parse_failures():
         parse_failures("1-0")
 
 
-def test_cli_compare_json(tmp_path):
-    """The issue's command: one JSON object on stdout, the runtimes agree, a figure."""
-    out = subprocess.run([sys.executable, "-m", "ebfl.cli", "flower", "simulate", "fedavg",
-                          "--dataset", "digits", "--clients", "6", "--rounds", "3",
-                          "--compare", "--json", "--plot", str(tmp_path)],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    payload = json.loads(out.stdout)
+def test_cli_compare_json(tmp_path, capfd):
+    """The issue's command: one JSON object on stdout, the runtimes agree, a figure.
+
+    In process (``main``), which spares a second interpreter its imports; capfd reads
+    file descriptor 1, so anything Ray or Flower printed there would break the JSON as
+    in a terminal. The real process is ``test_cli_bad_job_is_one_error_line``."""
+    from ebfl.cli import main
+
+    code = main(["flower", "simulate", "fedavg", "--dataset", "digits", "--clients", "6",
+                 "--rounds", "3", "--compare", "--json", "--plot", str(tmp_path)])
+    out = capfd.readouterr()
+    assert code == 0, out.err[-2000:]
+    payload = json.loads(out.out)
     assert payload["figures"] == [str(tmp_path / "flower_fedavg.png")]
     assert (tmp_path / "flower_fedavg.png").stat().st_size > 10_000
     assert payload["max_abs_diff"] <= TOLERANCE
@@ -136,6 +141,8 @@ def test_cli_compare_json(tmp_path):
 
 
 def test_cli_bad_job_is_one_error_line():
+    """``python -m ebfl.cli flower simulate`` as a real process (its stdout, stderr and
+    exit status as a shell sees them)."""
     out = subprocess.run([sys.executable, "-m", "ebfl.cli", "flower", "simulate",
                           "eb-gaussian", "--dataset", "digits"], capture_output=True, text=True,
                          timeout=120)
