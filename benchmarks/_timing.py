@@ -1,6 +1,7 @@
 """Timing helper shared by the benchmark scripts."""
 
 import gc
+import re
 import time
 
 
@@ -19,3 +20,24 @@ def best_of(fn, reps):
         out = fn()
         times.append(time.perf_counter() - t0)
     return min(times), out
+
+
+def rss_kib(field="VmRSS"):
+    """The process's resident set size (``VmRSS``) or its peak (``VmHWM``), KiB (Linux).
+
+    ``VmHWM`` belongs to this process alone and is reset by :func:`reset_peak_rss`;
+    ``getrusage``'s ``ru_maxrss`` is not reset and, in a child started by
+    ``subprocess``, also covers the parent's RSS at the exec.
+    """
+    with open("/proc/self/status") as f:
+        return int(re.search(rf"{field}:\s+(\d+)", f.read()).group(1))
+
+
+def reset_peak_rss():
+    """Reset the peak-RSS mark (``VmHWM``) to the current RSS; False if not permitted."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False

@@ -14,10 +14,8 @@ P5  ``ebfl.beta_binomial_eb(successes, trials, method=...)`` from per-client
     increase <= 3x the input bytes. Each method runs in a fresh subprocess
     (Numba allocations bypass tracemalloc); the child builds its inputs chunk
     by chunk, warms Numba up, records its RSS (baseline), resets the kernel's
-    peak-RSS mark (/proc/self/clear_refs), fits, and reports ``ru_maxrss``.
-    The children are started before P1 builds its data: a child's
-    ``ru_maxrss`` also covers its parent's RSS at the exec (vfork), so the
-    parent must be small then.
+    peak-RSS mark (/proc/self/clear_refs), fits, and reports the peak
+    (``VmHWM``) above the RSS.
 
 Every timed item is warmed up first (Numba compile time excluded) and reported as
 the best (minimum) of ``--reps`` repetitions, each on a fresh result (the previous
@@ -29,14 +27,12 @@ import argparse
 import gc
 import json
 import os
-import re
-import resource
 import subprocess
 import sys
 
 import numba
 import numpy as np
-from _timing import best_of
+from _timing import best_of, reset_peak_rss, rss_kib
 
 import ebfl
 from ebfl.eb.beta_binomial import bernoulli_counts
@@ -84,29 +80,13 @@ def warm_up():
         ebfl.beta_bernoulli_eb(data, method=method)
 
 
-def rss_now_kib():
-    """Current resident set size in KiB (Linux /proc)."""
-    with open("/proc/self/status") as f:
-        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
-
-
-def reset_peak_rss():
-    """Reset the kernel's peak-RSS mark to the current RSS; False if not permitted."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def peak_increase_kib(fn):
     """Peak RSS increase (KiB) of one call of ``fn``, and its result."""
     gc.collect()
     reset = reset_peak_rss()
-    baseline = rss_now_kib()  # after the reset: the peak mark is now this RSS
+    baseline = rss_kib()  # after the reset: the peak mark is now this RSS
     out = fn()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = rss_kib("VmHWM")
     # max(., 0): at tiny sizes the mark and the RSS read differ by a few KiB either way.
     return (max(peak - baseline, 0) if reset else None), baseline, peak, out
 
@@ -216,7 +196,7 @@ def main(argv=None):
         return p5_child(args.p5_clients, args.seed + 1, args.reps, args.p5_child)
     m1, m5 = (10**5, 10**6) if args.quick else (10**6, 10**7)
     m1, m5 = args.p1_clients or m1, args.p5_clients or m5
-    p5 = run_p5(m5, args.seed, args.reps, args.methods)  # first, while this process is small
+    p5 = run_p5(m5, args.seed, args.reps, args.methods)
     p1 = run_p1(m1, args.seed, args.reps, args.methods)
     ok = (all(x["pass"] for x in p1["methods"].values())
           and all(x["pass_time"] and x["pass_memory"] for x in p5.values()))

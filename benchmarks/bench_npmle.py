@@ -25,7 +25,7 @@ delta = 0.01 nats, as a lower bound (">=") when EM does not get there.
 
 ``--large`` adds n = 10^6 and 10^7 fits with ``bins="auto"`` (certified
 heteroskedastic binning), each in a fresh subprocess that reports its time, its
-peak RSS above the RSS before the fit (``ru_maxrss`` after resetting the peak
+peak RSS above the RSS before the fit (``VmHWM`` after resetting the peak
 mark), the binning bound E and the number of cells; at 10^6 the exact fit too,
 so that the realized loss of the binned prior can be set against its bound.
 
@@ -36,8 +36,6 @@ import argparse
 import gc
 import json
 import os
-import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -45,7 +43,7 @@ import tempfile
 import time
 
 import numpy as np
-from _timing import best_of
+from _timing import best_of, reset_peak_rss, rss_kib
 
 import ebfl
 from ebfl.eb.npmle import BIN_ERROR, _gradient, _normal_likelihood_matrix
@@ -137,33 +135,17 @@ def run_mixsqp(x, s, grid):
 
 # ------------------------------------------------------------------ n = 10^6, 10^7
 
-def rss_now_kib():
-    """Current resident set size in KiB (Linux /proc)."""
-    with open("/proc/self/status") as f:
-        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
-
-
-def reset_peak_rss():
-    """Reset the kernel's peak-RSS mark to the current RSS; False if not permitted."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def large_child(n, bins, seed):
     """Body of a --large subprocess: one fit, one JSON line with time and memory."""
     x, s = make_data(n, seed)
     ebfl.npmle_normal(x[:5000], s[:5000], n_grid=N_GRID, bins=bins)  # compile the kernels
     gc.collect()
-    baseline = rss_now_kib()
     reset = reset_peak_rss()
+    baseline = rss_kib()  # after the reset: the peak mark is now this RSS
     t0 = time.perf_counter()
     fit = ebfl.npmle_normal(x, s, n_grid=N_GRID, bins=bins)
     seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = rss_kib("VmHWM")
     d = fit.diagnostics
     print(json.dumps({
         "n": n, "bins": bins, "bin_error": BIN_ERROR if bins == "auto" else None,

@@ -90,6 +90,25 @@ def test_dense_and_sorted_compression_agree(monkeypatch):
     assert dense[2].sum() == z.size
 
 
+@pytest.mark.parametrize("method", ["loo_printed", "loo_corrected"])
+def test_leave_one_out_fit_is_the_same_on_both_routes(monkeypatch, method):
+    # Eq. (6) is computed per distinct (n, z) pair and copied to the clients through
+    # the dense table or, on the sorting route, through each client's pair number.
+    from ebfl.eb import beta_binomial as bb
+
+    z, n = _counts(seed=6, m=90)
+    dense = beta_binomial_eb(z, n, method=method)
+    monkeypatch.setattr(bb, "MAX_DENSE_TABLE_CELLS", 0)
+    sorted_route = beta_binomial_eb(z, n, method=method)
+    want = naive.naive_loo_beta(z / n, n, z, method)
+    for res in (dense, sorted_route):
+        np.testing.assert_allclose(res.posterior.mean, want["est"], rtol=1e-12)
+        np.testing.assert_allclose(res.posterior.var, want["post_var"], rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(res.diagnostics["loo_variance"], want["var"], rtol=1e-12,
+                                   atol=1e-15)
+        assert res.n_clipped == want["clipped"].sum()
+
+
 @pytest.mark.parametrize("method", ["loo_printed", "loo_proof", "loo_corrected"])
 def test_loo_methods_equal_naive_eq6(method):
     z, n = _counts(seed=5, m=80)

@@ -323,8 +323,14 @@ def _loo_fit(method, z, n, counts, single):
         raise ValueError("method='loo_corrected' needs trials >= 2 for every client "
                          f"({single} client(s) have 1 trial)")
     total, ssq, corr_total = _loo_sums(counts.pairs, method)
-    mu, var, a, est, concentration, n_clipped, n_floored = \
-        _kernels._loo_beta_shrinkage(z, n, _LOO_VARIANTS[method], total, ssq, corr_total)
+    # Eq. (6) depends on a client only through its (n, z): computed once per distinct
+    # pair, then copied to the clients (one gather instead of m divisions and branches).
+    nu, zu, w = counts.pairs
+    per_pair = np.empty((5, nu.size))
+    clipped, floored = _kernels._loo_fill(zu, nu, m, _LOO_VARIANTS[method], total, ssq,
+                                          corr_total, *per_pair)
+    n_clipped, n_floored = _weighted_sum(w, clipped), _weighted_sum(w, floored)
+    mu, var, a, est, concentration = _kernels._pairs_to_clients(z, n, counts.index, per_pair)
     # Global prior implied by the same moments on all m clients (no leave-one-out).
     var_all = ssq / (m - 1.0)
     if method == "loo_corrected":
@@ -446,21 +452,33 @@ def _weighted_sum(w, values):
     return float(np.sum(w * values))
 
 
-def _compress(z, n):
-    """Distinct (n, z) pairs with multiplicities: the likelihood's sufficient statistic."""
+def _compress(z, n, with_index=False):
+    """Distinct (n, z) pairs with multiplicities: the likelihood's sufficient statistic.
+
+    Returns (nu, zu, w) as float arrays; with ``with_index``, also where each
+    client's pair is: a dense table ``T[n, z]`` of pair numbers, or the (m,)
+    pair number of every client when the pairs are found by sorting.
+    """
     n_max = int(n.max())
     if (n_max + 1) ** 2 <= min(MAX_DENSE_TABLE_CELLS, max(4 * z.size, 1 << 16)):
         chunks = _n_chunks(z.size, (n_max + 1) ** 2)
         table = _kernels._trials_successes_table(z, n, n_max, chunks)
         nu, zu = np.nonzero(table)
-        return nu.astype(np.float64), zu.astype(np.float64), table[nu, zu].astype(np.float64)
+        pairs = nu.astype(np.float64), zu.astype(np.float64), table[nu, zu].astype(np.float64)
+        if not with_index:
+            return pairs
+        table[nu, zu] = np.arange(nu.size)  # the table becomes the pairs' index
+        return (*pairs, table)
     if n_max * (n_max + 1) + n_max > INT64_MAX:  # the packed key n (n_max + 1) + z overflows
-        pairs, counts = np.unique(np.stack([n, z], axis=1), axis=0, return_counts=True)
-        nu, zu = pairs[:, 0], pairs[:, 1]
-        return nu.astype(np.float64), zu.astype(np.float64), counts.astype(np.float64)
-    keys, counts = np.unique(n * (n_max + 1) + z, return_counts=True)
-    nu, zu = np.divmod(keys, n_max + 1)
-    return nu.astype(np.float64), zu.astype(np.float64), counts.astype(np.float64)
+        keys, inverse, counts = np.unique(np.stack([n, z], axis=1), axis=0,
+                                          return_inverse=True, return_counts=True)
+        nu, zu = keys[:, 0], keys[:, 1]
+    else:
+        keys, inverse, counts = np.unique(n * (n_max + 1) + z, return_inverse=True,
+                                          return_counts=True)
+        nu, zu = np.divmod(keys, n_max + 1)
+    pairs = nu.astype(np.float64), zu.astype(np.float64), counts.astype(np.float64)
+    return (*pairs, inverse.reshape(-1)) if with_index else pairs
 
 
 class _Margin(NamedTuple):
@@ -488,6 +506,7 @@ class _Counts(NamedTuple):
     n_clients: float
     log_binomial: float  # sum_i log C(n_i, z_i)
     pairs: tuple  # distinct (n, z) pairs and their weights, from :func:`_compress`
+    index: np.ndarray  # where each client's pair is (see :func:`_compress`)
 
 
 def _margin(values, weights):
@@ -504,13 +523,13 @@ def _margin(values, weights):
 
 def _counts_model(z, n):
     """Compress the counts and build the margins of the likelihood."""
-    nu, zu, w = _compress(z, n)
+    nu, zu, w, index = _compress(z, n, with_index=True)
     fu = nu - zu
     log_binomial = float(np.sum(w * (special.gammaln(nu + 1) - special.gammaln(zu + 1)
                                      - special.gammaln(fu + 1))))
     return _Counts(_margin(zu, w), _margin(fu, w), _margin(nu, w), _weighted_sum(w, zu),
                    _weighted_sum(w, fu), _weighted_sum(w, nu), float(w.sum()), log_binomial,
-                   (nu, zu, w))
+                   (nu, zu, w), index)
 
 
 def _series_or_closed(name, x, closed):
