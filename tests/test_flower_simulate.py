@@ -84,6 +84,10 @@ def simulated():
     return results, watch.seen, left
 
 
+# The dp-pfl job calibrates its noise by the paper's Theorem 5, whose conditions fail in
+# this small setting (warned, and tested in test_dppfl_accounting.py); here the subject is
+# that the two runtimes agree.
+@pytest.mark.filterwarnings("ignore::ebfl.dppfl.accounting.CalibrationConditionWarning")
 @pytest.mark.parametrize("index", range(len(ALGORITHMS)), ids=ALGORITHMS)
 def test_flower_equals_in_process(simulated, index):
     results, _, _ = simulated
