@@ -59,11 +59,12 @@ def _lane_sum(w):
 
 
 @njit(parallel=True, cache=CACHE, fastmath=FASTMATH)
-def _byte_counts(values, words, offsets, ones):
+def _byte_counts(values, words, offsets, ones, trials):
     """Per-client number of ones of 1-byte 0/1 data, eight bytes at a time.
 
     ``words`` is ``values[:8 * (N // 8)]`` viewed as uint64 (``values`` must be
-    8-byte aligned); ``ones`` (m,) int64 is filled in. Returns the number of
+    8-byte aligned); ``ones`` and ``trials`` (m,), integer arrays wide enough
+    for the largest client, are filled in. Returns the number of
     clients holding a byte other than 0 and 1 (their counts are then meaningless:
     the caller locates them with :func:`_bernoulli_counts`).
 
@@ -116,6 +117,7 @@ def _byte_counts(values, words, offsets, ones):
                     total += v & _ONE
                     bad |= v & _NOT_01
         ones[i] = np.int64(total)
+        trials[i] = hi - lo
         n_bad += bad != 0
     return n_bad
 

@@ -431,3 +431,21 @@ def test_mle_derivatives_match_mpmath():
                        - loglik(t - dt + et, phi - dp + ep)
                        + loglik(t - dt - et, phi - dp - ep)) / (4 * h * h)
                 assert hess[i, j] == pytest.approx(float(fd2), rel=1e-12)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_ragged_fit_equals_the_fit_from_counts(method):
+    # beta_bernoulli_eb counts into int32 arrays (no client reaches 2^31 observations);
+    # beta_binomial_eb gets int64 counts: the fits must agree to the last digit.
+    from ebfl.eb.beta_binomial import bernoulli_counts
+
+    rng = np.random.default_rng(8)
+    n = rng.integers(2, 40, size=300)
+    values = (rng.random(n.sum()) < np.repeat(rng.beta(2, 3, size=300), n)).astype(np.uint8)
+    data = Ragged.from_counts(values, n)
+    ragged = beta_bernoulli_eb(data, method=method)
+    counts = beta_binomial_eb(*bernoulli_counts(data), method=method)
+    np.testing.assert_array_equal(ragged.posterior.mean, counts.posterior.mean)
+    np.testing.assert_array_equal(ragged.posterior.concentration, counts.posterior.concentration)
+    np.testing.assert_array_equal(ragged.shrinkage, counts.shrinkage)
+    assert ragged.log_likelihood == counts.log_likelihood

@@ -37,8 +37,11 @@ def test_bernoulli_counts(seed, dtype):
 def _byte_counts_of(values, offsets):
     """The word-at-a-time kernel on ``values`` (any 8-byte-aligned 1-byte array)."""
     ones = np.full(offsets.size - 1, -7, np.int64)
+    trials = np.full(offsets.size - 1, -7, np.int32)
     words = values[:values.size - values.size % 8].view(np.uint64)
-    return ones, _byte_counts(values.view(np.uint8), words, offsets, ones)
+    n_bad = _byte_counts(values.view(np.uint8), words, offsets, ones, trials)
+    np.testing.assert_array_equal(trials, np.diff(offsets))
+    return ones, n_bad
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -49,6 +49,11 @@ def bernoulli_counts(data):
     ValueError
         If a value is not 0 or 1 (NaN included) or a client has no observations.
     """
+    return _count_ones(_bernoulli_values(data), data.offsets, np.int64)
+
+
+def _bernoulli_values(data):
+    """The values of ragged 0/1 data, bool viewed as uint8; refuses other layouts and dtypes."""
     if not isinstance(data, Ragged):
         raise TypeError(f"data must be a ebfl.Ragged, got {type(data).__name__}")
     values = data.values
@@ -56,35 +61,38 @@ def bernoulli_counts(data):
         raise ValueError(f"data.values must be 1-D (one 0/1 observation per entry), got shape "
                          f"{values.shape}")
     if values.dtype == bool:
-        values = values.view(np.uint8)
-    elif not (np.issubdtype(values.dtype, np.integer) or np.issubdtype(values.dtype, np.floating)):
+        return values.view(np.uint8)
+    if not (np.issubdtype(values.dtype, np.integer) or np.issubdtype(values.dtype, np.floating)):
         raise TypeError(f"data.values must be bool, integer or float, got {values.dtype}")
-    trials = data.counts
-    _check_nonempty(trials, "data")
-    return _count_ones(values, data.offsets), trials
+    return values
 
 
-def _count_ones(values, offsets):
-    """Ones per client, refusing values other than 0 and 1.
+def _count_ones(values, offsets, dtype):
+    """Ones and observations per client (``dtype`` arrays), refusing empty clients and
+    values other than 0 and 1.
 
     1-byte data that are 8-byte aligned (numpy's own allocations are) are read
     a word at a time (:func:`ebfl._kernels._byte_counts`); other dtypes, and
     a slice that starts off alignment, by the generic kernel, which also locates
     invalid values for the error message.
     """
+    m = offsets.size - 1
     if values.itemsize == 1 and values.flags.c_contiguous and values.ctypes.data % 8 == 0:
         values = values.view(np.uint8)
-        ones = np.empty(offsets.size - 1, np.int64)
+        ones, trials = np.empty(m, dtype), np.empty(m, dtype)
         words = values[:values.size - values.size % 8].view(np.uint64)
-        if _byte_counts(values, words, offsets, ones) == 0:
-            return ones
+        if _byte_counts(values, words, offsets, ones, trials) == 0:
+            _check_nonempty(trials, "data")
+            return ones, trials
+    trials = np.diff(offsets)
+    _check_nonempty(trials, "data")
     successes, invalid = _bernoulli_counts(values, offsets)
     n_invalid = int(invalid.sum())
     if n_invalid:
         first = int(np.flatnonzero(invalid)[0])
         raise ValueError(f"data.values must be 0 or 1; {n_invalid} value(s) are not "
                          f"(first in client {first})")
-    return successes
+    return successes, trials
 
 
 def beta_bernoulli_eb(data, **kwargs):
@@ -112,7 +120,11 @@ def beta_bernoulli_eb(data, **kwargs):
     >>> res.posterior.mean.shape
     (4,)
     """
-    successes, trials = bernoulli_counts(data)
+    values = _bernoulli_values(data)
+    # int32 counts when no client can reach 2^31 observations: half the fresh memory
+    # of int64 (first-touching new pages is a third of the fit's time beyond the count).
+    small = data.offsets[-1] < np.iinfo(np.int32).max
+    successes, trials = _count_ones(values, data.offsets, np.int32 if small else np.int64)
     return _fit(successes, trials, **kwargs)  # counts valid by construction
 
 
