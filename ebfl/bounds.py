@@ -1,9 +1,9 @@
-"""Closed-form MSEs and bounds of the paper (spec sections C.1, C.2, C.5, C.6).
+"""Closed-form MSEs and bounds of the paper (Theorems 1-4, eqs. (46)-(47)).
 
 Plain functions of the model parameters. All Gaussian values are the total
 over d coordinates (pass ``d=1`` for per-coordinate values). Where the paper
-writes "<=" but the formula is exact (Theorem 1, the known-Beta MSEs, spec
-[!3]) the docstring says so; tests check them by Monte Carlo.
+writes "<=" but the formula is exact (Theorem 1, the known-Beta MSEs, errata
+[!3] in docs/errata.md) the docstring says so; tests check them by Monte Carlo.
 
 Accepted ranges (outside them ``ValueError`` names the argument): standard
 deviations (sigma_theta, sigma_x, sigma_q) 0 or in [1e-100, 1e100]; counts
@@ -123,7 +123,7 @@ def theorem1_mse(m, n, sigma_theta, sigma_x, d=1):
     r"""Theorem 1: risk of the personalized estimator a x_i + (1 - a) mu_hat.
 
     d (sigma_x^2/n) ((1 - a)/m + a). The paper states "<=", but the value is
-    exact (spec [!3]); it also equals the lower bound (47).
+    exact (errata [!3]); it also equals the lower bound (47).
 
     Examples
     --------
@@ -172,7 +172,7 @@ def lower_bound_estimated_mean(m, n, sigma_theta, sigma_x, d=1):
     r"""Bound (47): d (sigma_theta^2 sigma_x^2 + sigma_x^4/(mn)) / (n sigma_theta^2 + sigma_x^2).
 
     The paper's claimed minimax bound for estimators that do not know mu. It
-    equals the Theorem 1 value; the paper's derivation of it is flawed (spec
+    equals the Theorem 1 value; the paper's derivation of it is flawed (errata
     [!19]), so treat it as a claim. The known-mu oracle legitimately beats it.
     """
     m, n, sigma_theta, sigma_x, d = _gauss_iv(m, n, sigma_theta, sigma_x, d)
@@ -217,7 +217,7 @@ class GaussianMSE:
 
 
 def gaussian_bounds(m, n, sigma_theta, sigma_x, d=1, sigma_q=0.0):
-    """Every Gaussian-model risk of spec C.1/C.2 for one setting.
+    """Every Gaussian-model risk of Theorems 1-2 and eqs. (46)-(47) for one setting.
 
     Examples
     --------
@@ -277,7 +277,7 @@ def beta_local_mse(alpha, beta, n):
 
 
 def beta_posterior_mse(alpha, beta, n):
-    r"""Bayes risk of the known-prior posterior mean (spec C.5, exact; the paper writes "<=").
+    r"""Bayes risk of the known-prior posterior mean (exact; the paper writes "<=").
 
     .. math:: \frac{\alpha\beta}{(\alpha+\beta)(\alpha+\beta+1)(\alpha+\beta+n)}
 
@@ -292,7 +292,7 @@ def beta_posterior_mse(alpha, beta, n):
 
 @dataclass(frozen=True)
 class BetaMSE:
-    """Known-Beta-prior risks (spec C.5).
+    """Known-Beta-prior risks (Section 2.2 of the paper).
 
     Attributes
     ----------
@@ -436,7 +436,7 @@ def theorem2_quantizer_mse(m, n, sigma_theta, sigma_x, k_bits, r, d=1):
     r"""Theorem 2, part 1: the k-bit quantizer on [-b, b], b from :func:`paper_clip_range`.
 
     An upper bound (the quantizer's variance is at most b^2/(2^k-1)^2), claimed
-    with probability >= 1 - 2/(mn) over the clipping event (optimistic, spec [!4]).
+    with probability >= 1 - 2/(mn) over the clipping event (optimistic, errata [!4]).
 
     Examples
     --------
@@ -476,7 +476,7 @@ def theorem4_rhs(mean_a2, mean_one_minus_a2, m, n, alpha, beta, epsilon):
     Notes
     -----
     As epsilon -> infinity the last term tends to log(4m^2 n)/(3(m-1)), 9 times
-    smaller than Theorem 3's non-private 3 log(4m^2 n)/(m-1) (spec [!5]e).
+    smaller than Theorem 3's non-private 3 log(4m^2 n)/(m-1) (errata [!5]).
     """
     from ebfl.privacy.mechanisms import EPSILON_RANGE
 

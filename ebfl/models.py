@@ -1,4 +1,4 @@
-"""Generative models of the framework (spec C.0): a population prior, then client data.
+"""Generative models of the framework (Section 2): a population prior, then client data.
 
 Each model draws client parameters theta_i from the population and n_i
 observations per client; ``sample`` returns the raw ragged data and

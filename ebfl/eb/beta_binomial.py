@@ -1,4 +1,4 @@
-"""Beta-Bernoulli (beta-binomial) empirical Bayes: spec sections C.5 and C.6.
+"""Beta-Bernoulli (beta-binomial) empirical Bayes: Section 2.2, eq. (6) and Theorem 3.
 
 Client ``i`` has ``z_i`` successes in ``n_i`` Bernoulli trials with success
 probability ``p_i ~ Beta(alpha, beta)``. Every method returns the posterior

@@ -1,4 +1,4 @@
-"""Gaussian empirical Bayes: spec sections C.1 and C.2 (Theorems 1 and 2).
+"""Gaussian empirical Bayes: Theorems 1 and 2 of the paper.
 
 Client ``i`` has parameter theta_i ~ N(mu, sigma_theta^2 I_d) and reports a mean
 x_i ~ N(theta_i, s_i^2 I_d), with s_i = sigma_x / sqrt(n_i) for n_i samples.

@@ -474,7 +474,7 @@ def gaussian_mixture_eb(x, s, n_components, *, rng=None, n_init=5, max_iter=1000
 
     References
     ----------
-    Spec C.8 (Theorem 5), C.9 (Algorithm 1), D.0 and D.3 (Gaussian-mixture
+    Theorem 5, Algorithm 1 and Section 3 (Gaussian-mixture
     population). A. P. Dempster, N. M. Laird and D. B. Rubin (1977), "Maximum
     likelihood from incomplete data via the EM algorithm", JRSS B 39(1);
     X.-L. Meng and D. B. Rubin (1993), "Maximum likelihood estimation via the

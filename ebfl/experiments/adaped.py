@@ -14,12 +14,12 @@ Datasets (clients, model):
   features (:func:`ebfl.datasets.hapt_windows`), 6 activities, first protocol
   run trains (:func:`ebfl.datasets.split_first_run`); an MLP.
 
-Protocol (spec B.4): tau = 10 local iterations per round, 60 iterations per
+Protocol (Section 4.1): tau = 10 local iterations per round, 60 iterations per
 epoch (the batch is the mean client training size / 60), 50 epochs (MNIST;
 40 for FEMNIST at sampling ratio 0.33), sampling ratio 0.1 (K = 5 of 50),
 learning rates x0.99 per epoch, weight decay 1e-4. AdaPeD uses the paper's
 eta1 = eta2 = 0.1, eta3 = 3e-2, psi0 = 4; the baselines use the
-hyperparameters of spec B.4's table where it gives them and learning rate 0.1
+hyperparameters of Section 4.1's table where it gives them and learning rate 0.1
 otherwise (the paper tuned each over a grid; we did not).
 """
 
@@ -247,7 +247,7 @@ def plot_table1(result, path):
 def dp_sweep(dataset="mnist", *, noise_multipliers=(0.5, 1.0, 2.0, 4.0), clip=1.0, delta=1e-5,
              concatenate=False, fine_tune=False, seed=0, quick=False, femnist_root=None,
              progress=False, device=None):
-    """DP-AdaPeD accuracy against epsilon (Figures 1-3 of the paper, spec B.5-B.7).
+    """DP-AdaPeD accuracy against epsilon (Figures 1-3 of the paper).
 
     One run per noise multiplier z = sigma / C (both blocks, C1 = C2 = ``clip``),
     beside non-private AdaPeD and local training (which is private by
@@ -380,7 +380,7 @@ def _mean_sd(values):
 def fedem_comparison(dataset="mnist", *, noise_multipliers=(1.0, 4.0, 16.0), clip=1.0,
                      delta=1e-5, seeds=(0,), quick=False, femnist_root=None, progress=False,
                      device=None):
-    """AdaPeD against FedEM, non-private and DP, at full participation (E7, Figure 3; spec B.7).
+    """AdaPeD against FedEM, non-private and DP, at full participation (E7, Figure 3).
 
     Every client trains every round (K = m, "to give an advantage to FedEM").
     The private versions release one concatenated vector per client and local

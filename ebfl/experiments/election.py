@@ -1,4 +1,4 @@
-"""The paper's county-election experiment (spec B.2, E2), and extensions beyond it.
+"""The paper's county-election experiment (E2), and extensions beyond it.
 
 Counties are clients; in each of six folds one election is held out and the
 other five are the county's data (n = 5 Bernoulli draws, 1 = Republican win).

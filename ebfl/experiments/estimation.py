@@ -1,13 +1,13 @@
-"""The paper's synthetic estimation experiments E1 and E8 (spec B.1, B.8).
+"""The paper's synthetic estimation experiments E1 and E8 (Section 4, Figure 4).
 
 E1  Bernoulli clients, m = 10^4, n = 14: the % decrease in MSE of estimator (6)
     versus the local estimator z/n under four population priors. The paper does
-    not give the normal and Beta parameters (spec [!15]); we use
+    not give the normal and Beta parameters (errata [!15]); we use
 
     * normal: N(1/2, 0.15^2) truncated to [0, 1] (redrawn outside; 0.09 % of draws),
     * uniform: U[0, 1],
     * 3-spike: 1/3 each at 1/4, 1/2, 3/4,
-    * beta: Beta(2, 2) (the spec's worked example) and Beta(5, 5),
+    * beta: Beta(2, 2) (the setting of the Bernoulli checks) and Beta(5, 5),
 
     chosen before looking at the results. Beside eq. (6) as printed we report the
     moment-corrected leave-one-out estimator and the beta-binomial MLE. Each
@@ -17,7 +17,7 @@ E1  Bernoulli clients, m = 10^4, n = 14: the % decrease in MSE of estimator (6)
 E8  Gaussian clients, m = 10^4, n = 15, sigma_theta = 0.1, sigma_x = 0.5: MSE of
     the (eps0, delta)-LDP personalized estimator (Theorem 2.2, the paper's
     calibration) versus eps0, with the local and non-private lines and the
-    Theorem 2 formula. Not given by the paper (spec [!13]): mu = 0, r = 1,
+    Theorem 2 formula. Not given by the paper (errata [!13]): mu = 0, r = 1,
     delta = 1e-5 and the eps0 grid.
 """
 

@@ -12,7 +12,7 @@ Estimators, all on the same stacked client data:
 * local: ridge logistic regression per client, prior N(0, C I) with C = 1;
 * FedAvg (one global model, 5 local steps of lr 0.5 per round) and FedAvg
   followed by 20 local fine-tuning steps;
-* Algorithm 3 with the prior-term sign fixed and as printed (spec [!9]),
+* Algorithm 3 with the prior-term sign fixed and as printed (errata [!9]),
   learning mu and sigma_theta^2 by gradient steps on the joint objective (20);
   eta = 0.9 / L for theta and mu (L the largest client curvature at the initial
   prior), eta = 1e-6 for sigma_theta^2 (with 1e-3, 1e-4, 1e-5 sigma_theta^2 hits

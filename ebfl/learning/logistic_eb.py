@@ -2,7 +2,7 @@ r"""Personalized logistic regression by empirical Bayes (the corrected Algorithm
 
 Algorithm 3 (:class:`~ebfl.learning.regression.LogisticGD`) takes gradient steps
 on the *joint* MAP objective (20) over theta_i, mu and sigma_theta^2. That
-objective is unbounded below as sigma_theta^2 -> 0 (spec [!10]), so the learned
+objective is unbounded below as sigma_theta^2 -> 0 (errata [!10]), so the learned
 prior variance depends on the step sizes and the number of rounds.
 
 :class:`LogisticEM` instead maximizes the marginal likelihood of (mu,

@@ -1,4 +1,4 @@
-r"""Other population priors for federated linear regression (spec D.3, D.4, D.5).
+r"""Other population priors for federated linear regression (Section 3).
 
 * :class:`DiscreteMixtureLinear`: Algorithm 7. Clients weight the current atoms
   by their likelihood and send the posterior mean; the server clusters the
@@ -6,17 +6,17 @@ r"""Other population priors for federated linear regression (spec D.3, D.4, D.5)
   applied to linear regression, with clustering in place of averaging.
 * :class:`GaussianMixtureLinear`: Algorithm 4. Each client takes a gradient step
   on its loss plus the *corrected* Gaussian-mixture regularizer
-  -log sum_l p_l N(theta; mu_l, s_l I) (spec [!9]). The server clusters the
+  -log sum_l p_l N(theta; mu_l, s_l I) (errata [!9]). The server clusters the
   models and also returns the per-cluster variances, which the printed line 12
   omits.
-* :class:`LaplaceLinear`: the l1 / Laplace population model of spec D.5, for
+* :class:`LaplaceLinear`: the l1 / Laplace population model of Section 3, for
   which the paper gives only the objective. The theta step is a proximal
   gradient step (soft-thresholding towards mu, the exact prox of
   |theta - mu|_1 / b). The server updates mu and b with the block minimizers
-  (coordinate-wise median and mean absolute deviation, spec D.5 [D]); the
-  printed per-coordinate regularizer's missing factor d is restored (spec [!9]).
+  (coordinate-wise median and mean absolute deviation); the
+  printed per-coordinate regularizer's missing factor d is restored (errata [!9]).
   Like Algorithm 2, the joint MAP over (theta_i, mu, b) is unbounded below
-  (theta_i = mu, b -> 0; spec [!10]): with few clients or little data b
+  (theta_i = mu, b -> 0; errata [!10]): with few clients or little data b
   collapses to ``floor``; keep the prior fixed (``learn_prior=False``) or use
   enough clients.
 """

@@ -1,4 +1,4 @@
-r"""Federated personalized regression: Algorithms 2 and 3, EM, and the baselines (spec D.0-D.2).
+r"""Federated personalized regression: Algorithms 2 and 3, EM, and the baselines (Section 3).
 
 All algorithms follow the protocol of :mod:`ebfl.learning.federated` and update
 the sampled clients in one vectorized step.
@@ -6,13 +6,13 @@ the sampled clients in one vectorized step.
 * :class:`LinearGD`: Algorithm 2 as printed. Jacobi-style gradient steps on
   objective (19) over theta_i, mu, sigma_theta^2, sigma_x^2, with the server
   averaging the clients' mu and variance steps. The joint MAP is unbounded below
-  (theta_i = mu, sigma_theta^2 -> 0; spec [!10]), so the variances are floored.
+  (theta_i = mu, sigma_theta^2 -> 0; errata [!10]), so the variances are floored.
 * :class:`LinearEM`: the corrected empirical-Bayes variant. EM on the marginal
   likelihood: clients compute the posterior (15) and its moments, and the server
   sets mu, sigma_theta^2, sigma_x^2 in closed form. No degeneracy.
 * :class:`LogisticGD`: Algorithm 3 on objective (20), with the prior term's sign
   fixed (``rule="fixed"``) or as printed (``rule="printed"``, which pushes
-  theta away from mu; spec [!9]).
+  theta away from mu; errata [!9]).
 * :class:`FedAvgLinear`, :class:`FedAvgLogistic`: one global model by FedAvg,
   plus :func:`finetune_linear` / :func:`finetune_logistic` for local fine-tuning
   afterwards.
@@ -137,7 +137,7 @@ class LinearGD:
         Gradient steps on theta_i per round (the paper: 1).
     floor : float
         Smallest variance allowed (the objective is unbounded below as
-        sigma_theta^2 -> 0, spec [!10]).
+        sigma_theta^2 -> 0, errata [!10]).
     mu0, sigma_theta2_0, sigma_x2_0 :
         Initial server values (the paper gives none); theta_i^0 = mu0. mu0 is
         a scalar or has shape (d,) (checked against the data); variances and
@@ -260,7 +260,7 @@ class LogisticGD:
     rule : {"fixed", "printed"}
         ``"fixed"``: theta <- theta - eta (sum_j (s(<theta, x>) - y) x + (theta - mu)/s),
         a gradient step on (20). ``"printed"``: the paper's (mu - theta)/s, which
-        pushes theta away from mu (spec [!9]).
+        pushes theta away from mu (errata [!9]).
     lr_mu, lr_var, floor, mu0, sigma_theta2_0 : as in :class:`LinearGD`.
     learn_prior : bool
         Update mu and sigma_theta^2 (True) or keep them at their initial values.

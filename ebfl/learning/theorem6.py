@@ -1,4 +1,4 @@
-r"""Theorem 6: personalized linear regression with a known Gaussian prior (spec C.10).
+r"""Theorem 6: personalized linear regression with a known Gaussian prior (Theorem 6 of the paper).
 
 Client i has Y_i = X_i theta_i + w_i, w_i ~ N(0, sigma_x^2 I_n), theta_i ~ N(mu, sigma_theta^2 I_d).
 
@@ -80,7 +80,7 @@ def local_least_squares(data, sigma_x2=None, *, rcond=1e-12):
         Noise variance; the risk sigma_x^2 Tr((X^T X)^{-1}) is returned for
         clients whose X_i^T X_i is invertible and NaN for the others (with
         n_i < d the pseudo-inverse estimator is biased by the unseen directions
-        of theta_i and has no risk formula, spec [!14]).
+        of theta_i and has no risk formula, errata [!14]).
     rcond : float
         Relative cut-off for small singular values (numpy's pinv), in [0, 1].
 

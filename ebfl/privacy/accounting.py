@@ -1,4 +1,4 @@
-"""User-level privacy accounting for DP-AdaPeD (spec D.9, Theorem 7).
+"""User-level privacy accounting for DP-AdaPeD (Theorem 7).
 
 Two things live here, kept apart on purpose:
 
@@ -7,7 +7,7 @@ Two things live here, kept apart on purpose:
   :func:`rdp_to_epsilon`, :func:`rdp_to_delta`);
 * a correct accountant, :class:`DPAdaPeDAccountant` (and the one-call
   :func:`dp_adaped_epsilon`), that models one synchronization round as a
-  (sub)sampled Gaussian mechanism with the sensitivity of spec D.9.7 and hands
+  (sub)sampled Gaussian mechanism with the sensitivity tau C (errata [!13]) and hands
   the composition to ``dp_accounting`` (RDP or PLD).
 
 The layering follows Opacus: pure keyword-only functions do the maths; the
@@ -17,7 +17,7 @@ Conventions used throughout
 ---------------------------
 * One *round* is one synchronization period of ``sync_gap`` (tau) local
   iterations; a run of T iterations has T/tau rounds, and T must be a multiple
-  of tau (spec D.9.7(d)).
+  of tau (errata [!13]).
 * Accepted ranges: clip norms and noise standard deviations in [1e-50, 1e50],
   counts (clients, iterations, rounds) up to 2^53, Renyi orders in (1, 1e6];
   outside them ``ValueError`` names the argument. Inside them no intermediate
@@ -183,7 +183,7 @@ def _blocks_iv(clip_mu, noise_mu, clip_psi, noise_psi):
     blocks = [(_scale(clip_mu, "clip_mu"), _scale(noise_mu, "noise_mu"))]
     if (clip_psi is None) != (noise_psi is None):
         raise ValueError("clip_psi and noise_psi must be given together (separate clipping of "
-                         "psi) or both be None (concatenated [h; k] variant, spec D.9.6)")
+                         "psi) or both be None (concatenated [h; k] variant)")
     if clip_psi is not None:
         blocks.append((_scale(clip_psi, "clip_psi"), _scale(noise_psi, "noise_psi")))
     return blocks
@@ -194,7 +194,7 @@ def _blocks_iv(clip_mu, noise_mu, clip_psi, noise_psi):
 
 def theorem7_rdp(orders, *, n_clients, n_sampled, n_iterations, sync_gap, clip_mu, noise_mu,
                  clip_psi=None, noise_psi=None):
-    r"""RDP curve of DP-AdaPeD exactly as printed in Theorem 7 (spec D.9.3).
+    r"""RDP curve of DP-AdaPeD exactly as printed in Theorem 7.
 
     .. math::
         \varepsilon(\alpha) = \Big(\frac{K}{m}\Big)^2 \, 6 \, \frac{T}{\tau} \, \alpha
@@ -220,7 +220,7 @@ def theorem7_rdp(orders, *, n_clients, n_sampled, n_iterations, sync_gap, clip_m
         noise added to it at every local step.
     clip_psi, noise_psi : float or None, default=None
         C2 and sigma_q2 (> 0) for the separately clipped psi gradient k. Leave
-        both None for the concatenated variant of spec D.9.6 (one clip norm
+        both None for the concatenated variant (one clip norm
         C = ``clip_mu`` and one noise scale sigma = ``noise_mu`` on [h; k]),
         whose curve is 6 (K/m)^2 (T/tau) alpha C^2/(K sigma^2).
 
@@ -236,7 +236,7 @@ def theorem7_rdp(orders, *, n_clients, n_sampled, n_iterations, sync_gap, clip_m
 
     Notes
     -----
-    Flaws of the bound (spec D.9.7 and [!13]); the value is linear in alpha,
+    Flaws of the bound (errata [!13]); the value is linear in alpha,
     so it carries its errors unchanged into every conversion:
 
     * (a) Sensitivity. The tau clipped steps of a round can add up
@@ -256,7 +256,7 @@ def theorem7_rdp(orders, *, n_clients, n_sampled, n_iterations, sync_gap, clip_m
 
     Examples
     --------
-    FEMNIST setting of spec D.9.5 (noise multipliers sigma/C = 5): c = 0.582.
+    FEMNIST setting of Section 4.1 (noise multipliers sigma/C = 5): c = 0.582.
 
     >>> c = theorem7_rdp(2.0, n_clients=66, n_sampled=22, n_iterations=2400, sync_gap=10,
     ...                  clip_mu=1.0, noise_mu=5.0, clip_psi=1.0, noise_psi=5.0) / 2.0
@@ -291,7 +291,7 @@ def rdp_to_epsilon(orders, rdp, delta, *, method="lemma2"):
     delta : float
         Target delta in (0, 1).
     method : {"lemma2", "classic"}, default="lemma2"
-        ``"lemma2"``: the paper's Lemma 2 (spec D.9.5),
+        ``"lemma2"``: the paper's Lemma 2,
 
         .. math:: \varepsilon = \min_\lambda \varepsilon(\lambda)
                   + \frac{\log(1/\delta) + (\lambda-1)\log(1-1/\lambda) - \log\lambda}
@@ -417,11 +417,11 @@ def dp_adaped_noise_multiplier(*, n_sampled, sync_gap, clip_mu, noise_mu, clip_p
 
     Each sampled client runs tau local steps, each adding a clipped update
     (norm <= C) plus N(0, sigma^2 I); the tau updates can align, so one
-    client's contribution to the released sum has norm <= tau*C (spec
-    D.9.7(a)). The noise on the released quantity has variance
+    client's contribution to the released sum has norm <= tau*C (errata
+    [!13]). The noise on the released quantity has variance
     n_noise*tau*sigma^2, with n_noise = K when only the sum is seen (trusted
     aggregator or secure aggregation) and n_noise = 1 when the server sees
-    each client's mu_i (spec D.9.7(b)). Per block
+    each client's mu_i (errata [!13]). Per block
 
     .. math:: z_j = \frac{\sigma_j\sqrt{n_\text{noise}\,\tau}}{\tau C_j},
 
@@ -703,7 +703,7 @@ class DPAdaPeDAccountant:
 
     Examples
     --------
-    FEMNIST (spec D.9.5): m = 66, K = 22, T = 2400, tau = 10, sigma/C = 5.
+    FEMNIST (Section 4.1): m = 66, K = 22, T = 2400, tau = 10, sigma/C = 5.
 
     >>> acc = DPAdaPeDAccountant(66)
     >>> acc = acc.step(n_sampled=22, sync_gap=10, clip_mu=1.0, noise_mu=5.0, clip_psi=1.0,

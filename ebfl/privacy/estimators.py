@@ -3,7 +3,7 @@
 Theorem 2 (Gaussian model, any unbiased mechanism of known variance) and
 Theorem 4 (Bernoulli model, the binary mechanism of eq. (7)), plus a corrected
 private Bernoulli estimator that, unlike the paper's, learns the population
-spread (spec C.2-C.4, C.7, [!5]d).
+spread (Theorems 2 and 4; errata [!5]).
 
 Estimators that estimate the population variance from noisy messages guard
 against the noise (``variance="ucb"``, the default): when the variance
@@ -426,7 +426,7 @@ def private_bernoulli_paper(successes, trials, epsilon, *, rng=None):
     The messages are two-valued with a law that depends on the clients only
     through mu = E[xbar], so sigma_i^2 tends to e^eps/(e^eps-1)^2 + mu(1-mu)
     whatever the population spread, and a_i >= about n/(n+1): the estimator is
-    close to the local one even as epsilon grows (spec [!5]d). Use
+    close to the local one even as epsilon grows (errata [!5]). Use
     :func:`private_bernoulli_corrected` for an estimator that learns the spread.
     Weights outside [0, 1] (possible, as mu_i may leave [0, 1]) are clipped.
 

@@ -203,7 +203,7 @@ class _ClippingMechanism(Mechanism):
 
 @dataclass(frozen=True)
 class StochasticQuantizer(_ClippingMechanism):
-    r"""k-bit unbiased stochastic quantizer on [-b, b] (spec C.3, Theorem 2 part 1).
+    r"""k-bit unbiased stochastic quantizer on [-b, b] (Theorem 2 part 1).
 
     The input is clipped to [-b, b] and rounded at random to one of the 2^k
     levels -b + j Delta, Delta = 2b/(2^k - 1), so that E q(x) = x for every
@@ -279,8 +279,8 @@ def paper_clip_range(r, m, n, sigma_theta, sigma_x):
     r"""The paper's clipping half-width b = r + (sigma_theta + sigma_x/sqrt(n)) sqrt(log(m^2 n)).
 
     Chosen so that every client mean lies in [-b, b] with high probability when
-    mu lies in [-r, r] (spec C.3; the paper's failure probability 2/(mn) is
-    optimistic, spec [!4]).
+    mu lies in [-r, r] (Theorem 2; the paper's failure probability 2/(mn) is
+    optimistic, errata [!4]).
 
     Raises ``ValueError`` when b would overflow float64.
 
@@ -722,7 +722,7 @@ class RandomizedResponse(Mechanism):
 
 @dataclass(frozen=True)
 class BinaryMechanism(RandomizedResponse):
-    r"""The paper's two-point mechanism q_priv of eq. (7) on [0, 1] (spec C.7).
+    r"""The paper's two-point mechanism q_priv of eq. (7) on [0, 1].
 
     Releases e^eps/(e^eps - 1) with probability 1/(e^eps + 1) + x (e^eps - 1)/(e^eps + 1),
     else -1/(e^eps - 1). Unbiased and epsilon-LDP: the likelihood ratio of

@@ -1,6 +1,6 @@
 """The private Bernoulli estimators across privacy levels (``ebfl private-bernoulli``).
 
-Shows spec [!5]d: the paper's estimator (Theorem 4) keeps its weight on the
+Shows errata [!5]: the paper's estimator (Theorem 4) keeps its weight on the
 local mean near n/(n+1) or above however large epsilon is, while the corrected
 estimator's weight and MSE approach the non-private empirical Bayes ones. The
 corrected estimator is shown with its default rule for the estimated variance

@@ -1,14 +1,15 @@
-"""One registered Monte Carlo check per row of the spec's checklist (C.11).
+"""One registered Monte Carlo check per claim of the paper (theorems, lemmas, equations).
 
 Every check is a function ``check(reps, rng, progress, **params) -> list[CheckResult]``
-registered with its defaults; the defaults are the spec's parameter values
+registered with its defaults; the defaults are the paper's settings
 (Figure 4's Gaussian setting m = 10^4, n = 15, sigma_theta = 0.1, sigma_x = 0.5;
 Beta(2, 2) with n = 14 for the Bernoulli rows). Estimators are the package's
 own (``personalized_gaussian``, ``private_gaussian``, ``beta_binomial_eb``,
 ``private_bernoulli_paper``, ``discrete_posterior``), so a check validates the
 code as well as the theorem.
 
-Rows where the paper is known to be wrong carry a ``flag`` quoting the spec.
+Rows where the paper is known to be wrong carry a ``flag`` citing the errata
+(docs/errata.md, ``[!n]``).
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def check_theorem1(reps, rng, progress, **p):
                          progress=progress, desc="thm1")
     return [make_result("thm1", "personalized MSE", CHECKS["thm1"].statement, "exact",
                         B.theorem1_mse(*_gaussian_args(p), d=p["d"]), sim["personalized"],
-                        params=p, flag="stated as <=, but equality holds (spec [!3])")]
+                        params=p, flag="stated as <=, but equality holds (errata [!3])")]
 
 
 @register("baselines", "C.1: local, global-only and known-mu oracle MSEs", GAUSSIAN)
@@ -154,7 +155,7 @@ def check_lower_bounds(reps, rng, progress, **p):
            for key, label in rows]
     out.append(make_result("lower_bounds", "(46) vs oracle (tight)", statement, "lower", b46,
                            sim["oracle"], params=p,
-                           flag="(47)'s derivation does not follow from (45) (spec [!19]); "
+                           flag="(47)'s derivation does not follow from (45) (errata [!19]); "
                                 "checked as a claim"))
     return out
 
@@ -217,7 +218,7 @@ def check_theorem2_quantizer(reps, rng, progress, **p):
                                                                      p["r"], p["d"]),
             p, reps, rng, progress, kind="upper", claimed_failure=2 / (m * n),
             flag="tail bounds use exp(-c^2/s^2) instead of 2 exp(-c^2/(2 s^2)) and no union "
-                 "over coordinates: the true failure probability exceeds 2/(mn) (spec [!4])")
+                 "over coordinates: the true failure probability exceeds 2/(mn) (errata [!4])")
     return out
 
 
@@ -239,7 +240,7 @@ def check_theorem2_ldp(reps, rng, progress, **p):
         B.theorem2_gaussian_mse(m, n, st, sx, p["epsilon"], p["delta"], p["r"], p["d"]),
         p, reps, rng, progress, kind="exact", claimed_failure=2 / (m * n),
         flag="exact only when nothing is clipped; for d > 1 the noise must be calibrated to "
-             "the L2 sensitivity 2b sqrt(d) (spec [!4])")
+             "the L2 sensitivity 2b sqrt(d) (errata [!4])")
     return rows + [_ldp_delta_row(p, b, d) for d in p["privacy_dims"]]
 
 
@@ -357,7 +358,7 @@ def check_theorem3(reps, rng, progress, **p):
     rhs = B.theorem3_rhs(float(sim["a2"].mean()), float(sim["one_minus_a2"].mean()), m, n, a, b)
     statement = CHECKS["thm3"].statement
     flag = ("sigma_i^2 as printed is centred on mu_l and estimates Var(xbar), not Var(p): a_i "
-            "is biased towards local (spec [!5])")
+            "is biased towards local (errata [!5])")
     extra = {"mean_a": float(np.sqrt(sim["a2"].mean())),
              "known_prior_mse": B.beta_posterior_mse(a, b, n),
              "local_mse": B.beta_local_mse(a, b, n),
@@ -417,7 +418,7 @@ def check_theorem4(reps, rng, progress, **p):
     statement = CHECKS["thm4"].statement
     flag = ("the messages' law depends only on E[xbar], so sigma_i^2,priv -> e^e/(e^e-1)^2 + "
             "mu(1-mu) whatever Var(p): the event |sigma^2 - sigma_i^2| <= c_p fails and a_i "
-            "-> ~n/(n+1), i.e. the estimator is nearly local (spec [!5])")
+            "-> ~n/(n+1), i.e. the estimator is nearly local (errata [!5])")
     extra = {"mean_a_priv": float(sim["a"].mean()), "a_priv_limit": a_limit,
              "local_mse": float(sim["local"].mean()), "c_p": c_p}
     return [make_result("thm4", f"eps0={eps:g} MSE", statement, "upper", rhs, sim["mse"],
@@ -538,9 +539,9 @@ def check_theorem6(reps, rng, progress, **p):
 def check_theorem7(reps, rng, progress, **p):
     """Not Monte Carlo: the paper's epsilon against a numerical accountant's (exact rows).
 
-    The setting is the spec's FEMNIST illustration (D.9.5) with noise multipliers
+    The setting is a FEMNIST-sized illustration (m = 66, K = 22) with noise multipliers
     sigma_q/C = 5 for both blocks. The correct accountant (dp-accounting RDP,
-    sampling without replacement, sensitivity tau C per round, spec D.9.7)
+    sampling without replacement, sensitivity tau C per round, errata [!13])
     gives the epsilon the mechanism actually has; Theorem 7 claims an upper bound.
     """
     from ebfl.privacy.accounting import (
@@ -561,7 +562,7 @@ def check_theorem7(reps, rng, progress, **p):
                         atol=1e-9, extra={"ratio": correct / paper},
                         flag="tau clipped steps add up to tau C per round, not sqrt(tau) C, and "
                              "the constant 6 / q^2 scaling needs unstated conditions "
-                             "(spec D.9.7 [!13])")]
+                             "(errata [!13])")]
 
 from ebfl.validation import dppfl_checks  # noqa: E402, F401, I001  (registers dppfl_* checks)
 from ebfl.validation import fedhdp_checks  # noqa: E402, F401  (registers the fedhdp_* checks)

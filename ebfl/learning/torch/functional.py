@@ -277,8 +277,8 @@ def cross_entropy(logits, y):
 def distillation_kl(teacher_logits, student_logits):
     """KL(softmax(teacher) || softmax(student)), summed over classes, mean over the batch.
 
-    The KD loss of AdaPeD with the global model as teacher (spec D.7); temperature
-    1. The paper does not say sum or mean over the batch (spec [!12]): the mean
+    The KD loss of AdaPeD with the global model as teacher (AdaPeD, Algorithm 5); temperature
+    1. The paper does not say sum or mean over the batch (errata [!12]): the mean
     keeps it on the cross-entropy's scale.
     """
     log_t = F.log_softmax(teacher_logits, dim=-1)

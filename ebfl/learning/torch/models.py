@@ -29,12 +29,12 @@ def _hidden_iv(hidden):
 
 
 class CNN5(nn.Module):
-    """The paper's "5-layer CNN" (spec B.4), LeNet-5 style, for 1 x 28 x 28 inputs.
+    """The paper's "5-layer CNN" (Section 4.1), LeNet-5 style, for 1 x 28 x 28 inputs.
 
     conv 5x5 (6) -> ReLU -> 2x2 max-pool -> conv 5x5 (16) -> ReLU -> 2x2 max-pool
     -> FC 256x120 -> ReLU -> FC 120x84 -> ReLU -> FC 84 x ``n_classes``. The paper
     does not state activations or pooling; 256 = 16 * 4 * 4 fixes the 28 x 28
-    input and 2x2 pooling (spec B.4 [D]). Returns logits (the softmax is in the loss).
+    input and 2x2 pooling (the paper does not say). Returns logits (the softmax is in the loss).
     """
 
     def __init__(self, n_classes=10, in_channels=1):
