@@ -1,18 +1,19 @@
 # Set-up on a fresh machine, then the main job / the tests.
 #   make run    the main job (installs everything first)
 #   make test   the test suite (installs everything first)
+#   make docs   the documentation site, docs/_build/html
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench lint clean
+.PHONY: run test docs bench lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch 2.13.0 first: a local CPU wheel that then satisfies the `learning` range.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[learning,flower,dev]"
+	$(PY) -m pip install --quiet -e ".[learning,flower,dev,docs]"
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -20,6 +21,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 -q
+
+# The documentation site (warnings are errors) into docs/_build/html.
+docs: $(STAMP)
+	$(VENV)/bin/sphinx-build -b html -W --keep-going -q docs docs/_build/html
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_beta_bernoulli.py

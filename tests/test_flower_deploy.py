@@ -1,7 +1,7 @@
 """A Flower deployment on loopback: SuperLink, SuperNodes and ``flwr run`` as processes.
 
 The app comes from :func:`ebfl.federated.deploy.write_app`; the processes are
-Flower's own commands, started as the deployment guide (docs/flower.md) says,
+Flower's own commands, started as the deployment guide (docs/guide/flower.md) says,
 with every address on 127.0.0.1 and free ports picked at run time. Each test
 stops every process it started (and their children) by PID and checks that
 none is left and that none listened on anything but loopback.

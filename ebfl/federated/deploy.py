@@ -8,7 +8,7 @@ as the run configuration (``[tool.flwr.app.config]``, overridable with
 connection ``ebfl`` that ``flwr run`` submits the run to. Writing needs
 neither Flower nor the job's data: the SuperLink and the SuperNodes build the
 job from these settings when the run starts. The deployment guide
-(``docs/flower.md``) gives the commands.
+(``docs/guide/flower.md``) gives the commands.
 """
 
 from __future__ import annotations

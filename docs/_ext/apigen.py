@@ -1,0 +1,160 @@
+"""Write the API reference pages from the package's ``__all__`` lists.
+
+Every public module (no component starting with ``_``) gets a page listing the
+objects it exports; each object is documented once, on the page of the first
+module that exports it in :data:`SECTIONS` order, and the other pages link to it.
+The pages are regenerated on every build, so the reference cannot fall behind the
+code; ``tests/test_docs.py`` checks that every public object has a page.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from pathlib import Path
+
+# (title, modules) in the order the reference presents them; a module missing
+# here is appended to "Other modules" and flagged by tests/test_docs.py.
+SECTIONS = [
+    ("Empirical Bayes", ["ebfl.eb", "ebfl.eb.gaussian", "ebfl.eb.beta_binomial",
+                         "ebfl.eb.discrete", "ebfl.eb.gaussian_mixture", "ebfl.eb.npmle",
+                         "ebfl.eb.priors", "ebfl.eb.results", "ebfl.models", "ebfl.ragged"]),
+    ("Quantization, privacy and accounting",
+     ["ebfl.privacy", "ebfl.privacy.mechanisms", "ebfl.privacy.estimators",
+      "ebfl.privacy.accounting", "ebfl.privacy.dp_fedavg", "ebfl.privacy.sweep"]),
+    ("Bounds and Monte Carlo validation",
+     ["ebfl.bounds", "ebfl.validation", "ebfl.validation.engine", "ebfl.validation.checks",
+      "ebfl.validation.sweeps", "ebfl.validation.fedhdp_checks",
+      "ebfl.validation.fedhdp_figures", "ebfl.validation.dppfl_checks"]),
+    ("Personalized regression",
+     ["ebfl.learning", "ebfl.learning.regression", "ebfl.learning.logistic_eb",
+      "ebfl.learning.population_models", "ebfl.learning.federated", "ebfl.learning.data",
+      "ebfl.learning.partition", "ebfl.learning.theorem6"]),
+    ("Neural personalized FL (torch)",
+     ["ebfl.learning.torch", "ebfl.learning.torch.engine", "ebfl.learning.torch.strategies",
+      "ebfl.learning.torch.baselines", "ebfl.learning.torch.partial",
+      "ebfl.learning.torch.fedhdp", "ebfl.learning.torch.perada",
+      "ebfl.learning.torch.perada_dp", "ebfl.learning.torch.adapters",
+      "ebfl.learning.torch.dp_sgd", "ebfl.learning.torch.models",
+      "ebfl.learning.torch.pretrain", "ebfl.learning.torch.generalization",
+      "ebfl.learning.torch.corruptions", "ebfl.learning.torch.functional",
+      "ebfl.learning.torch.data"]),
+    ("FedHDP", ["ebfl.fedhdp", "ebfl.fedhdp.theory", "ebfl.fedhdp.aggregation",
+                "ebfl.fedhdp.point_estimation"]),
+    ("DP-PFL", ["ebfl.dppfl", "ebfl.dppfl.algorithm", "ebfl.dppfl.objective",
+                "ebfl.dppfl.accounting", "ebfl.dppfl.theory", "ebfl.dppfl.data",
+                "ebfl.dppfl.federated"]),
+    ("Federated runtimes and Flower",
+     ["ebfl.federated", "ebfl.federated.protocol", "ebfl.federated.runtime",
+      "ebfl.federated.streams", "ebfl.federated.eb", "ebfl.federated.eb_data",
+      "ebfl.federated.tree", "ebfl.federated.jobs", "ebfl.federated.flower",
+      "ebfl.federated.deploy"]),
+    ("Datasets and the data home",
+     ["ebfl.datasets", "ebfl.datasets.elections", "ebfl.datasets.idx", "ebfl.datasets.cifar",
+      "ebfl.datasets.leaf", "ebfl.datasets.tff_emnist", "ebfl.datasets.uci_har",
+      "ebfl.datasets.hapt", "ebfl.datasets.hapt_uci"]),
+    ("Experiments (the papers' reproductions)",
+     ["ebfl.experiments.estimation", "ebfl.experiments.election",
+      "ebfl.experiments.regression", "ebfl.experiments.hapt", "ebfl.experiments.adaped",
+      "ebfl.experiments.fedhdp", "ebfl.experiments.fedhdp_data", "ebfl.experiments.perada",
+      "ebfl.experiments.perada_data", "ebfl.experiments.dppfl"]),
+    ("Command line and demo", ["ebfl.cli", "ebfl.demo"]),
+]
+
+
+def public_modules(package: str = "ebfl") -> list[str]:
+    """Every importable module of ``package`` without a private component."""
+    root = importlib.import_module(package)
+    names = [package]
+    for info in pkgutil.walk_packages(root.__path__, package + "."):
+        if not any(part.startswith("_") for part in info.name.split(".")):
+            names.append(info.name)
+    return sorted(names)
+
+
+def exported(module: str) -> list[tuple[str, object]]:
+    """``(name, object)`` for the module's ``__all__``, submodules left out."""
+    mod = importlib.import_module(module)
+    out = []
+    for name in getattr(mod, "__all__", ()):
+        obj = getattr(mod, name)
+        if not inspect.ismodule(obj):
+            out.append((name, obj))
+    return out
+
+
+def _key(obj):
+    # Constants (str, tuple, int) are shared by value, not identity; key them by id
+    # only when they are functions or classes.
+    return id(obj) if (inspect.isclass(obj) or callable(obj)) else None
+
+
+def plan():
+    """``[(title, [(module, [(name, home)])])]``: where each object is documented."""
+    listed = [m for _, mods in SECTIONS for m in mods]
+    others = [m for m in public_modules() if m not in listed and m != "ebfl"]
+    sections = SECTIONS + ([("Other modules", others)] if others else [])
+    home: dict[int, str] = {}
+    out = []
+    for title, modules in sections:
+        pages = []
+        for module in modules:
+            rows = []
+            for name, obj in exported(module):
+                key = _key(obj)
+                full = f"{module}.{name}"
+                if key is not None and key in home:
+                    rows.append((name, home[key]))
+                else:
+                    if key is not None:
+                        home[key] = full
+                    rows.append((name, full))
+            pages.append((module, rows))
+        out.append((title, pages))
+    return out
+
+
+def _module_page(module: str, rows) -> str:
+    own = [name for name, full in rows if full == f"{module}.{name}"]
+    shared = [(name, full) for name, full in rows if full != f"{module}.{name}"]
+    lines = [module, "=" * len(module), "", f".. automodule:: {module}", "   :no-members:", ""]
+    if own:
+        lines += [f".. currentmodule:: {module}", "", ".. autosummary::",
+                  "   :toctree: objects", "   :nosignatures:", ""]
+        lines += [f"   {name}" for name in own] + [""]
+    if shared:
+        lines += ["Also exported here", "-" * 18, ""]
+        lines += [f"- :py:obj:`{name} <{full}>`" for name, full in shared] + [""]
+    return "\n".join(lines)
+
+
+def write_pages(outdir: Path) -> list[Path]:
+    """Write ``index.rst`` and one page per module into ``outdir``."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    written = []
+    index = ["API reference", "=============", "",
+             "Everything a module lists in ``__all__``, grouped by area. The top-level",
+             "``ebfl`` namespace re-exports the most used estimators and models:", ""]
+    top = exported("ebfl")
+    index += [f"``{', '.join(name for name, _ in top)}``", ""]
+    for title, pages in plan():
+        index += [title, "-" * len(title), "", ".. toctree::", "   :maxdepth: 1", ""]
+        for module, rows in pages:
+            path = outdir / f"{module}.rst"
+            text = _module_page(module, rows)
+            if not path.exists() or path.read_text() != text:
+                path.write_text(text)
+            written.append(path)
+            index.append(f"   {module}")
+        index.append("")
+    path = outdir / "index.rst"
+    text = "\n".join(index)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return written
+
+
+def setup(app):
+    write_pages(Path(app.srcdir) / "api")
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

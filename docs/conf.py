@@ -1,0 +1,60 @@
+"""Sphinx configuration of the ebfl documentation (``make docs``)."""
+
+import os
+import sys
+from pathlib import Path
+
+import ebfl
+
+sys.path.insert(0, str(Path(__file__).parent / "_ext"))
+# Quiet, deterministic imports while the API pages are generated.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+project = "ebfl"
+author = "the ebfl developers"
+copyright = "2026, the ebfl developers"  # noqa: A001
+release = ebfl.__version__
+version = ".".join(release.split(".")[:2])
+
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.intersphinx",
+    "sphinx.ext.mathjax",
+    "numpydoc",
+    "myst_parser",
+    "apigen",
+]
+
+source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
+exclude_patterns = ["_build", "_templates", "README.md"]
+templates_path = ["_templates"]
+
+autosummary_generate = True
+autosummary_imported_members = True
+autodoc_default_options = {"members": False}
+autodoc_typehints = "none"
+numpydoc_show_class_members = False
+numpydoc_class_members_toctree = False
+numpydoc_xref_param_type = False
+
+myst_enable_extensions = ["dollarmath", "colon_fence", "deflist"]
+myst_heading_anchors = 3
+
+intersphinx_mapping = {
+    "python": ("https://docs.python.org/3", None),
+    "numpy": ("https://numpy.org/doc/stable", None),
+}
+intersphinx_disabled_reftypes = ["*"]
+intersphinx_timeout = 5
+
+html_theme = "pydata_sphinx_theme"
+html_title = f"ebfl {release}"
+html_theme_options = {
+    "navigation_depth": 2,
+    "show_toc_level": 2,
+    "secondary_sidebar_items": ["page-toc"],
+    "footer_start": ["copyright"],
+    "footer_end": [],
+}
+html_static_path = []
