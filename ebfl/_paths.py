@@ -1,24 +1,53 @@
-"""Where the repository's small data tables live (``data/`` beside the package)."""
+"""Where ebfl's small data tables are: the dataset manifests and the papers' numbers.
+
+The repository keeps them in its top-level ``data/`` (``data/manifests/*.json``,
+``data/paper_numbers/*.csv``; never datasets). A wheel carries them as package
+data, ``ebfl/_data/`` (``pyproject.toml`` maps ``data/`` there). :data:`DATA` is
+that folder of the installed package when it exists, else the source tree's
+``data/`` (an editable install or a checkout on ``sys.path``, where nothing is
+copied and an edited table is read at once).
+"""
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
-import pandas as pd
-
-REPO_DATA = Path(__file__).resolve().parent.parent / "data"
+__all__ = ["DATA", "data_file", "paper_numbers"]
 
 
-def paper_numbers(name):
-    """Read ``data/paper_numbers/<name>.csv`` (the papers' reported figures).
+def _data_root() -> Path:
+    packaged = resources.files("ebfl") / "_data"  # ebfl is a regular package: a Path
+    if packaged.is_dir():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parent.parent / "data"
+
+
+#: The folder holding ``manifests/`` and ``paper_numbers/``.
+DATA = _data_root()
+#: The former name of :data:`DATA` (when it was always the source tree's ``data/``).
+REPO_DATA = DATA
+
+
+def data_file(*parts) -> Path:
+    """Path of a table under :data:`DATA`, e.g. ``data_file("manifests", "mnist.json")``.
 
     Raises
     ------
     FileNotFoundError
-        When ebfl runs from an installation without the source tree's ``data/``.
+        When there is no such table; the message lists the tables of that folder.
     """
-    path = REPO_DATA / "paper_numbers" / f"{name}.csv"
+    path = DATA.joinpath(*parts)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: the papers' numbers ship with the source "
-                                "tree (install ebfl from a clone with `pip install -e .`)")
-    return pd.read_csv(path)
+        folder = path.parent
+        known = sorted(p.stem for p in folder.glob(f"*{path.suffix}")) if folder.is_dir() else []
+        raise FileNotFoundError(f"no table {'/'.join(parts)} in {DATA}"
+                                + (f"; there are: {', '.join(known)}" if known else ""))
+    return path
+
+
+def paper_numbers(name):
+    """The papers' reported figures ``paper_numbers/<name>.csv`` as a DataFrame."""
+    import pandas as pd
+
+    return pd.read_csv(data_file("paper_numbers", f"{name}.csv"))

@@ -341,7 +341,7 @@ def theorem3_rhs(mean_a2, mean_one_minus_a2, m, n, alpha, beta):
     Notes
     -----
     The bound holds with probability >= 1 - 1/(mn) over the event
-    |mu - mu_hat_i| <= c, |sigma^2 - sigma_hat_i^2| <= c, c^2 = 3 log(4 m^2 n)/(m-1).
+    ``|mu - mu_hat_i| <= c``, ``|sigma^2 - sigma_hat_i^2| <= c``, c^2 = 3 log(4 m^2 n)/(m-1).
     """
     mean_a2 = check_probability(mean_a2, "mean_a2")
     mean_one_minus_a2 = check_probability(mean_one_minus_a2, "mean_one_minus_a2")
@@ -433,7 +433,9 @@ def gaussian_mechanism_true_delta(m, n, sigma_theta, sigma_x, epsilon, delta, r,
 
 
 def theorem2_quantizer_mse(m, n, sigma_theta, sigma_x, k_bits, r, d=1):
-    r"""Theorem 2, part 1: the k-bit quantizer on [-b, b], b from :func:`paper_clip_range`.
+    r"""Theorem 2, part 1: the k-bit quantizer on [-b, b], b the paper's clipping range.
+
+    b comes from :func:`~ebfl.privacy.paper_clip_range`.
 
     An upper bound (the quantizer's variance is at most b^2/(2^k-1)^2), claimed
     with probability >= 1 - 2/(mn) over the clipping event (optimistic, errata [!4]).

@@ -1,5 +1,7 @@
-"""Command-line interface: ``ebfl bounds``, ``fit``, ``validate``, ``reproduce``, ``election``,
-``hapt``, ...
+"""Command-line interface of ebfl: fit, bound, validate and reproduce from a shell.
+
+The subcommands include ``ebfl bounds``, ``fit``, ``validate``, ``reproduce``,
+``election`` and ``hapt``; ``ebfl --help`` lists them all.
 
 Every subcommand accepts ``--json`` and then prints exactly one JSON object on
 stdout; otherwise it prints a readable table. A user's mistake (a missing or
@@ -508,18 +510,10 @@ def _cmd_accounting_dp_pfl(args):
 # --------------------------------------------------------------------- demo
 
 def _cmd_demo(args):
-    from ebfl.demo import run_demo
+    from ebfl.demo import format_demo, run_demo
 
     payload = run_demo(n_clients=args.clients, rng=args.seed)
-
-    def render(p):
-        for part in p.values():
-            s = part["setting"]
-            _print_table(f"\n{s['model']} clients: " + ", ".join(
-                f"{k}={v}" for k, v in s.items() if k != "model"), part["rows"],
-                ["estimator", "mse", "formula", "gain_vs_local_pct"])
-            print("fitted:", part["fitted"])
-    _emit(args, payload, render)
+    _emit(args, payload, lambda p: print(format_demo(p)))
 
 
 # ----------------------------------------------------------------- validate
@@ -1144,7 +1138,10 @@ def _job_arguments(p):
 
 def build_parser():
     """The argparse parser of ``ebfl``."""
+    from ebfl import __version__
+
     parser = _Parser(prog="ebfl", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"ebfl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     bounds = sub.add_parser("bounds", help="closed-form MSEs and bounds").add_subparsers(

@@ -76,7 +76,7 @@ class GaussianPopulation:
     Parameters
     ----------
     mean : float or array_like of shape (d,)
-        Population mean mu, each |mu_j| <= 1e300; a scalar gives 1-D clients.
+        Population mean mu, each ``|mu_j| <= 1e300``; a scalar gives 1-D clients.
     sigma_theta : float
         Population standard deviation, in [0, 1e300].
     sigma_x : float

@@ -1,4 +1,4 @@
-"""DP-AdaPeD accounting (spec D.9): Theorem 7 as printed, Lemma 2, and a correct accountant.
+"""DP-AdaPeD accounting (Theorem 7): Theorem 7 as printed, Lemma 2, and a correct accountant.
 
 The correct accountant is checked against hand-built dp-accounting events,
 against the closed-form RDP of the unsampled Gaussian, and against the PLD
@@ -21,7 +21,7 @@ ORDERS = np.array(A.DEFAULT_ORDERS)
 FEW_ORDERS = np.array([1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 64.0])
 DELTA = 1e-5
 
-# FEMNIST illustration of spec D.9.5: sigma/C = 5 for both mu and psi.
+# FEMNIST illustration of Theorem 7: sigma/C = 5 for both mu and psi.
 FEMNIST = dict(n_clients=66, n_sampled=22, n_iterations=2400, sync_gap=10, clip_mu=1.0,
                noise_mu=5.0, clip_psi=1.0, noise_psi=5.0)
 
@@ -72,8 +72,8 @@ def test_theorem7_concatenated_variant():
     (50, 5, 3000, 0.288, 3.93, 2),    # MNIST
     (50, 50, 3000, 2.88, 14.4, 1),    # MNIST, full sampling
 ])
-def test_theorem7_spec_illustration(m, K, T, c_printed, eps_printed, digits):
-    """Spec D.9.5 table (tau = 10, sigma/C = 5, delta = 1e-5, classic conversion)."""
+def test_theorem7_printed_illustration(m, K, T, c_printed, eps_printed, digits):
+    """Theorem 7 as printed (tau = 10, sigma/C = 5, delta = 1e-5, classic conversion)."""
     kw = dict(n_clients=m, n_sampled=K, n_iterations=T, sync_gap=10, clip_mu=1.0, noise_mu=5.0,
               clip_psi=1.0, noise_psi=5.0)
     c = A.theorem7_rdp(2.0, **kw) / 2.0
@@ -353,7 +353,7 @@ def test_theorem7_understates_femnist_epsilon(femnist):
     With the paper's own notion (replace-one, App. A.3) and sampling (fixed
     size), the RDP accountant gives epsilon ~ 26.3 against Theorem 7's
     ~ 5.16: a ratio ~ 5.1. Multiplying Theorem 7 by tau (the conservative fix
-    of spec D.9.7(a)) gives ~ 21.0, still below.
+    of errata [!13]) gives ~ 21.0, still below.
     """
     t7, fixed, res = femnist["theorem7"], femnist["theorem7_x_tau"], femnist["wor_rdp"]
     ratio = res.epsilon / t7

@@ -72,7 +72,7 @@ def test_dp_sweep_cli_reports_both_epsilons(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     runs = out["runs"]
     assert [r["noise_multiplier"] for r in runs] == [1.0, 4.0]
-    for r in runs:  # Theorem 7 understates epsilon (spec D.9.7)
+    for r in runs:  # Theorem 7 understates epsilon (errata [!13])
         assert r["epsilon_accountant"] > r["epsilon_theorem7"] > 0
     assert runs[0]["epsilon_accountant"] > runs[1]["epsilon_accountant"]  # more noise, less eps
     assert set(out["reference"]) == {"AdaPeD", "Local"}

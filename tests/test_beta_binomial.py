@@ -1,4 +1,4 @@
-"""Beta-Bernoulli empirical Bayes (spec C.5, C.6)."""
+"""Beta-Bernoulli empirical Bayes (eq. (6), Theorem 3 and the alternatives)."""
 
 import warnings
 
@@ -33,7 +33,7 @@ def test_known_prior_closed_form():
 
 
 def test_known_beta_mse_monte_carlo():
-    """Beta(2,2), n=14: posterior-mean MSE 0.0111111, local 0.0142857 (spec C.5, exact)."""
+    """Beta(2,2), n=14: posterior-mean MSE 0.0111111, local 0.0142857 (exact)."""
     pop = BetaBernoulliPopulation(2, 2)
     rng = np.random.default_rng(20261122)
     post, local = [], []
@@ -134,7 +134,7 @@ def test_loo_printed_with_equal_n_is_eq6_verbatim():
 
 
 def test_printed_weight_leans_local_and_corrected_does_not():
-    """Spec [!5]c: sigma_hat^2 estimates Var(xbar), not Var(p): printed a is biased up.
+    """Errata [!5]: sigma_hat^2 estimates Var(xbar), not Var(p): printed a is biased up.
 
     Population values for Beta(2,2), n=14: true a = 0.778, printed plug-in 0.829.
     """

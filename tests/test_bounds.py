@@ -1,4 +1,4 @@
-"""Closed-form values of the bounds module (spec C.1, C.5, C.6, B.8)."""
+"""Closed-form values of the bounds module (Theorems 1-4, the known-Beta-prior MSEs, E8)."""
 
 import numpy as np
 import pytest
@@ -12,7 +12,7 @@ def test_spec_reference_values():
     assert b.personalized == pytest.approx(0.0062510, abs=5e-8)
     assert b.local == pytest.approx(0.0166667, abs=5e-8)
     assert b.global_only == pytest.approx(0.0100007, abs=5e-8)
-    # The oracle equals (46); (47) equals Theorem 1 (spec C.1).
+    # The oracle equals (46); (47) equals Theorem 1 (errata [!19]).
     assert b.oracle == b.lower_known_prior == pytest.approx(0.375 * 0.25 / 15)
     assert b.lower_estimated_mean == pytest.approx(b.personalized, rel=1e-14)
 
@@ -50,7 +50,7 @@ def test_beta_values():
 def test_theorem3_rhs():
     m, n, a, b = 10_000, 14, 2.0, 2.0
     c2 = 3 * np.log(4 * m * m * n) / (m - 1)
-    assert c2 == pytest.approx(0.006734, abs=5e-7)  # spec C.6
+    assert c2 == pytest.approx(0.006734, abs=5e-7)  # Theorem 3's c^2 at m = 1e4, n = 14
     rhs = B.theorem3_rhs(0.6, 0.05, m, n, a, b)
     assert rhs == pytest.approx(0.6 * B.beta_local_mse(a, b, n) + 0.05 * (0.05 + c2))
 
@@ -76,7 +76,7 @@ def test_bad_input(call, match):
 
 
 def test_theorem2_private_values_match_spec_table():
-    """Spec B.8 (r = 1, delta = 1e-5) and C.3 (quantizer)."""
+    """Theorem 2 at r = 1, delta = 1e-5, and the quantizer's variance."""
     for eps, mse in ((0.1, 0.016600), (0.5, 0.015215), (1, 0.012572), (2, 0.0091513),
                      (5, 0.0068568), (10, 0.0064094)):
         value = B.theorem2_gaussian_mse(10_000, 15, 0.1, 0.5, eps, 1e-5, 1.0)
@@ -87,7 +87,7 @@ def test_theorem2_private_values_match_spec_table():
 
 
 def test_theorem4_rhs_and_constants():
-    """c_p^2 values of spec C.7 (m = 1e4, n = 14) and the 9x gap to Theorem 3 ([!5]e)."""
+    """Theorem 4's c_p^2 (m = 1e4, n = 14) and the 9x gap to Theorem 3 (errata [!5])."""
     m, n = 10_000, 14
     for eps, cp2 in ((0.5, 0.012474), (1, 0.003504), (2, 0.001290), (5, 0.000769)):
         got = B.theorem4_rhs(0.0, 1.0, m, n, 2, 2, eps) - 0.05

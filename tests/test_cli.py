@@ -1,6 +1,7 @@
 """The ``ebfl`` command line: one JSON object with --json, readable tables otherwise."""
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -83,6 +84,40 @@ def test_demo_json(capsys):
     assert {"gaussian", "beta_bernoulli"} == set(out)
     rows = {r["estimator"]: r for r in out["gaussian"]["rows"]}
     assert rows["Theorem 1 (sigmas known)"]["mse"] < rows["local mean"]["mse"]
+    assert all(r["mse_se"] > 0 for part in out.values() for r in part["rows"])
+
+
+def test_demo_prints_tables(capsys):
+    """Headings with the setting, the fitted prior, aligned columns, no Python reprs."""
+    assert main(["demo", "--clients", "2000", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "{" not in out and "[" not in out and "None" not in out
+    lines = out.splitlines()
+    assert lines[0] == ("Gaussian: m = 2000 clients, n = 15 samples each, prior N(mu = 0.3, "
+                        "sigma_theta = 0.1), sigma_x = 0.5")
+    assert lines[1].startswith("fitted by EB (MLE): mu = ")
+    assert "Beta-Bernoulli: m = 2000 clients, n = 14 trials each, prior Beta(alpha = 2, "\
+           "beta = 2)" in lines
+    assert max(map(len, lines)) <= 100
+    header = next(ln for ln in lines if ln.lstrip().startswith("estimator"))
+    row = next(ln for ln in lines if ln.lstrip().startswith("oracle (prior known)"))
+    # right-aligned numbers: each column ends where its header ends
+    for name in ("empirical MSE", "closed form", "ratio"):
+        end = header.index(name) + len(name)
+        assert row[end - 1] != " " and (end == len(row) or row[end] == " ")
+    assert "0.006250" in row  # Theorem 1's oracle MSE, 4 significant digits
+    eb = next(ln for ln in lines if ln.lstrip().startswith("EB, all unknown"))
+    assert eb.split()[-2:] == ["—", "—"]  # no closed form, no ratio
+    mle = next(ln for ln in lines if ln.lstrip().startswith("EB mle"))
+    assert re.search(r"  \(\d\.\d{3}, \d\.\d{3}\)  ", mle)  # the fitted Beta(alpha, beta)
+    assert sum(ln.startswith("What the numbers show:") for ln in lines) == 2
+
+
+def test_version(capsys):
+    from ebfl import __version__
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"ebfl {__version__}\n"
 
 
 def test_fit_refuses_missing_client_ids(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""Discrete-mixture priors: Theorem 5, Lemma 1 and Algorithm 1 (spec C.8, C.9)."""
+"""Discrete-mixture priors: Theorem 5, Lemma 1 and Algorithm 1."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Gaussian empirical Bayes (spec C.1, C.2): Theorem 1 and the unknown-prior fits."""
+"""Gaussian empirical Bayes: Theorem 1 and the unknown-prior fits."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Gaussian-mixture prior fitted by EM (spec C.8, C.9, D.0): ebfl.eb.gaussian_mixture."""
+"""Gaussian-mixture prior fitted by EM (ebfl.eb.gaussian_mixture; the regularizer of (21))."""
 
 import dataclasses
 
@@ -430,7 +430,7 @@ def test_tiny_standard_errors_and_huge_sds_are_refused_clearly():
 
 @pytest.mark.parametrize("d", [1, 3])
 def test_prior_logpdf_is_the_corrected_d0_regularizer(d):
-    """Spec D.0, corrected: -sum_i logpdf(theta_i)
+    """The regularizer of (21), corrected (errata [!9]): -sum_i logpdf(theta_i)
     = -sum_i log sum_l p_l (2 pi tau_l^2)^(-d/2) exp(-|mu_l - theta_i|^2 / (2 tau_l^2))."""
     rng = np.random.default_rng(90 + d)
     means = rng.normal(size=(3, d))

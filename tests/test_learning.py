@@ -300,11 +300,11 @@ def test_laplace_prox_step_solves_the_lasso_and_prior_is_median():
         lasso = Lasso(alpha=sx / (15 * b), fit_intercept=False, tol=1e-12, max_iter=100_000)
         lasso.fit(X[i], Y[i] - X[i] @ mu)
         np.testing.assert_allclose(res.theta[i], mu + lasso.coef_, atol=1e-6)
-    # The server's update is the block minimizer of the current models (spec D.5)...
+    # The server's update is the block minimizer of the current models (Algorithm 2)...
     alg = LaplaceLinear(0.01, sx)
     one = alg.round(alg.init(data, None), data, np.arange(3), None)
     np.testing.assert_allclose(one["mu"], np.median(one["theta"], axis=0))
     assert one["b"] == pytest.approx(np.mean(np.abs(one["theta"] - one["mu"])))
     # ...and iterating it collapses b like sigma_theta^2 in Algorithm 2: the joint MAP
-    # over (theta, mu, b) is unbounded below (spec [!10]); b stops at the floor.
+    # over (theta, mu, b) is unbounded below (errata [!10]); b stops at the floor.
     assert run_federated(alg, data, 200).state["b"] == alg.floor

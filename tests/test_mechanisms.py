@@ -204,7 +204,7 @@ def test_l2_calibration_is_tight_and_agrees_with_dp_accounting():
 
 
 def test_paper_calibration_underprotects_vectors():
-    """Spec [!4]: per-coordinate noise for a d-vector gives far less than (eps, delta)-LDP."""
+    """Errata [!4]: per-coordinate noise for a d-vector gives far less than (eps, delta)-LDP."""
     paper = _paper(1.0, 1e-5, 1.0, d=100)
     tight = GaussianMechanism(1.0, 1e-5, 1.0, d=100, calibration="l2")
     assert tight.sigma > 5 * paper.sigma

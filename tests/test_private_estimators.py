@@ -55,7 +55,7 @@ def test_quantized_is_an_upper_bound_off_the_midpoint():
 def test_gaussian_mechanism_monte_carlo_matches_theorem2():
     b = paper_clip_range(R_MU, M, N, ST, SX)
     formula = B.theorem2_gaussian_mse(M, N, ST, SX, 1.0, 1e-5, R_MU)
-    assert formula == pytest.approx(0.012572, abs=5e-7)  # spec B.8
+    assert formula == pytest.approx(0.012572, abs=5e-7)  # Theorem 2's bound
     mse, se = _mc_mse(GaussianMechanism(1.0, 1e-5, b), 0.3, 100, seed=5)
     assert abs(mse - formula) <= Z_MC * se, (mse, formula, se)
 
@@ -74,7 +74,7 @@ def test_private_gaussian_is_theorem2_form_and_fits_sigma_theta():
 
 
 def test_paper_private_weight_does_not_learn_spread():
-    """Spec [!5]d values for mu = 0.5, n = 14: a_priv ~ 0.985 (eps=1), 0.935 (eps=5), 0.933."""
+    """Errata [!5] values for mu = 0.5, n = 14: a_priv ~ 0.985 (eps=1), 0.935 (eps=5), 0.933."""
     pop = BetaBernoulliPopulation(2, 2)
     p, z, n = pop.sample_sufficient(M, 14, rng=0)
     for eps, want in ((1.0, 0.985), (5.0, 0.935), (50.0, 0.933)):

@@ -1,4 +1,4 @@
-"""Monte Carlo validation engine and checks (ebfl.validation), spec C.0 and C.11."""
+"""Monte Carlo validation engine and checks (ebfl.validation)."""
 
 import math
 

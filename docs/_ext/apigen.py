@@ -55,7 +55,7 @@ SECTIONS = [
       "ebfl.datasets.leaf", "ebfl.datasets.tff_emnist", "ebfl.datasets.uci_har",
       "ebfl.datasets.hapt", "ebfl.datasets.hapt_uci"]),
     ("Experiments (the papers' reproductions)",
-     ["ebfl.experiments.estimation", "ebfl.experiments.election",
+     ["ebfl.experiments", "ebfl.experiments.estimation", "ebfl.experiments.election",
       "ebfl.experiments.regression", "ebfl.experiments.hapt", "ebfl.experiments.adaped",
       "ebfl.experiments.fedhdp", "ebfl.experiments.fedhdp_data", "ebfl.experiments.perada",
       "ebfl.experiments.perada_data", "ebfl.experiments.dppfl"]),
@@ -84,10 +84,10 @@ def exported(module: str) -> list[tuple[str, object]]:
     return out
 
 
-def _key(obj):
-    # Constants (str, tuple, int) are shared by value, not identity; key them by id
-    # only when they are functions or classes.
-    return id(obj) if (inspect.isclass(obj) or callable(obj)) else None
+def _key(name, obj):
+    # The same object exported under the same name is documented once. Constants are
+    # matched by name too: equal small ints or strings may be one interned object.
+    return (id(obj), name)
 
 
 def plan():
@@ -95,21 +95,16 @@ def plan():
     listed = [m for _, mods in SECTIONS for m in mods]
     others = [m for m in public_modules() if m not in listed and m != "ebfl"]
     sections = SECTIONS + ([("Other modules", others)] if others else [])
-    home: dict[int, str] = {}
+    home: dict[tuple[int, str], str] = {}
     out = []
     for title, modules in sections:
         pages = []
         for module in modules:
             rows = []
             for name, obj in exported(module):
-                key = _key(obj)
+                key = _key(name, obj)
                 full = f"{module}.{name}"
-                if key is not None and key in home:
-                    rows.append((name, home[key]))
-                else:
-                    if key is not None:
-                        home[key] = full
-                    rows.append((name, full))
+                rows.append((name, home.setdefault(key, full)))
             pages.append((module, rows))
         out.append((title, pages))
     return out
@@ -120,7 +115,9 @@ def _module_page(module: str, rows) -> str:
     shared = [(name, full) for name, full in rows if full != f"{module}.{name}"]
     lines = [module, "=" * len(module), "", f".. automodule:: {module}", "   :no-members:", ""]
     if own:
-        lines += [f".. currentmodule:: {module}", "", ".. autosummary::",
+        # A heading of its own, so that the table does not land inside the last
+        # section of the module docstring.
+        lines += ["Contents", "-" * 8, "", f".. currentmodule:: {module}", "", ".. autosummary::",
                   "   :toctree: objects", "   :nosignatures:", ""]
         lines += [f"   {name}" for name in own] + [""]
     if shared:
@@ -155,6 +152,119 @@ def write_pages(outdir: Path) -> list[Path]:
     return written
 
 
+def _homes() -> dict[int, str]:
+    """``id(object) -> documented name`` of the functions, classes and containers."""
+    homes = {}
+    for _, pages in plan():
+        for module, rows in pages:
+            mod = importlib.import_module(module)
+            for name, full in rows:
+                obj = getattr(mod, name)
+                # Not scalars: equal small ints and strings may be one interned object.
+                if callable(obj) or isinstance(obj, (tuple, list, dict, frozenset)):
+                    homes.setdefault(id(obj), full)
+    return homes
+
+
+def _object_at(path: str):
+    """The object at dotted ``path``, or None."""
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for part in parts[i:]:
+            obj = getattr(obj, part, None)
+        return obj
+    return None
+
+
+def _documented_name(path: str, homes: dict[int, str]) -> str | None:
+    """Where the object at ``path`` (any module path that exports it) is documented."""
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        chain = []
+        for part in parts[i:]:
+            obj = getattr(obj, part, None)
+            if obj is None:
+                return None
+            chain.append(obj)
+        if len(chain) >= 2 and inspect.isclass(chain[-2]):
+            # A member: documented on the class of the MRO that defines it.
+            for klass in chain[-2].__mro__:
+                if parts[-1] in vars(klass) and id(klass) in homes:
+                    return f"{homes[id(klass)]}.{parts[-1]}"
+        for k in range(len(chain) - 1, -1, -1):
+            if id(chain[k]) in homes:
+                return ".".join([homes[id(chain[k])], *parts[i + k + 1:]])
+        return None
+    return None
+
+
+def _missing_reference(app, env, node, contnode):
+    """Resolve a Python reference by any path that exports the object.
+
+    Each object has one page, under the first module that exports it; docstrings
+    refer to objects by their defining module (``ebfl.eb.gaussian.gaussian_eb``), by
+    a name relative to the current module or class, or by a member inherited from a
+    documented class, which Sphinx alone cannot match to that page.
+    """
+    if node.get("refdomain") != "py":
+        return None
+    if not hasattr(app.env, "_ebfl_homes"):
+        app.env._ebfl_homes = _homes()
+    homes = app.env._ebfl_homes
+    target = node["reftarget"].lstrip("~.")
+    module, cls = node.get("py:module"), node.get("py:class")
+    candidates = [target]
+    if module:
+        candidates.insert(0, f"{module}.{target}")
+        if cls:
+            candidates.insert(0, f"{module}.{cls}.{target}")
+    # Names in a docstring refer to the module that defines the documented object.
+    page = node.get("refdoc", "")
+    contexts = [_object_at(f"{module}.{cls}" if module and cls else module or "")]
+    if page.startswith("api/objects/"):
+        contexts.append(_object_at(page.rpartition("/")[2]))
+    for context in contexts:
+        defining = getattr(context, "__module__", None) or getattr(context, "__name__", None)
+        if defining:
+            candidates.append(f"{defining}.{target}")
+            if cls:
+                candidates.append(f"{defining}.{cls}.{target}")
+    domain = env.get_domain("py")
+    for candidate in candidates:
+        # "obj" matches any object type: autosummary documents module constants as
+        # attributes, which a :data: role alone does not find.
+        for name in (_documented_name(candidate, homes), candidate):
+            if name:
+                found = domain.resolve_xref(env, node["refdoc"], app.builder, "obj", name,
+                                            node, contnode)
+                if found is not None:
+                    return found
+    return None
+
+
+def _public_bases(app, name, obj, options, bases):
+    """Show a class's public ancestors in place of private helper bases."""
+    out = []
+    pending = list(bases)
+    while pending:
+        base = pending.pop(0)
+        if base.__name__.startswith("_") and base.__module__.startswith("ebfl"):
+            pending[:0] = [b for b in base.__bases__ if b is not object]
+        elif base not in out:
+            out.append(base)
+    bases[:] = out
+
+
 def setup(app):
     write_pages(Path(app.srcdir) / "api")
+    app.connect("missing-reference", _missing_reference)
+    app.connect("autodoc-process-bases", _public_bases)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

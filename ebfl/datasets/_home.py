@@ -1,7 +1,8 @@
 """The data home and checksum-verified fetching.
 
 Data are never shipped with ebfl. Each dataset has a manifest in ``data/manifests``
-(official source, licence, accepted files and their sha256, a pinned download URL).
+(official source, licence, accepted files and their sha256, a pinned download URL);
+an installed ebfl carries the manifests as ``ebfl/_data/manifests``.
 A dataset is looked up in ``<data home>/<directory>/``; the data home is the
 ``EBFL_DATA`` environment variable if set, else a per-user cache directory
 (``pooch.os_cache("ebfl")``, e.g. ``~/.cache/ebfl`` on Linux).
@@ -27,7 +28,7 @@ import os
 import zlib
 from pathlib import Path
 
-from ebfl._paths import REPO_DATA
+from ebfl._paths import data_file
 
 __all__ = ["content_sha256", "data_home", "dataset_file", "dataset_path", "fetch", "manifest",
            "sha256"]
@@ -59,11 +60,7 @@ def data_home() -> Path:
 
 def manifest(name) -> dict:
     """The manifest ``data/manifests/<name>.json`` of a dataset."""
-    path = REPO_DATA / "manifests" / f"{name}.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"no manifest {path}: dataset manifests ship with the source "
-                                "tree (install ebfl from a clone with `pip install -e .`)")
-    return json.loads(path.read_text())
+    return json.loads(data_file("manifests", f"{name}.json").read_text())
 
 
 def sha256(path) -> str:

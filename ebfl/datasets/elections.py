@@ -35,6 +35,7 @@ from ebfl.datasets._home import (
 
 __all__ = ["ELECTION_YEARS", "ElectionMatrix", "election_matrix", "load_county_returns"]
 
+#: The presidential election years of the county returns, 2000 to 2020.
 ELECTION_YEARS = (2000, 2004, 2008, 2012, 2016, 2020)
 _COLUMNS = ("year", "state_po", "county_name", "county_fips", "party", "candidatevotes", "mode")
 

@@ -45,6 +45,7 @@ __all__ = ["ACTIVITIES", "feature_names", "hapt_windows", "load_hapt_raw", "spli
            "standardized_clients"]
 
 FS = 50.0
+#: Names of the six basic activities (labels 1-6), as in UCI HAR.
 ACTIVITIES = {1: "WALKING", 2: "WALKING_UPSTAIRS", 3: "WALKING_DOWNSTAIRS", 4: "SITTING",
               5: "STANDING", 6: "LAYING"}
 _SIGNALS = ("tBodyAcc", "tGravityAcc", "tBodyGyro")

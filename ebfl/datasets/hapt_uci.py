@@ -5,7 +5,7 @@ per experiment XX of user YY, ``acc_expXX_userYY.txt`` and
 ``gyro_expXX_userYY.txt`` (one 50 Hz sample per row, three columns) and one
 ``labels.txt`` (rows: experiment, user, activity, start, end).
 :func:`read_uci_hapt_zip` turns them into the arrays of
-:func:`ebfl.datasets.load_hapt_raw`, so either source feeds :func:`hapt_windows`.
+:func:`ebfl.datasets.load_hapt_raw`, so either source feeds :func:`ebfl.datasets.hapt_windows`.
 
 UCI publishes no checksum for the zip, so :func:`fetch_uci_hapt` cannot verify
 it: it reports the sha256 of what arrived, and downloads only when asked.

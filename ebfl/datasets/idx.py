@@ -31,7 +31,9 @@ __all__ = ["FASHION_MNIST_CLASSES", "MNIST_CLASSES", "LabelledImages", "load_fas
 #: IDX data type codes (third byte of the magic number) and their big-endian dtypes.
 IDX_DTYPES = {0x08: np.dtype("u1"), 0x09: np.dtype("i1"), 0x0B: np.dtype(">i2"),
               0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
+#: MNIST's classes, indexed by label: the digits "0" to "9".
 MNIST_CLASSES = tuple(str(d) for d in range(10))
+#: Fashion-MNIST's classes, indexed by label.
 FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal",
                          "Shirt", "Sneaker", "Bag", "Ankle boot")
 

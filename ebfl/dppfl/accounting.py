@@ -15,7 +15,8 @@ sigma1 at rate q, composed with a Gaussian mechanism of noise multiplier sigma2.
 A device active in all K H global iterations (K inner iterations per Omega-step,
 H Omega-steps) makes K H releases (:func:`releases_of`). Whether a device drops
 out of an iteration is seen by the server, so no amplification is credited to
-the active probability p here, although Theorem 5 credits it.
+the active probability p here, although Theorem 5 credits it (errata
+[DP-PFL 4]).
 
 Four things live here:
 

@@ -8,7 +8,7 @@ global iterations the server replaces Omega by the closed-form Omega-step, H
 times. See :func:`fit_dppfl`.
 
 Where the paper leaves a choice open, the choices are those documented in
-:func:`fit_dppfl` and on the project's errata page (docs/errata.md).
+:func:`fit_dppfl` and in errata [DP-PFL 10] (docs/errata.md).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class PrivacySetting:
         s2 of the upload: 2 xi ||Delta alpha_t + b_t|| as Corollary 3 states it
         (computed from the noisy dual update, the output of line 6, so the
         adaptive composition of the two releases covers it), or the
-        data-independent 2 xi, which bounds 2 xi |Delta alpha_t^i| for the
+        data-independent 2 xi, which bounds ``2 xi |Delta alpha_t^i|`` for the
         clean hinge-loss update but not for the noisy one (b_t is unbounded):
         an alternative reading, not a guarantee.
     calibration : {"theorem5", "rdp", "per_iteration"}
@@ -87,8 +87,8 @@ class PrivacySetting:
         printed, or ``"box"``: sqrt(n_t), the diameter of the hinge losses'
         dual box (every alpha_t^i y_t^i lies in [0, 1], so two local solutions
         differ by at most 1 per coordinate). Corollary 2's bound does not hold
-        (``ebfl validate dppfl_corollary2``: it is exceeded up to 500-fold at
-        the paper's scale), so only ``"box"`` makes the noise of line 6 a
+        (errata [DP-PFL 2]; ``ebfl validate dppfl_corollary2``: at the paper's scale the
+        hinge loss exceeds it 569-fold), so only ``"box"`` makes the noise of line 6 a
         guarantee; with ``calibration="rdp"`` it is the corrected variant.
     """
 

@@ -42,7 +42,7 @@ SITTING = 4
 def l2_normalize(X):
     """Rows of ``X`` scaled to unit l2 norm; an all-zero row stays zero.
 
-    Each row is first divided by its largest |entry|, so that squaring cannot
+    Each row is first divided by its largest ``|entry|``, so that squaring cannot
     overflow or underflow (``np.linalg.norm`` squares the raw values).
 
     Parameters

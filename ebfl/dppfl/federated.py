@@ -16,7 +16,7 @@ same object runs in process (:func:`ebfl.federated.run`) and on Flower
    iteration, takes the Omega-step (eq. (2)-(3), line 13) on the most recent W.
 
 The devices draw every random number (dropping, local iteration count, SDCA
-coordinates, noise) from the streams of :mod:`ebfl.dppfl._kernels`, keyed by
+coordinates, noise) from the streams of the private ``ebfl.dppfl._kernels``, keyed by
 (seed, iteration, device, purpose), and run the very kernel of
 :func:`ebfl.dppfl.fit_dppfl`; so a run of ``K H`` rounds gives the same V,
 Omega and alpha as ``fit_dppfl(..., inner=K, outer=H)`` with the same seed.

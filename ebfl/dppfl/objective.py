@@ -2,7 +2,7 @@
 
 DP-PFL (Hu et al., IEEE IoT J. 2020) learns one linear model w_t per device
 and a task-covariance matrix Omega (the MOCHA formulation of Smith et al.,
-2017), problem (1):
+2017), problem (1)::
 
     min_{W, Omega}  sum_t sum_i l(w_t^T x_t^i, y_t^i) + lambda tr(W Omega^{-1} W^T),
     Omega >= 0, tr(Omega) = 1.
@@ -69,7 +69,7 @@ def device_sums(X, alpha, offsets):
 
 
 def primal_dual_map(X, alpha, offsets, omega, lam):
-    """Eq. (6): W(alpha) = Omega [X_t alpha_t]_t / (2 lambda), one model per row."""
+    """Equation (6): W(alpha) = Omega [X_t alpha_t]_t / (2 lambda), one model per row."""
     lam = check_positive_scalar(lam, "lam")
     return np.asarray(omega, dtype=np.float64) @ device_sums(X, alpha, offsets) / (2.0 * lam)
 
@@ -121,7 +121,7 @@ def duality_gap(X, y, offsets, alpha, omega, lam, loss="hinge", gamma=1.0):
 
 
 def omega_step(W, previous=None):
-    """Eq. (2)-(3): Omega* = (W^T W)^{1/2} / tr((W^T W)^{1/2}) for models W (m, d).
+    """Equations (2)-(3): Omega* = (W^T W)^{1/2} / tr((W^T W)^{1/2}) for models W (m, d).
 
     The square root is taken by an eigendecomposition of the Gram matrix of the
     models, negative rounding eigenvalues clamped to 0. When every model is

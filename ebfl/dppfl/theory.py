@@ -1,7 +1,7 @@
 """The convergence and sensitivity theory of DP-PFL, computed exactly on given instances.
 
 DP-PFL (Hu et al., IEEE IoT J. 2020) solves the dual (5) of the multitask
-problem by letting every device t minimize its local subproblem (7),
+problem by letting every device t minimize its local subproblem (7)::
 
     G_t^beta(Delta alpha_t) = sum_i l*(-alpha_t^i - Delta alpha_t^i) + w_t^T X_t Delta alpha_t
                               + beta / (4 lambda) ||X_t Delta alpha_t||^2_{Omega~_t},
@@ -30,19 +30,19 @@ device t at ``offsets[t]:offsets[t + 1]``, and models are the rows of ``W``.
 
 Errors of the paper found here (each function's notes give the details):
 
-* Lemma 1 is false with (7) as printed: (7) lacks MOCHA's constant
-  ||X alpha||^2_{Omega~} / (4 lambda m) per device, and at Delta alpha = 0
-  the inequality fails by xi ||X alpha||^2_{Omega~} / (4 lambda).
-* Corollary 1 is false: the quadratic of (7) has rank <= d < n_t, so G is no
-  more strongly convex than l* (not at all for the hinge loss), and the
-  claimed modulus beta n_t / (2 lambda) lacks Omega_tt.
-* Corollary 2 fails for small lambda: replacing one sample can move its own
-  dual coordinate from 0 to 1 (hinge) while the bound (8 lambda + beta) /
-  (beta n_t) is about 1 / n_t.
-* Theorem 4's statement and proof disagree in their constants (the
-  statement's counts come out the larger, so the proof still implies it),
-  and in both the log term of k_0 is multiplied by the rate constant
-  (1 - xi)(1 - Theta) where the recursion (15) needs its inverse.
+* Lemma 1 is false with (7) as printed (errata [DP-PFL 3]): (7) lacks
+  MOCHA's constant ||X alpha||^2_{Omega~} / (4 lambda m) per device, and at
+  Delta alpha = 0 the inequality fails by xi ||X alpha||^2_{Omega~} / (4 lambda).
+* Corollary 1 is false (errata [DP-PFL 1]): the quadratic of (7) has rank
+  <= d < n_t, so G is no more strongly convex than l* (not at all for the
+  hinge loss), and the claimed modulus beta n_t / (2 lambda) lacks Omega_tt.
+* Corollary 2 fails for small lambda (errata [DP-PFL 2]): replacing one sample
+  can move its own dual coordinate from 0 to 1 (hinge) while the bound
+  (8 lambda + beta) / (beta n_t) is about 1 / n_t.
+* Theorem 4's statement and proof disagree in their constants (errata
+  [DP-PFL 8]; the statement's counts come out the larger, so the proof still
+  implies it), and in both the log term of k_0 is multiplied by the rate
+  constant (1 - xi)(1 - Theta) where the recursion (15) needs its inverse.
 """
 
 from __future__ import annotations
@@ -543,7 +543,7 @@ def solve_local_exactly(X_t, y_t, alpha_t, w_t, omega_tt, lam, beta, loss="hinge
 
 def local_solution_quality(dalpha_t, X_t, y_t, alpha_t, w_t, omega_tt, lam, beta,
                            loss="hinge", gamma=1.0, *, tol=1e-10):
-    """theta of Definition 1, eq. (8): how far an approximate local solution is from exact.
+    """theta of Definition 1, equation (8): how far an approximate local solution is from exact.
 
     theta = (G(Delta alpha_t) - G(Delta alpha_t*)) / (G(0) - G(Delta alpha_t*)),
     0 for an exact solution and 1 for no progress (0 when G(0) is already
@@ -891,7 +891,7 @@ class Corollary2Result:
         :class:`LocalSolution`): every pair of minimizers differs by at least
         this much. Equal to ``difference`` when both minimizers are unique.
     coordinate_difference : float
-        |Delta alpha_t^j - Delta alpha_t'^j| at the replaced sample.
+        ``|Delta alpha_t^j - Delta alpha_t'^j|`` at the replaced sample.
     bound : float
         (8 lambda + beta) / (beta n_t).
     ratio : float
@@ -987,9 +987,9 @@ def corollary3_difference(X_t, dalpha_t, xi, j, x_new):
 
     The upload u_t = xi X_t Delta alpha_t changes by xi Delta alpha_t^j
     (x_j - x_new) when row ``j`` is replaced by ``x_new`` (Delta alpha_t held
-    fixed), whose norm is at most 2 xi |Delta alpha_t^j| <= 2 xi ||Delta
-    alpha_t||_2, the corollary's bound (true, but loose by ||Delta alpha_t|| /
-    max_i |Delta alpha_t^i|).
+    fixed), whose norm is at most ``2 xi |Delta alpha_t^j| <= 2 xi ||Delta
+    alpha_t||_2``, the corollary's bound (true, but loose by ``||Delta alpha_t|| /
+    max_i |Delta alpha_t^i|``).
 
     Parameters
     ----------
@@ -1146,7 +1146,7 @@ def _xi_theta(xi, theta):
 
 
 def theorem3_rate(xi, theta, s):
-    """The contraction 1 - (1 - xi) xi (1 - Theta) s of Theorem 3, eq. (14) and (16).
+    """The contraction 1 - (1 - xi) xi (1 - Theta) s of Theorem 3, equations (14) and (16).
 
     E[D(alpha^{k+1}) - D*] <= rate (D(alpha^k) - D*) for (1/mu)-smooth losses
     in DP-PFL (Hu et al., IEEE IoT J. 2020).
@@ -1282,13 +1282,13 @@ def theorem4_iterations(sizes, lam, eps_G, xi, theta=0.0, *, L=1.0, initial_gap=
                         beta=None, form="printed"):
     """The iteration counts of Theorem 4 of DP-PFL (Hu et al., IEEE IoT J. 2020), two versions.
 
-    Printed statement (A = m L^2 sum_t n_t^2 / (lambda n^2), eta = (1 - xi)(1 - Theta)):
+    Printed statement (A = m L^2 sum_t n_t^2 / (lambda n^2), eta = (1 - xi)(1 - Theta))::
 
         k0 = max(0, ceil(eta log(gap0 / (A / 2))))
         K0 = k0 + ceil(2 / eta (4 A / eps_G - 1))
         K  = K0 + ceil(max(1, 2 A / eps_G) / eta)
 
-    End of the proof (B = 2 L^2 beta sum_t n_t^2 / (lambda n^2), eta' = xi eta):
+    End of the proof (B = 2 L^2 beta sum_t n_t^2 / (lambda n^2), eta' = xi eta)::
 
         k0 = max(0, ceil(eta' log(gap0 / B)))
         K0 = k0 + ceil(2 / eta' (2 B / eps_G - 1))

@@ -30,6 +30,7 @@ _LOO_VARIANTS = {
     "loo_proof": _kernels.LOO_PROOF,
     "loo_corrected": _kernels.LOO_CORRECTED,
 }
+#: The values of :func:`beta_binomial_eb`'s ``method``.
 METHODS = ("mle", "moments", *_LOO_VARIANTS)
 
 def bernoulli_counts(data):

@@ -3,7 +3,7 @@
 Client parameters take one of k values, theta_i in {mu_1, ..., mu_k} with
 probabilities p_l, and client i reports xbar_i ~ N(theta_i, s_i^2 I_d) with
 s_i = sigma_x / sqrt(n_i). Only xbar_i matters: the full-data
-exponent sum_j |X_ij - mu_l|^2 differs from n_i |xbar_i - mu_l|^2 by a term
+exponent ``sum_j |X_ij - mu_l|^2`` differs from ``n_i |xbar_i - mu_l|^2`` by a term
 that does not depend on l.
 """
 
@@ -48,7 +48,7 @@ class DiscretePosterior:
     mean : ndarray of shape (m,) or (m, d)
         Posterior means sum_l w_il mu_l, the Bayes (MMSE) estimates, eq. (9).
     var : ndarray of shape (m,)
-        Posterior variance per coordinate: sum_l w_il |mu_l - mean_i|^2 / d.
+        Posterior variance per coordinate: ``sum_l w_il |mu_l - mean_i|^2 / d``.
     weights : ndarray of shape (m, k)
         Posterior probabilities w_il of the atoms.
     atoms : ndarray of shape (k,) or (k, d)
@@ -108,11 +108,11 @@ def discrete_posterior(x, s, atoms, probs):
     Parameters
     ----------
     x : array_like, shape (m,) or (m, d)
-        Client means xbar_i, each |value| <= 1e150.
+        Client means xbar_i, each ``|value| <= 1e150``.
     s : float or array_like, shape (m,)
         Their standard errors sigma_x / sqrt(n_i), in [1e-150, 1e150].
     atoms : array_like, shape (k,) or (k, d)
-        Support mu_1..mu_k of the prior, each |value| <= 1e150.
+        Support mu_1..mu_k of the prior, each ``|value| <= 1e150``.
     probs : array_like, shape (k,)
         Prior probabilities p_l (>= 0, summing to 1).
 
@@ -179,7 +179,7 @@ def _far_posterior(x2, s, atoms2, log_prob):
 def expected_posterior_variance(atoms, probs, sigma_x, n, *, n_samples=100_000, rng=None):
     """Monte Carlo estimate of the Bayes risk (MMSE) of Theorem 5's estimator.
 
-    The MMSE is E[sum_l w_l |mu_l - theta_hat|^2], the expected posterior variance
+    The MMSE is ``E[sum_l w_l |mu_l - theta_hat|^2]``, the expected posterior variance
     (summed over coordinates). Draws theta ~ prior and
     xbar ~ N(theta, sigma_x^2/n I).
 
@@ -202,7 +202,7 @@ def expected_posterior_variance(atoms, probs, sigma_x, n, *, n_samples=100_000, 
 
 
 def lemma1_radius(d, sigma_x, n, m, r):
-    r"""Lemma 1's radius: with probability >= 1 - 1/(mn) every |xbar_i| is at most
+    r"""Lemma 1's radius: with probability >= 1 - 1/(mn) every ``|xbar_i|`` is at most
 
     .. math:: 4\sqrt{d\sigma_x^2/n} + 2\sqrt{\log(m^2 n)\sigma_x^2/n} + r.
 
@@ -215,7 +215,7 @@ def lemma1_radius(d, sigma_x, n, m, r):
     n, m : int
         Samples per client and number of clients.
     r : float
-        Bound on the atoms' norms, |mu_l| <= r.
+        Bound on the atoms' norms, ``|mu_l| <= r``.
 
     Examples
     --------
@@ -261,12 +261,12 @@ class DiscreteMixtureFit:
     atoms : ndarray of shape (k,) or (k, d)
         The last clustering's centres mu_l^(T).
     probs : ndarray of shape (k,)
-        Cluster proportions p_l^(T) = |S_l| / m.
+        Cluster proportions ``p_l^(T) = |S_l| / m``.
     posterior : DiscretePosterior
         Theorem 5 posterior under (atoms, probs), whose mean is ``estimate``.
     history : list of dict
         Per iteration t: ``atoms``, ``probs``, ``max_change`` (largest
-        |theta_i^t - theta_i^(t-1)|) and ``n_clipped`` (coordinates or vectors
+        ``|theta_i^t - theta_i^(t-1)|``) and ``n_clipped`` (coordinates or vectors
         clipped before sending).
     privacy : dict or None
         For a private channel: per-round (epsilon, delta), the number of
@@ -292,7 +292,7 @@ def discrete_mixture_eb(xbar, n, *, sigma_x, n_atoms, n_iter=10, cluster=kmeans_
     r"""Algorithm 1: personalized estimation with an unknown discrete-mixture prior.
 
     theta_i^0 = xbar_i; then for t = 1..T the server clusters the clients' latest
-    theta^(t-1) into k groups (centres mu_l^(t), proportions p_l^(t) = |S_l|/m),
+    theta^(t-1) into k groups (centres mu_l^(t), proportions ``p_l^(t) = |S_l|/m``),
     broadcasts them, and each client updates theta_i^t to the Theorem 5 posterior
     mean under that prior. The server clusters before the clients update (the
     printed step order is ambiguous; this is the order that makes it well defined).
@@ -300,7 +300,7 @@ def discrete_mixture_eb(xbar, n, *, sigma_x, n_atoms, n_iter=10, cluster=kmeans_
     Parameters
     ----------
     xbar : array_like, shape (m,) or (m, d)
-        Client means, each |value| <= 1e150.
+        Client means, each ``|value| <= 1e150``.
     n : int or array_like of int, shape (m,)
         Samples per client, >= 1.
     sigma_x : float
@@ -311,7 +311,7 @@ def discrete_mixture_eb(xbar, n, *, sigma_x, n_atoms, n_iter=10, cluster=kmeans_
         T.
     cluster : callable, default=kmeans_cluster
         ``cluster(points, k, rng) -> (centres (k, d), labels (m,))``; the
-        centres must be finite with |value| <= 1e150, the labels in 0..k-1.
+        centres must be finite with ``|value| <= 1e150``, the labels in 0..k-1.
     mechanism : Mechanism, optional
         What each client applies to theta_i^(t-1) before sending it (Lemma 1
         recipe): the vector is first clipped to the L2 ball of ``radius``, then

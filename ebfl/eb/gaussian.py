@@ -45,7 +45,7 @@ GRID_FLOOR = 1e-3
 
 
 def personalized_gaussian(xbar, n, *, sigma_theta, sigma_x, shared=None, sigma_q=0.0):
-    r"""The paper's personalized Gaussian estimator, Theorem 1 and eq. (4) of Theorem 2.
+    r"""The paper's personalized Gaussian estimator, Theorem 1 and equation (4) of Theorem 2.
 
     theta_hat_i = a xbar_i + (1 - a) mu_hat, with mu_hat the plain average of what
     the clients shared and
@@ -68,7 +68,7 @@ def personalized_gaussian(xbar, n, *, sigma_theta, sigma_x, shared=None, sigma_q
         defaults to ``xbar`` itself (Theorem 1).
     sigma_q : float, default=0
         Per-coordinate standard deviation of the sharing mechanism q, so that
-        E|q(x) - x|^2 <= d sigma_q^2 (Theorem 2).
+        ``E|q(x) - x|^2 <= d sigma_q^2`` (Theorem 2).
 
     Returns
     -------
@@ -138,18 +138,18 @@ def gaussian_eb(x, s, *, method="mle", prior_mean=None, prior_sd=None):
           prior, which removes the downward bias of the ML variance.
         - ``"dl"``: the DerSimonian-Laird moment estimator (metafor's ``"DL"``),
           sigma_theta^2 = max(0, (Q - d(m-1)) / (d (sum w - sum w^2 / sum w)))
-          with w_i = 1/s_i^2 and Q = sum_i w_i |x_i - xbar_w|^2, xbar_w the
+          with w_i = 1/s_i^2 and ``Q = sum_i w_i |x_i - xbar_w|^2``, xbar_w the
           w-weighted mean. For d > 1 the coordinates are pooled: Q sums over
           them and its expectation is d(m-1) + d sigma_theta^2 (sum w - sum w^2/sum w).
-        - ``"moments"``: sigma_theta^2 = max(0, sum_i |x_i - xbar|^2 / (d (m-1))
-          - mean_i s_i^2) with xbar the plain mean (unbiased for equal s_i).
+        - ``"moments"``: ``sigma_theta^2 = max(0, sum_i |x_i - xbar|^2 / (d (m-1))
+          - mean_i s_i^2)`` with xbar the plain mean (unbiased for equal s_i).
     prior_mean : float or array_like of shape (d,), optional
         Known mu. If None, mu is estimated by the precision-weighted mean
         sum_i w_i x_i / sum_i w_i, w_i = 1/(sigma_theta^2 + s_i^2) (its MLE, and
         the mean metafor reports for every method), or by the plain mean for
         ``method="moments"``. When given, ``"moments"`` divides by d m instead of
         d(m-1), ``"dl"`` uses sigma_theta^2 = max(0, (Q_0 - d m) / (d sum w)) with
-        Q_0 = sum_i w_i |x_i - mu|^2, and ``"reml"`` is the same as ``"mle"``
+        ``Q_0 = sum_i w_i |x_i - mu|^2``, and ``"reml"`` is the same as ``"mle"``
         (there is no mean to integrate out).
     prior_sd : float, optional
         Known sigma_theta, in [0, 1e150]. If None, it is estimated by ``method``.
@@ -264,7 +264,7 @@ def gaussian_eb_samples(data, *, sigma_x=None, **kwargs):
 
     Computes every client's mean (Numba kernel, one pass) and, when
     ``sigma_x`` is unknown, the pooled within-client estimate
-    sigma_x^2 = sum_i sum_j |X_ij - xbar_i|^2 / (d sum_i (n_i - 1)); then calls
+    ``sigma_x^2 = sum_i sum_j |X_ij - xbar_i|^2 / (d sum_i (n_i - 1))``; then calls
     :func:`gaussian_eb` with s_i = sigma_x / sqrt(n_i).
 
     Parameters

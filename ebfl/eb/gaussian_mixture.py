@@ -218,9 +218,9 @@ class GaussianMixturePosterior:
         Posterior means sum_l r_il (mu_l + a_il (x_i - mu_l)), the personalized
         estimates (same shape as the input).
     var : ndarray of shape (m,)
-        Posterior variance per coordinate, E[|theta_i - mean_i|^2 | x_i] / d:
+        Posterior variance per coordinate, ``E[|theta_i - mean_i|^2 | x_i] / d``:
         within-component sum_l r_il a_il s_i^2 plus between-component
-        sum_l r_il |component_means[i, l] - mean_i|^2 / d. For d > 1 the
+        ``sum_l r_il |component_means[i, l] - mean_i|^2 / d``. For d > 1 the
         between part is not isotropic; this is the average over coordinates.
     weights : ndarray of shape (m, k)
         Posterior component probabilities r_il (the responsibilities).
@@ -407,9 +407,9 @@ def gaussian_mixture_eb(x, s, n_components, *, rng=None, n_init=5, max_iter=1000
     init : {"kmeans", "random"} or GaussianMixturePrior, default="kmeans"
         "kmeans": scikit-learn's ``KMeans`` (k-means++, one run per start) on
         the x_i; "random": k distinct clients' x_i as centres, every client
-        assigned to its nearest. From the hard clusters S_l: p_l = |S_l|/m,
-        mu_l = mean of S_l, tau_l^2 = max(min_sd^2, mean_{S_l} |x_i - mu_l|^2/d
-        - mean_{S_l} s_i^2). A prior (e.g. an earlier fit's) is used as the
+        assigned to its nearest. From the hard clusters S_l: ``p_l = |S_l|/m``,
+        mu_l = mean of S_l, ``tau_l^2 = max(min_sd^2, mean_{S_l} |x_i - mu_l|^2/d
+        - mean_{S_l} s_i^2)``. A prior (e.g. an earlier fit's) is used as the
         single start, its sds raised to ``min_sd``.
     min_sd : float, default=0
         Lower bound on every tau_l, in [0, 1e150]. Not needed for a bounded likelihood
@@ -443,13 +443,13 @@ def gaussian_mixture_eb(x, s, n_components, *, rng=None, n_init=5, max_iter=1000
     :func:`ebfl.eb.gaussian.gaussian_eb`, clients weighted by r_il); EM stops
     only when that step, too, gains less than ``tol`` per client, so that at
     convergence every tau_l is the global maximizer of its P_l (an exact
-    M-step). U = max(min_sd, 2 max_i |x_i - xbar| / sqrt(d)) bounds every
-    maximizer, because dP_l/dt < 0 once t > max_i |x_i - mu|^2/d and mu lies
+    M-step). ``U = max(min_sd, 2 max_i |x_i - xbar| / sqrt(d))`` bounds every
+    maximizer, because dP_l/dt < 0 once ``t > max_i |x_i - mu|^2/d`` and mu lies
     in the convex hull of the x_i. Every accepted step raises P_l and t =
     min_sd^2 is always compared, so Q never decreases and the log-likelihood
     is non-decreasing (generalized EM). With equal s_i the update is
-    closed-form, tau^2 = max(min_sd^2, sum_i r_il |x_i - mu_l|^2 / (d sum_i
-    r_il) - s^2) with mu_l the r-weighted mean; with k = 1 the fit is the
+    closed-form, ``tau^2 = max(min_sd^2, sum_i r_il |x_i - mu_l|^2 / (d sum_i
+    r_il) - s^2)`` with mu_l the r-weighted mean; with k = 1 the fit is the
     profile MLE of :func:`ebfl.eb.gaussian.gaussian_eb`.
 
     Because every s_i > 0, each component density N(x_i; mu_l, v_il I_d) is

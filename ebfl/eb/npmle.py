@@ -42,12 +42,12 @@ gives ell(w*) - ell(w) <= N (max_k r_k - 1) for the grid optimum w*, and the
 reported ``kkt = max_k r_k - 1`` (over the full grid) is driven below ``tol``.
 All sums over rows are accumulated in fixed row blocks, so the result does not
 depend on the number of threads; the n-sized work is in Numba kernels
-(:mod:`ebfl.eb._npmle_kernels`), and small problems run them on one thread.
+(the private ``ebfl.eb._npmle_kernels``), and small problems run them on one thread.
 
 Why hand-written: REBayes (R) calls the commercial Mosek solver and mixsqp
 exists only for R; no maintained Python package solves this problem. The
 nonnegative QP inside each step is a warm-started Lawson-Hanson active-set
-method (see :func:`_nonnegative_qp` for why not :func:`scipy.optimize.nnls`).
+method (the private ``_nonnegative_qp`` explains why not ``scipy.optimize.nnls``).
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ class NPMLEResult:
         ``n_rows`` (rows of L after binning/compression), ``history``
         (log-likelihood per iteration, on the rows fitted) and, when binned,
         ``binned_log_likelihood`` (on the rows fitted), ``binning_error_bound``
-        (E = sum_i r_i: |ell_binned(g) - ell(g)| <= E for every prior g on the
+        (E = sum_i r_i: ``|ell_binned(g) - ell(g)| <= E`` for every prior g on the
         grid), ``binning_error_max`` (max_i r_i) and ``log_likelihood_gap_bound``
         (the exact grid optimum exceeds ``log_likelihood`` by at most this); see
         :func:`npmle_normal`.
@@ -216,11 +216,11 @@ def npmle_normal(x, s, *, grid=None, n_grid=300, bins=None, bin_error=BIN_ERROR,
     Parameters
     ----------
     x : array_like, shape (n,)
-        Observations (client means xbar_i), finite, each |x_i| <= 1e150.
+        Observations (client means xbar_i), finite, each ``|x_i| <= 1e150``.
     s : float or array_like, shape (n,)
         Their standard errors, in [1e-150, 1e150] (heteroskedastic allowed).
     grid : array_like, shape (K,), optional
-        Support points, each |u_k| <= 1e150; every x_i must lie within 1e150
+        Support points, each ``|u_k| <= 1e150``; every x_i must lie within 1e150
         s_i of one. Default: ``n_grid`` equally spaced points from min(x) to
         max(x) (the NPMLE's support lies in that range).
     n_grid : int
@@ -269,16 +269,16 @@ def npmle_normal(x, s, *, grid=None, n_grid=300, bins=None, bin_error=BIN_ERROR,
     less than the 320 MB of inputs and outputs.
 
     *Binning guarantee.* Observation i, replaced by the row (c, s') of its cell,
-    gets the bound r_i >= max_{u in [u_min, u_max]} |log phi_{s_i}(x_i - u) -
-    log phi_{s'}(c - u)|, in closed form (the log-ratio is a quadratic in u: its
+    gets the bound ``r_i >= max_{u in [u_min, u_max]} |log phi_{s_i}(x_i - u) -
+    log phi_{s'}(c - u)|``, in closed form (the log-ratio is a quadratic in u: its
     extremes lie at the ends of the grid or at its vertex). A mixture's
-    log-ratio is bounded by its components', so |ell_binned(g) - ell(g)| <= E =
-    sum_i r_i for every prior g on the grid, and the binned optimum is within
+    log-ratio is bounded by its components', so ``|ell_binned(g) - ell(g)| <= E =
+    sum_i r_i`` for every prior g on the grid, and the binned optimum is within
     2 E + n kkt of the exact grid optimum; ``log_likelihood_gap_bound``
     = E + n kkt + (ell_binned - ell)(w), the last term computed exactly, is the
     sharper bound reported. With ``"auto"``, s is cut into classes on which
     log(s) - D^2 / (2 s^2) grows by delta / 2, and x, in class j, into bins of
-    width delta sigma_j^2 / (2 D), where D bounds |x - u| and sigma_j is the
+    width delta sigma_j^2 / (2 D), where D bounds ``|x - u|`` and sigma_j is the
     class's smallest s; then r_i <= delta. The bound holds for priors
     concentrated anywhere on the grid, where an observation's log-likelihood is
     most sensitive to its s (the D^2 / s^2 above), so it is conservative: cells

@@ -45,6 +45,7 @@ from ebfl._validation import (
 __all__ = ["DATASETS", "METHODS", "dp_sweep", "fedem_comparison", "load_clients", "plot_dp_sweep",
            "plot_fedem_comparison", "plot_table1", "table1"]
 
+#: The datasets of :func:`table1` (described in the module docstring).
 DATASETS = ("mnist", "femnist", "fashion-mnist", "hapt")
 PROTOCOL = {"mnist": dict(n_clients=50, ratio=0.1, epochs=50),
             "fashion-mnist": dict(n_clients=50, ratio=0.1, epochs=50),
@@ -78,6 +79,7 @@ def _methods():
     }
 
 
+#: The methods of Table 1, in its order (the default of :func:`table1`).
 METHODS = ("AdaPeD", "AdaPeD-FT", "FedAvg", "FedAvg+FT", "pFedMe", "Per-FedAvg", "QuPeD-FP",
            "FML", "Ditto", "FedEM", "Local")
 

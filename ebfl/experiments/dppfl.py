@@ -48,14 +48,11 @@ def dppfl_paper_numbers():
     -------
     dict
         ``figure4_min_error`` (0.097), ``figure4_argmin_drop`` (0.2), ``epsilon``,
-        ``delta``; None when ebfl runs without its source tree's ``data/``.
+        ``delta``.
     """
     from ebfl._paths import paper_numbers
 
-    try:
-        table = paper_numbers("dppfl_figures").set_index("quantity")
-    except FileNotFoundError:
-        return None
+    table = paper_numbers("dppfl_figures").set_index("quantity")
     row = table.loc["private_min_test_error"]
     return {"figure4_min_error": float(row["value"]),
             "figure4_argmin_drop": float(table.loc["private_argmin_drop_probability", "value"]),

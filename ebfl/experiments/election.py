@@ -42,6 +42,7 @@ from ebfl.privacy.estimators import private_bernoulli_corrected, private_bernoul
 
 __all__ = ["METHODS", "election_experiment", "plot_election"]
 
+#: The :func:`~ebfl.eb.beta_binomial_eb` methods compared.
 METHODS = ("loo_printed", "loo_corrected", "mle")
 TARGETS = ("outcome", "share")
 #: Private variants: the paper's estimator, and the corrected one with its default
@@ -139,7 +140,7 @@ def election_experiment(matrix=None, *, epsilons=(1.0, 5.0), rng=0, path=None):
 
 
 def plot_election(matrix, result, directory, *, held_out=-1):
-    """Save ``election_shrinkage.png`` (local vs eq. (6) per county) and ``election_gains.png``.
+    """Save ``election_shrinkage.png`` (local vs equation (6), per county), ``election_gains.png``.
 
     Returns
     -------

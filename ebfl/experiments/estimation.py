@@ -66,7 +66,7 @@ E1_PRIORS = {
 
 
 def e1_bernoulli(*, runs=100, m=10_000, n=14, priors=None, rng=0, progress=False):
-    """E1: % MSE decrease vs local of eq. (6) and of two alternatives, per prior.
+    """E1: % MSE decrease vs local of equation (6) and of two alternatives, per prior.
 
     Parameters
     ----------
@@ -84,7 +84,7 @@ def e1_bernoulli(*, runs=100, m=10_000, n=14, priors=None, rng=0, progress=False
     list of dict
         One row per prior: the paper's figure and ± and, per estimator, our
         mean, sd and standard error of the % decrease, plus ``within_paper_band``
-        for eq. (6) (|ours - paper| <= paper's ±).
+        for eq. (6) (``|ours - paper| <= paper's ±``).
     """
     table = paper_numbers("generative_framework_e1").set_index("prior")
     names = list(E1_PRIORS) if priors is None else list(priors)

@@ -43,8 +43,19 @@ import numpy as np
 
 from ebfl._validation import check_bool, check_choice, check_int_scalar
 
-__all__ = ["ALGORITHMS", "DATASETS", "PROTOCOLS", "FedHDPRun", "fedhdp_metrics",
-           "load_federation", "make_algorithm", "plot_sweep", "reproduce_fedhdp", "run_fedhdp"]
+__all__ = [
+    "ALGORITHMS",
+    "DATASETS",
+    "fedhdp_metrics",
+    "FedHDPRun",
+    "load_federation",
+    "make_algorithm",
+    "MNIST_PROTOCOL",
+    "plot_sweep",
+    "PROTOCOLS",
+    "reproduce_fedhdp",
+    "run_fedhdp",
+]
 
 #: The paper's algorithms (the names of its tables).
 ALGORITHMS = ("Non-Private+Ditto", "DP-FedAvg+Ditto", "HDP-FedAvg+Ditto", "FedHDP")
@@ -63,6 +74,7 @@ MNIST_PROTOCOL = {"rounds": 500, "sampling_rate": 0.05, "batch_size": 20, "local
 #: Table 7's "FMNIST" column (TFF's EMNIST digits), run by the Fashion-MNIST stand-in.
 FMNIST_PROTOCOL = {**MNIST_PROTOCOL, "sampling_rate": 0.03, "local_epochs": 50, "lr": 0.01,
                    "lr_decay": 1.0, "noise_multiplier": 4.0}
+#: The training protocol (a Table 7 column) used for each dataset of :data:`DATASETS`.
 PROTOCOLS = {"mnist": MNIST_PROTOCOL, "mnist-skewed": MNIST_PROTOCOL,
              "synthetic": MNIST_PROTOCOL, "synthetic-skewed": MNIST_PROTOCOL,
              "fashion-mnist": FMNIST_PROTOCOL}

@@ -63,7 +63,7 @@ class FedHDPData:
         The clients' training and local test sets.
     groups : ndarray of int64, shape (m,)
         ``NONPRIVATE`` (0) or ``PRIVATE`` (1) per client.
-    x_server_test : ndarray of float32, shape (n, *feature_shape)
+    x_server_test : ndarray of float32, shape (n,) + feature_shape
         The server's test set (the global model's ``Acc_g``).
     y_server_test : ndarray of int64, shape (n,)
     client_digit : ndarray of int64, shape (m,), or None
@@ -609,7 +609,7 @@ def fedhdp_paper_numbers(table=None):
     "FMNIST", (4.1, 1e-4) for FEMNIST.
 
     Some printed cells contradict each other beyond the rounding of the
-    printed digits (see the errata); they are shipped as printed:
+    printed digits (errata [FedHDP 7]); they are shipped as printed:
 
     * Table 8, lambda = 0.005, r = 0.001: delta_g 0.94, but 92.61 - 91.65 = 0.96;
     * Table 9, lambda = 0.05, r = 0.5: delta_g 5.33, but 93.43 - 87.9 = 5.53;

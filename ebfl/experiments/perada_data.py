@@ -58,8 +58,9 @@ DEFAULT_CORRUPTIONS = ("gaussian_noise", "motion_blur", "rotate", "fog", "contra
 #: three keep the sets 40 % smaller while spanning the range).
 DEFAULT_SEVERITIES = (1, 3, 5)
 #: Per-channel normalisation of PerAda's official code for CIFAR-10 (also CIFAR-10.1 and
-#: CIFAR-10-C) and for CIFAR-100 (the distillation data).
+#: CIFAR-10-C).
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.247, 0.243, 0.261)
+#: The same for CIFAR-100.
 CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)
 _N_STREAMS = 7  # train draw, server hold-out, partition, test draw, test split, aux, corruptions
 
@@ -627,7 +628,8 @@ def perada_paper_numbers(table=None):
     Cells that the available text of the paper garbles are empty, with a
     ``note``: Table 1's LG-FedAvg CIFAR-10 Global-test std and Table 3's
     Standalone Dir(1) Local-test. The paper contradicts itself in places
-    (kept as printed, with a note on both rows where two tables disagree):
+    (errata [PerAda 1], [PerAda 2], [PerAda 3]; kept as printed, with a note
+    on both rows where two tables disagree):
 
     * Ditto, CheXpert Dir(0.3) Global-test: 68.86 ± 1.22 in Table 1 but
       75.55 ± 0.34 in Table 3 (every other CheXpert cell of Table 1 equals

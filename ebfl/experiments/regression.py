@@ -2,7 +2,7 @@
 
 m clients with n = 10 samples each and d in {50, 100}; sigma_theta^2 = 0.01,
 sigma_x^2 = 0.05, mu ~ N(0, 0.1^2 I), X entries ~ N(0, 0.05). The metric is the
-parameter MSE, mean_i |theta_hat_i - theta_i|^2 (the paper does not say whether it
+parameter MSE, ``mean_i |theta_hat_i - theta_i|^2`` (the paper does not say whether it
 means parameter or prediction error, errata [!14]; with isotropic X the prediction
 MSE is 0.05 times it plus sigma_x^2, so the ordering is the same).
 
@@ -22,7 +22,7 @@ With n = 10 < d, local least squares recovers only the n-dimensional row space
 of X_i and misses (d - n)/d of theta_i, so here FedAvg beats local, the reverse of
 the paper's table (see errata [!14]).
 
-Algorithm 2 as printed starts with theta_i = mu, so |mu - theta_i| is small and
+Algorithm 2 as printed starts with theta_i = mu, so ``|mu - theta_i|`` is small and
 its sigma_theta^2 step drives sigma_theta^2 towards 0: the joint MAP's
 degeneracy (errata [!10]). The theta step's curvature then grows like
 1/sigma_theta^2 and a fixed eta diverges. ``fitted_variances`` shows where each

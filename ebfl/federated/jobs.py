@@ -1,5 +1,4 @@
-"""Named federated jobs: an algorithm, the clients' data and a run configuration, from
-scalar settings.
+"""Named federated jobs: an algorithm, the clients' data and a run configuration, from scalars.
 
 The Flower apps receive only scalars (a run's ``run_config``), and every
 participant builds the same job from them: the server its half, each client
@@ -16,11 +15,12 @@ Settings (keys as in a Flower ``pyproject.toml``; all optional but ``algorithm``
     client holds 3 classes) for the learning algorithms; ``simulated`` (the
     default of the empirical-Bayes protocols) or ``elections`` (US counties as
     clients; needs the county-elections data) for ``eb-*``.
-``clients``, ``rounds``, ``seed``, ``clients-per-round``, ``local-steps``,
-``batch-size``, ``eval-every``, ``lr``
-    The run (:class:`~ebfl.federated.RunConfig`) and the learning rate.
-    ``clients`` defaults to 6; on ``elections`` to every county (3150), and a
-    smaller number takes the first counties.
+``clients``, ``rounds``, ``seed``, ``clients-per-round``
+    The run (:class:`~ebfl.federated.RunConfig`). ``clients`` defaults to 6; on
+    ``elections`` to every county (3150), and a smaller number takes the first
+    counties.
+``local-steps``, ``batch-size``, ``eval-every``, ``lr``
+    The rest of the run (:class:`~ebfl.federated.RunConfig`) and the learning rate.
 ``clip``, ``noise``
     DP-AdaPeD / DP-FedEM: clip norm and noise standard deviation; ``fedhdp``
     (Algorithm 2 of the FedHDP paper): the initial clip norm S^0 and the private
@@ -76,7 +76,9 @@ EB = ("eb-beta-binomial", "eb-gaussian")
 FEDHDP_POINT = ("fedhdp-point",)
 #: Algorithm 1 of DP-PFL (numpy; :mod:`ebfl.dppfl.federated`).
 DPPFL = ("dp-pfl",)
+#: Every job's ``algorithm`` name.
 ALGORITHMS = LEARNING + EB + FEDHDP_POINT + DPPFL
+#: The values of the ``dataset`` setting.
 DATASETS = ("digits", "simulated", "elections")
 
 DEFAULTS = {"dataset": None, "clients": None, "rounds": 3, "seed": 0, "clients-per-round": None,

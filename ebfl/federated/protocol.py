@@ -195,7 +195,10 @@ class FederatedAlgorithm:
 
     # ---- server half
     def init_server(self, run):
-        """The server's state at the start of the run (``run``: :class:`RunConfig`)."""
+        """The server's state at the start of the run.
+
+        ``run`` is the run's :class:`~ebfl.federated.RunConfig`.
+        """
         raise NotImplementedError
 
     def broadcast(self, server, rc):

@@ -35,7 +35,7 @@ __all__ = ["group_weights", "noisy_unclipped_fraction", "update_clip_norm"]
 
 
 def group_weights(counts, ratios):
-    """FedHDP's weights of the privacy groups' mean updates (Algorithm 2; eq. (64)).
+    """FedHDP's weights of the privacy groups' mean updates (Algorithm 2; equation (64)).
 
     Group i's weight is ``r_i N_i / sum_k r_k N_k``: with two groups and
     ``ratios = (1, r)`` the non-private group gets ``N_1 / (N_1 + r N_2)`` and the

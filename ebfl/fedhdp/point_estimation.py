@@ -1,7 +1,7 @@
 """Algorithm 1 of the FedHDP paper: federated point estimation with heterogeneous privacy.
 
 "Federated learning with heterogeneous differential privacy" (the FedHDP
-paper, Section 3.1) studies N clients, each holding n_s samples
+paper, Section 3.1) studies N clients, each holding n_s samples::
 
     x_{j,i} = phi_j + v_{j,i},  v_{j,i} ~ N(0, n_s alpha^2),  phi_j = phi + p_j,
     p_j ~ N(0, tau^2)                                                (eqs. (5)-(6)),
@@ -75,6 +75,8 @@ __all__ = [
     "CENTERS",
     "FedHDPPointEstimation",
     "PointEstimationData",
+    "job_algorithm",
+    "job_data",
     "simulate_point_estimation",
 ]
 
@@ -107,7 +109,7 @@ class PointEstimationData:
     Parameters
     ----------
     samples : array_like, shape (m, n_s)
-        x_{j,i}, finite, |x| <= 1e100.
+        x_{j,i}, finite, ``|x| <= 1e100``.
     truth : array_like, shape (m,), optional
         The clients' true phi_j (simulations): the evaluation then reports
         squared errors.
@@ -296,7 +298,7 @@ class FedHDPPointEstimation(FederatedAlgorithm):
         theta_j <- theta_j - eta_j((theta_j - phi_hat_j) + lambda_j (theta_j -
         theta)) uses the client's *locally updated* theta = phi_hat_j; one step
         then gives theta_j = phi_hat_j for every lambda_j (no personalization).
-        The printed line is an error of the paper (see the errata); the
+        The printed line is an error of the paper (errata [FedHDP 4]); the
         variant is kept to show it.
 
     Notes

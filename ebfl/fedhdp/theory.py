@@ -327,7 +327,7 @@ def _matching_lambda(model, g):
 # ------------------------------------------------- point estimation (Section 3)
 
 def group_mean_variances(n_clients, rho, alpha2, tau2, gamma2):
-    r"""Variances of the opt-out and private groups' mean uploads (eq. (12)).
+    r"""Variances of the opt-out and private groups' mean uploads (equation (12)).
 
     .. math:: \theta_{np} \sim \mathcal N\!\left(\phi, \frac{\alpha^2+\tau^2}{\rho N}\right),
               \quad \theta_p \sim \mathcal N\!\left(\phi,
@@ -410,7 +410,7 @@ def server_mse(r, n_clients, rho, alpha2, tau2, gamma2):
 
 
 def server_mse_optimal(n_clients, rho, alpha2, tau2, gamma2):
-    r"""Lemma 1, eq. (13) (= eq. (77)): the server's MSE at r*, the Bayes risk of phi.
+    r"""Lemma 1, equation (13) = (77): the server's MSE at r*, the Bayes risk of phi.
 
     .. math:: \sigma^2_{s,opt} = \frac1N\,
               \frac{(\alpha^2+\tau^2)(\alpha^2+\tau^2+(1-\rho)N\gamma^2)}
@@ -466,7 +466,7 @@ def _gap_parts(n_clients, rho, alpha2, tau2, gamma2):
 
 
 def hdp_fedavg_gap(n_clients, rho, alpha2, tau2, gamma2):
-    r"""Lemma 2, eq. (14): HDP-FedAvg's server MSE minus the optimal one.
+    r"""Lemma 2, equation (14): HDP-FedAvg's server MSE minus the optimal one.
 
     .. math:: \frac{\rho(1-\rho)^3\gamma^4 N}{\alpha^2+\tau^2+\rho(1-\rho)\gamma^2 N} \ge 0
 
@@ -480,7 +480,7 @@ def hdp_fedavg_gap(n_clients, rho, alpha2, tau2, gamma2):
 
 
 def dp_fedavg_gap(n_clients, rho, alpha2, tau2, gamma2):
-    r"""Lemma 2, eq. (15): DP-FedAvg's server MSE minus the optimal one.
+    r"""Lemma 2, equation (15): DP-FedAvg's server MSE minus the optimal one.
 
     .. math:: \frac{\rho(1-\rho)(\alpha^2+\tau^2)\gamma^2 + \rho(1-\rho)^2\gamma^4N}
                    {\alpha^2+\tau^2+\rho(1-\rho)\gamma^2N} \ge 0
@@ -495,7 +495,7 @@ def dp_fedavg_gap(n_clients, rho, alpha2, tau2, gamma2):
 
 
 def dp_vs_hdp_fedavg_gap(n_clients, rho, alpha2, tau2, gamma2):
-    r"""Lemma 2, eq. (16): DP-FedAvg's server MSE minus HDP-FedAvg's.
+    r"""Lemma 2, equation (16): DP-FedAvg's server MSE minus HDP-FedAvg's.
 
     .. math:: \frac{\rho(1-\rho)(\alpha^2+\tau^2)\gamma^2 + \rho^2(1-\rho)^2\gamma^4N}
                    {\alpha^2+\tau^2+\rho(1-\rho)\gamma^2N} = \rho(1-\rho)\gamma^2
@@ -513,7 +513,7 @@ def dp_vs_hdp_fedavg_gap(n_clients, rho, alpha2, tau2, gamma2):
 
 
 def optimal_lambda_nonprivate(n_clients, rho, alpha2, tau2, gamma2):
-    r"""Theorem 3, eq. (17) (= eq. (78)): the opt-out clients' lambda*_np = alpha^2 / tau^2.
+    r"""Theorem 3, equation (17) = (78): the opt-out clients' lambda*_np = alpha^2 / tau^2.
 
     Exact: with r = r* it minimizes an opt-out client's personalized MSE and
     reaches the Bayes MSE (46). ``inf`` when tau^2 = 0 (the global model alone
@@ -530,7 +530,7 @@ def optimal_lambda_nonprivate(n_clients, rho, alpha2, tau2, gamma2):
 
 
 def optimal_lambda_private(n_clients, rho, alpha2, tau2, gamma2):
-    r"""Theorem 3, eq. (18) (= eq. (79)): the paper's lambda*_p of the private clients.
+    r"""Theorem 3, equation (18) = (79): the paper's lambda*_p of the private clients.
 
     .. math:: \lambda_p^* = \frac{\alpha^2(\tau^2+\alpha^2) + \rho(1-\rho)\alpha^2\gamma^2N}
               {\tau^2(\tau^2+\alpha^2) + (1-\rho)(\alpha^2+\tau^2)\gamma^2
@@ -545,7 +545,7 @@ def optimal_lambda_private(n_clients, rho, alpha2, tau2, gamma2):
     (46) by (lambda w_p/(1 + lambda))^2 (1 - rho) N gamma^2, w_p the private
     weight. Theorem 3's claim of Bayes optimality is therefore exact only for
     opt-out clients (the paper's eq. (49) writes the client's own share of the
-    global model as phi_hat_j; it is psi_j = phi_hat_j + l_j; see the errata);
+    global model as phi_hat_j; it is psi_j = phi_hat_j + l_j; errata [FedHDP 1]);
     :func:`optimal_lambda_exact` gives the true minimizer.
 
     As gamma^2 -> inf, lambda*_p -> 0 (local learning) when all clients are
@@ -556,7 +556,7 @@ def optimal_lambda_private(n_clients, rho, alpha2, tau2, gamma2):
     Table 2 prints lambda*_p = 1/gamma^2 for homogeneous data and privacy
     (tau^2 = 0, rho = 0); eq. (18) gives alpha^2/gamma^2 there, which is
     1/gamma^2 only when alpha^2 = 1. The table's entry is wrong (it dropped
-    alpha^2); see the errata.
+    alpha^2); errata [FedHDP 2].
 
     Returns ``inf`` when the denominator is 0 (tau^2 = 0 and gamma^2 = 0: no
     heterogeneity and no privacy, FedAvg is optimal).
@@ -694,7 +694,7 @@ def optimal_lambda_exact(n_clients, rho, alpha2, tau2, gamma2, *, group, r=None)
 
 
 def bayes_local_mse(n_clients, rho, alpha2, tau2, gamma2, *, group):
-    r"""Eq. (46) with d = 1: the Bayes MSE of a client given its data and all others' uploads.
+    r"""Equation (46) with d = 1: the Bayes MSE of a client given its data and all others' uploads.
 
     .. math:: \frac{\alpha^2\left(\sigma_{p_1}^2\sigma_{p_2}^2 + \tau^2 D\right)}
                    {\sigma_c^2 D + \sigma_{p_1}^2\sigma_{p_2}^2},
@@ -841,7 +841,7 @@ def _two_levels_iv(counts, alpha2, tau2, gammas2):
 
 
 def two_level_optimal_ratio(counts, alpha2, tau2, gammas2):
-    r"""Lemma 5, eq. (33) (= eq. (58)): the optimal ratio of group 2's weight to group 1's.
+    r"""Lemma 5, equation (33) = (58): the optimal ratio of group 2's weight to group 1's.
 
     .. math:: r^* = \frac{\sigma_c^2 + N_1\gamma_1^2}{\sigma_c^2 + N_2\gamma_2^2}
 
@@ -864,7 +864,7 @@ def two_level_optimal_ratio(counts, alpha2, tau2, gammas2):
 
 
 def two_level_server_covariance(counts, alpha2, tau2, gammas2):
-    r"""Lemma 5, eq. (34): the server's error covariance at r* (times I_d).
+    r"""Lemma 5, equation (34): the server's error covariance at r* (times I_d).
 
     .. math:: \Sigma_{s,opt} = \frac1N\,\frac{(\sigma_c^2+N_1\gamma_1^2)(\sigma_c^2+N_2\gamma_2^2)}
               {\sigma_c^2 + (1-\rho_1)N_1\gamma_1^2 + \rho_1N_2\gamma_2^2}
@@ -884,7 +884,7 @@ def two_level_server_covariance(counts, alpha2, tau2, gammas2):
 
 
 def two_level_optimal_lambdas(counts, alpha2, tau2, gammas2):
-    r"""Lemma 6, eq. (50) (= eq. (59)): the paper's lambda* for groups C_1 and C_2.
+    r"""Lemma 6, equation (50) = (59): the paper's lambda* for groups C_1 and C_2.
 
     With Upsilon^2 = tau^2/alpha^2, Gamma_i^2 = N_i gamma_i^2/alpha^2, N = N_1 + N_2:
 
@@ -924,7 +924,7 @@ def two_level_optimal_lambdas(counts, alpha2, tau2, gammas2):
 
 
 def two_level_matching_lambdas(group, counts, alpha2, tau2, gammas2):
-    r"""Eq. (52)-(54): the lambdas that match each coefficient of eq. (49) to eq. (47).
+    r"""Equations (52)-(54): the lambdas that match each coefficient of (49) to (47).
 
     Matching the weight on phi_hat_j gives lambda_1, on the sum over C_1 lambda_2,
     and on the sum over C_2 lambda_3, with r = r*, S = N_1 + N_2 r,
@@ -937,8 +937,8 @@ def two_level_matching_lambdas(group, counts, alpha2, tau2, gammas2):
               {\sigma_c^2D + \sigma_{p_1}^2\sigma_{p_2}^2 - S(\sigma_c^2-\tau^2)\sigma_{p_2}^2}
 
     Eq. (52) prints "n sigma_c^2 + m sigma_p^2" in its last factor; it must be
-    D (as in the rest of the equation) for the derivation to hold (see the
-    errata). At r = r* the three values are equal, so Lemma 6's average (55) is
+    D (as in the rest of the equation) for the derivation to hold (errata
+    [FedHDP 3]). At r = r* the three values are equal, so Lemma 6's average (55) is
     each of them: eq. (50).
 
     Parameters
@@ -979,7 +979,7 @@ def _divide(num, den):
 # ----------------------------------------------- l privacy levels (Appendix A.6)
 
 def levels_server_variance(counts, alpha2, tau2, gammas2):
-    r"""Eq. (62): Sigma_theta, the Bayes (and FedHDP at r*) error variance of the server.
+    r"""Equation (62): Sigma_theta, the Bayes (and FedHDP at r*) error variance of the server.
 
     .. math:: \Sigma_\theta = \frac{\prod_i \sigma_{p_i}^2}{\sum_i N_i\prod_{k\ne i}\sigma_{p_k}^2}
               = \Big(\sum_i N_i/\sigma_{p_i}^2\Big)^{-1}
@@ -1003,7 +1003,7 @@ def levels_server_variance(counts, alpha2, tau2, gammas2):
 
 
 def levels_optimal_ratios(counts, alpha2, tau2, gammas2):
-    r"""Eq. (65): r*_i = sigma_{p_1}^2 / sigma_{p_i}^2, group 1 the reference (r*_1 = 1).
+    r"""Equation (65): r*_i = sigma_{p_1}^2 / sigma_{p_i}^2, group 1 the reference (r*_1 = 1).
 
     Examples
     --------
@@ -1014,7 +1014,7 @@ def levels_optimal_ratios(counts, alpha2, tau2, gammas2):
 
 
 def levels_weights(counts, ratios):
-    r"""Eq. (64): the server's weight of one client of each group, r_i / sum_k N_k r_k.
+    r"""Equation (64): the server's weight of one client of each group, r_i / sum_k N_k r_k.
 
     Parameters
     ----------
@@ -1056,7 +1056,7 @@ def levels_server_mse(counts, alpha2, tau2, gammas2, *, ratios=None):
 
 
 def levels_bayes_local_mse(group, counts, alpha2, tau2, gammas2):
-    r"""Eq. (73) (eq. (46) for l = 2): the Bayes MSE of a client of ``group``.
+    r"""Equation (73) (equation (46) for l = 2): the Bayes MSE of a client of ``group``.
 
     .. math:: \Sigma_{\theta_j^*} = \left(\frac{1}{V + \tau^2} + \frac{1}{\alpha^2}\right)^{-1},
               \quad V = \Big(\sum_i M_i/\sigma_{p_i}^2\Big)^{-1}
@@ -1081,7 +1081,7 @@ def levels_bayes_local_mse(group, counts, alpha2, tau2, gammas2):
 
 
 def levels_personalized_mse(lam, group, counts, alpha2, tau2, gammas2, *, ratios=None):
-    r"""Exact MSE of theta_hat_j(lambda) = (phi_hat_j + lambda theta_hat)/(1+lambda) (eq. (75)).
+    r"""Exact MSE of theta_hat_j(lambda) = (phi_hat_j + lambda theta_hat)/(1+lambda), equation (75).
 
     As :func:`personalized_mse`, for l groups and any ratios (r* of eq. (65)
     by default).

@@ -27,9 +27,9 @@ class RegressionData:
     Attributes
     ----------
     X : ndarray of shape (m, n_max, d)
-        Padded rows are 0; every |entry| <= 1e150.
+        Padded rows are 0; every ``|entry| <= 1e150``.
     Y : ndarray of shape (m, n_max)
-        Padded entries are 0; every |entry| <= 1e150.
+        Padded entries are 0; every ``|entry| <= 1e150``.
     mask : ndarray of float, shape (m, n_max)
         1 for real samples, 0 for padding.
     """

@@ -9,7 +9,7 @@ prior variance depends on the step sizes and the number of rounds.
 sigma_theta^2), with each client's posterior replaced by its Laplace
 approximation N(theta_hat_i, H_i^{-1}) (the usual approximate EB of generalized
 linear mixed models): clients find their MAP theta_hat_i under the current prior
-by damped Newton steps and send theta_hat_i and Tr(H_i^{-1}); the server sets
+by damped Newton steps and send theta_hat_i and Tr(H_i^{-1}); the server sets::
 
     mu = mean_i theta_hat_i,
     sigma_theta^2 = mean_i (|theta_hat_i - mu|^2 + Tr H_i^{-1}) / d,
@@ -78,7 +78,7 @@ def _newton(X, Y, mask, theta, mu, s, steps, tol):
 def logistic_map(data, mu, sigma_theta2, *, theta0=None, steps=50, tol=1e-8):
     """Every client's MAP of logistic regression under the prior N(mu, sigma_theta2 I).
 
-    Minimizes sum_j CE(<theta_i, x_ij>, y_ij) + |theta_i - mu|^2 / (2 sigma_theta2)
+    Minimizes ``sum_j CE(<theta_i, x_ij>, y_ij) + |theta_i - mu|^2 / (2 sigma_theta2)``
     by damped Newton steps, all clients at once.
 
     Parameters

@@ -12,7 +12,7 @@ r"""Other population priors for federated linear regression (Section 3).
 * :class:`LaplaceLinear`: the l1 / Laplace population model of Section 3, for
   which the paper gives only the objective. The theta step is a proximal
   gradient step (soft-thresholding towards mu, the exact prox of
-  |theta - mu|_1 / b). The server updates mu and b with the block minimizers
+  ``|theta - mu|_1 / b``). The server updates mu and b with the block minimizers
   (coordinate-wise median and mean absolute deviation); the
   printed per-coordinate regularizer's missing factor d is restored (errata [!9]).
   Like Algorithm 2, the joint MAP over (theta_i, mu, b) is unbounded below
@@ -120,7 +120,7 @@ class GaussianMixtureLinear:
         Number of clusters, at most the number of clients.
     lr : float
     sigma_x2 : float
-        Noise variance in f_i = |Y_i - X_i theta|^2 / (2 sigma_x^2), in [1e-300, 1e150].
+        Noise variance in ``f_i = |Y_i - X_i theta|^2 / (2 sigma_x^2)``, in [1e-300, 1e150].
     min_var : float
         Floor on the clusters' variances.
     cluster : callable

@@ -199,9 +199,9 @@ class LinearEM:
 
     Each round the sampled clients compute the posterior (15) under the current
     (mu, sigma_theta^2, sigma_x^2) and send theta_hat_i, Tr(Cov_i) and
-    E|Y_i - X_i theta_i|^2; the server keeps every client's latest statistics
-    and sets mu = mean theta_hat, sigma_theta^2 = mean(|theta_hat - mu|^2 +
-    Tr Cov)/d, sigma_x^2 = sum E|r_i|^2 / sum n_i. With full participation this is
+    ``E|Y_i - X_i theta_i|^2``; the server keeps every client's latest statistics
+    and sets mu = mean theta_hat, ``sigma_theta^2 = mean(|theta_hat - mu|^2 +
+    Tr Cov)/d``, ``sigma_x^2 = sum E|r_i|^2 / sum n_i``. With full participation this is
     exact EM: the marginal likelihood never decreases.
     """
 
@@ -312,7 +312,7 @@ class FedAvgLinear:
     """FedAvg for one global least-squares model (a baseline without personalization).
 
     Each sampled client runs ``local_steps`` gradient steps on its mean squared
-    error (1/(2 n_i)) |Y_i - X_i w|^2 from the global w; the server averages the
+    error ``(1/(2 n_i)) |Y_i - X_i w|^2`` from the global w; the server averages the
     results weighted by n_i.
     """
 
@@ -350,7 +350,7 @@ class FedAvgLogistic:
     lr : float
     local_steps : int
     l2 : float
-        Ridge penalty (l2/2)|w|^2 added to every client's mean loss (0 for none).
+        Ridge penalty ``(l2/2)|w|^2`` added to every client's mean loss (0 for none).
     """
 
     def __init__(self, lr, *, local_steps=1, l2=0.0):

@@ -62,7 +62,7 @@ __all__ = [
     "theorem7_rdp",
 ]
 
-#: RDP orders used when none are given (dp-accounting's default grid, 1.1 ... 1024).
+#: RDP orders used when none are given (dp-accounting's default grid, from 1.1 to 1024).
 DEFAULT_ORDERS = tuple(float(a) for a in rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
 
 #: Accepted range of clip norms and noise standard deviations: noise multipliers
@@ -827,7 +827,7 @@ class DPAdaPeDAccountant:
         return acc
 
     def get_rdp(self):
-        """RDP curve of the recorded run at :attr:`orders` (``accountant="rdp"`` only)."""
+        """RDP curve of the recorded run at its ``orders`` (``accountant="rdp"`` only)."""
         if self.accountant != "rdp":
             raise ValueError("get_rdp needs accountant='rdp'; the PLD accountant has no "
                              "RDP curve")

@@ -122,7 +122,7 @@ class PrivateGaussianEstimate:
 
 def private_gaussian(xbar, n, mechanism, *, sigma_x, sigma_theta=None, variance="ucb",
                      ucb_z=DEFAULT_UCB_Z, rng=None):
-    r"""Personalized Gaussian estimation when clients share q(xbar_i) (Theorem 2, eq. (4)).
+    r"""Personalized Gaussian estimation when clients share q(xbar_i) (Theorem 2, equation (4)).
 
     Every client sends ``mechanism.privatize(xbar_i)``; the server averages the
     messages; client i combines the average with its own exact xbar_i using

@@ -271,7 +271,7 @@ class StochasticQuantizer(_ClippingMechanism):
         return self.step**2 / 4.0
 
     def square_variance_excess(self, input_variance):
-        """Bound for noise with E[e | x] = 0, Var(e | x) <= Delta^2/4 and |e| <= Delta."""
+        """Bound for noise with E[e | x] = 0, Var(e | x) <= Delta^2/4 and ``|e| <= Delta``."""
         return _bounded_noise_excess(input_variance, self.max_variance, self.step)
 
 
@@ -715,14 +715,17 @@ class RandomizedResponse(Mechanism):
             return np.exp(self.log_likelihood_ratio_bound(x, x_other))
 
     def square_variance_excess(self, input_variance):
-        """Bound for noise with E[e | x] = 0, Var(e | x) <= max_variance, |e| <= 1/(1 - e^-eps)."""
+        """Bound for noise with E[e | x] = 0, Var(e | x) <= max_variance and bounded ``|e|``.
+
+        The randomized-response noise satisfies ``|e| <= 1/(1 - e^-eps)``.
+        """
         return _bounded_noise_excess(input_variance, self.max_variance,
                                      -1.0 / math.expm1(-self.epsilon))
 
 
 @dataclass(frozen=True)
 class BinaryMechanism(RandomizedResponse):
-    r"""The paper's two-point mechanism q_priv of eq. (7) on [0, 1].
+    r"""The paper's two-point mechanism q_priv of equation (7) on [0, 1].
 
     Releases e^eps/(e^eps - 1) with probability 1/(e^eps + 1) + x (e^eps - 1)/(e^eps + 1),
     else -1/(e^eps - 1). Unbiased and epsilon-LDP: the likelihood ratio of

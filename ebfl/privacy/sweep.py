@@ -21,6 +21,7 @@ from ebfl.privacy.mechanisms import EPSILON_RANGE
 
 __all__ = ["DEFAULT_EPSILONS", "plot_private_bernoulli", "private_bernoulli_sweep"]
 
+#: The privacy levels epsilon of :func:`private_bernoulli_sweep` by default.
 DEFAULT_EPSILONS = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 12.0, 20.0, 50.0)
 
 

@@ -9,7 +9,8 @@ own (``personalized_gaussian``, ``private_gaussian``, ``beta_binomial_eb``,
 code as well as the theorem.
 
 Rows where the paper is known to be wrong carry a ``flag`` citing the errata
-(docs/errata.md, ``[!n]``).
+(docs/errata.md: ``[!n]`` for this paper, ``[DP-PFL n]`` and ``[FedHDP n]`` in the
+checks of the other two).
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def check_theorem1(reps, rng, progress, **p):
                         params=p, flag="stated as <=, but equality holds (errata [!3])")]
 
 
-@register("baselines", "C.1: local, global-only and known-mu oracle MSEs", GAUSSIAN)
+@register("baselines", "local, global-only and known-mu oracle MSEs", GAUSSIAN)
 def check_baselines(reps, rng, progress, **p):
     sim = run_replicates(lambda g, k: _gaussian_estimators(p, k, g), reps, rng,
                          progress=progress, desc="baselines")
@@ -161,7 +162,7 @@ def check_lower_bounds(reps, rng, progress, **p):
 
 
 @register("thm2_noise", "Theorem 2 with q(x) = x + N(0, sq^2): exact for Gaussian q",
-          {**GAUSSIAN, "sigma_qs": (0.1, 1.0, 10.0)})
+          GAUSSIAN | {"sigma_qs": (0.1, 1.0, 10.0)})
 def check_theorem2_noise(reps, rng, progress, **p):
     m, n, st, sx = _gaussian_args(p)
     out = []
@@ -206,7 +207,7 @@ def _mechanism_rows(name, label, statement, mechanism, formula, p, reps, rng, pr
 
 
 @register("thm2_quantizer", "Theorem 2.1: k-bit stochastic quantizer, MSE <= formula "
-          "w.p. >= 1 - 2/(mn)", {**GAUSSIAN, "r": 1.0, "k_bits": (1, 2, 4, 8)})
+          "w.p. >= 1 - 2/(mn)", GAUSSIAN | {"r": 1.0, "k_bits": (1, 2, 4, 8)})
 def check_theorem2_quantizer(reps, rng, progress, **p):
     m, n, st, sx = _gaussian_args(p)
     b = paper_clip_range(p["r"], m, n, st, sx)
@@ -230,7 +231,7 @@ def _paper_gaussian(epsilon, delta, b, d):
 
 
 @register("thm2_ldp", "Theorem 2.2: (eps0, delta)-LDP Gaussian mechanism, eps0 in (0, 1)",
-          {**GAUSSIAN, "r": 1.0, "epsilon": 0.5, "delta": 1e-5, "privacy_dims": (1, 4)})
+          GAUSSIAN | {"r": 1.0, "epsilon": 0.5, "delta": 1e-5, "privacy_dims": (1, 4)})
 def check_theorem2_ldp(reps, rng, progress, **p):
     m, n, st, sx = _gaussian_args(p)
     b = paper_clip_range(p["r"], m, n, st, sx)
@@ -262,7 +263,7 @@ def _ldp_delta_row(p, b, d):
                        extra={"true_delta": true_delta})
 
 
-@register("quantizer_moments", "C.3: E q_k(x) = x and Var q_k(x) = D^2 f(1-f) <= b^2/(2^k-1)^2",
+@register("quantizer_moments", "E q_k(x) = x and Var q_k(x) = D^2 f(1-f) <= b^2/(2^k-1)^2",
           {"k_bits": 2, "b": 2.0531, "xs": (-2.0, -0.7, 0.0, 0.4, 1.9), "draws": 20_000},
           reps=50, quick_reps=20)
 def check_quantizer_moments(reps, rng, progress, **p):
@@ -298,7 +299,7 @@ def _moment_rows(name, mechanism, p, reps, rng, progress, extra=None):
 
 # ------------------------------------------------------- Beta-Bernoulli model
 
-@register("known_beta", "C.5: known Beta prior, posterior-mean and local MSEs (exact)", BETA)
+@register("known_beta", "known Beta prior, posterior-mean and local MSEs (exact)", BETA)
 def check_known_beta(reps, rng, progress, **p):
     pop = BetaBernoulliPopulation(p["alpha"], p["beta"])
     prior = BetaPrior(p["alpha"], p["beta"])
@@ -385,7 +386,7 @@ def check_mechanism7(reps, rng, progress, **p):
 
 
 @register("thm4", "Theorem 4: private Bernoulli estimator, MSE <= RHS w.p. >= 1 - 1/(mn)",
-          {**BETA, "epsilon": 1.0})
+          BETA | {"epsilon": 1.0})
 def check_theorem4(reps, rng, progress, **p):
     m, n, a, b, eps = p["m"], p["n"], p["alpha"], p["beta"], p["epsilon"]
     pop = BetaBernoulliPopulation(a, b)

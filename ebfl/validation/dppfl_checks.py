@@ -36,20 +36,21 @@ INSTANCE = {"m": 4, "n_t": 10, "d": 3, "xi": 0.5}
 
 LEMMA1_FLAG = ("the local subproblem (7) omits MOCHA's constant ||X alpha||^2_Omega / "
                "(4 lambda m) per device; without it Lemma 1 fails by xi ||X alpha||^2_Omega / "
-               "(4 lambda) (exactly that much at Delta alpha = 0)")
+               "(4 lambda) (exactly that much at Delta alpha = 0; errata [DP-PFL 3])")
 COROLLARY1_FLAG = ("Corollary 1 claims the modulus beta n_t / (2 lambda); X_t^T X_t has rank <= d "
                    "< n_t, so (7) is only as strongly convex as l* (not at all for the hinge), "
-                   "and the claim also lacks Omega_tt")
+                   "and the claim also lacks Omega_tt (errata [DP-PFL 1])")
 COROLLARY2_FLAG = ("Corollary 2 rests on Corollary 1's false modulus: replacing one sample can "
                    "move its own dual coordinate across its box (a change of 1) and shift the "
                    "others, while (8 lambda + beta) / (beta n_t) is about 1 / n_t when lambda << "
-                   "beta n_t / 8; the bound then fails and the noise of line 6 is too small")
+                   "beta n_t / 8; the bound then fails and the noise of line 6 is too small "
+                   "(errata [DP-PFL 2])")
 THEOREM4_FLAG = ("Theorem 4's statement and the end of its proof (with beta = m xi plugged in, "
                  "as the proof says) disagree: K0's step differs by the factor xi on its -1, and "
                  "k0's log argument (m L^2 sum n_t^2 / (2 lambda n^2) vs 2 m xi L^2 sum n_t^2 / "
                  "(lambda n^2)) and multiplier ((1-xi)(1-Theta) vs (1-xi) xi (1-Theta)) differ "
                  "(the statement's counts are the larger, so the proof still implies it); both "
-                 "multiply the log by the rate where (15) needs its inverse")
+                 "multiply the log by the rate where (15) needs its inverse (errata [DP-PFL 8])")
 
 
 # ------------------------------------------------------------------ instances
@@ -121,7 +122,7 @@ def _random_duals(g, y, loss):
 
 @register("dppfl_lemma1", "DP-PFL Lemma 1: with beta = xi m >= xi max ratio (9), "
           "D(alpha + xi Delta alpha) <= (1 - xi) D(alpha) + xi sum_t G_t^beta(Delta alpha_t)",
-          {**INSTANCE, "lam": 0.1, "losses": ("hinge", "smoothed_hinge"), "gamma": 1.0},
+          INSTANCE | {"lam": 0.1, "losses": ("hinge", "smoothed_hinge"), "gamma": 1.0},
           reps=400, quick_reps=60)
 def check_lemma1(reps, rng, progress, **p):
     m, n_t, d, xi, lam = (p[key] for key in ("m", "n_t", "d", "xi", "lam"))
@@ -192,7 +193,7 @@ def _replacements(g, X_t, y_t, u, count):
 
 @register("dppfl_corollary2", "DP-PFL Corollaries 1-2: G_t^beta is (beta n_t / 2 lambda)-strongly "
           "convex, and the L2-sensitivity of argmin G_t^beta is <= (8 lambda + beta) / (beta n_t)",
-          {**INSTANCE, "lams": (0.01, 0.1, 1.0, 10.0), "losses": ("hinge", "smoothed_hinge"),
+          INSTANCE | {"lams": (0.01, 0.1, 1.0, 10.0), "losses": ("hinge", "smoothed_hinge"),
            "gamma": 1.0, "rows_replaced": 3}, reps=60, quick_reps=4)
 def check_corollary2(reps, rng, progress, **p):
     m, n_t, d, xi = (p[key] for key in ("m", "n_t", "d", "xi"))
@@ -247,7 +248,7 @@ def check_corollary2(reps, rng, progress, **p):
 
 @register("dppfl_corollary3", "DP-PFL Corollary 3: given Delta alpha_t, the L2-sensitivity of "
           "u_t = xi X_t Delta alpha_t is <= 2 xi ||Delta alpha_t||_2",
-          {**INSTANCE, "replacements": 20}, reps=400, quick_reps=80)
+          INSTANCE | {"replacements": 20}, reps=400, quick_reps=80)
 def check_corollary3(reps, rng, progress, **p):
     n_t, d, xi = p["n_t"], p["d"], p["xi"]
 
@@ -294,7 +295,7 @@ def _device_data(X, y, offsets):
 @register("dppfl_duality_gap", "DP-PFL Algorithm 1 without privacy, fixed Omega: D(alpha^k) "
           "never increases (Lemma 1 with beta = xi m) and the duality gap P(W(alpha)) + "
           "D(alpha) >= 0 goes to 0",
-          {**INSTANCE, "n_t": 12, "lam": 0.1, "iterations": 400, "gamma": 1.0,
+          INSTANCE | {"n_t": 12, "lam": 0.1, "iterations": 400, "gamma": 1.0,
            "losses": ("hinge", "smoothed_hinge"), "gap_reduction": 1e-3},
           reps=10, quick_reps=3)
 def check_duality_gap(reps, rng, progress, **p):
@@ -392,7 +393,7 @@ def sdca_replay(X, y, offsets, omega, lam, xi, iterations, loss, gamma, seed, dr
 
 @register("dppfl_linear_rate", "DP-PFL Theorem 3 (smoothed hinge): E[D(alpha^k+1) - D*] <= "
           "(1 - (1 - xi) xi (1 - Theta) s)(D(alpha^k) - D*), and K of (12) iterations reach eps_G",
-          {**INSTANCE, "n_t": 12, "lam": 0.1, "gamma": 1.0, "iterations": 80, "eps_G": 1e-4,
+          INSTANCE | {"n_t": 12, "lam": 0.1, "gamma": 1.0, "iterations": 80, "eps_G": 1e-4,
            "theta_draws": 10},
           reps=12, quick_reps=3)
 def check_linear_rate(reps, rng, progress, **p):
@@ -472,7 +473,7 @@ def check_linear_rate(reps, rng, progress, **p):
           "E[D(alpha_bar) - D*] <= eps_G at the average of alpha^k, k > K0; the statement's "
           "K, K0, k0 follow from its proof with beta = m xi",
           {"m": 30, "n_min": 157, "n_max": 230, "lam": 0.1, "eps_G": 1.0, "xi": 0.5,
-           "theta": 0.0, "L": 1.0, "run": {**INSTANCE, "lam": 0.1, "eps_G": 1.0}},
+           "theta": 0.0, "L": 1.0, "run": INSTANCE | {"lam": 0.1, "eps_G": 1.0}},
           reps=6, quick_reps=2)
 def check_theorem4(reps, rng, progress, **p):
     """Two parts. The counts of the statement and of its proof side by side (no Monte

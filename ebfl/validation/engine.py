@@ -3,7 +3,7 @@
 A check draws R independent replicates (population, data, mechanism), computes
 per-replicate statistics, and compares their mean with a formula:
 
-* ``exact``: the formula is an equality; holds if |estimate - formula| <= z se.
+* ``exact``: the formula is an equality; holds if ``|estimate - formula| <= z se``.
 * ``upper``: the formula bounds the quantity from above; holds unless
   estimate > formula + z se.
 * ``lower``: the formula bounds it from below; holds unless estimate < formula - z se.
@@ -37,7 +37,9 @@ from ebfl._validation import (
 
 __all__ = ["KINDS", "VERDICTS", "CheckResult", "judge", "make_result", "run_replicates"]
 
+#: How a check compares its estimate with the formula (described in the module docstring).
 KINDS = ("exact", "upper", "lower")
+#: The verdicts of a check.
 VERDICTS = ("holds", "violated", "inconclusive")
 DEFAULT_Z = 4.0
 

@@ -19,7 +19,7 @@ Rows where the paper's statement is only approximate carry a ``flag``: its
 lambda*_p (eq. (18)) and Lemma 6's lambda* (eq. (50)) treat a private client's
 own upload as noise-free, so they are not the minimizers of the MSE and the
 FedHDP estimator does not reach the Bayes MSE (46) for private clients
-(Theorem 3 and Lemma 6 claim it does).
+(Theorem 3 and Lemma 6 claim it does; errata [FedHDP 1]).
 """
 
 from __future__ import annotations
@@ -49,10 +49,10 @@ PHI = 0.3
 
 APPROX_FLAG = ("the paper's lambda* (eq. (18), (50)) matches the Bayes estimator's coefficients "
                "with the client's own upload taken as noise-free (eq. (49)); with its privacy "
-               "noise in the global model it is not the minimizer of the MSE")
+               "noise in the global model it is not the minimizer of the MSE (errata [FedHDP 1])")
 BAYES_FLAG = ("Theorem 3 / Lemma 6 claim FedHDP at lambda* is Bayes optimal for every client; "
               "for a private client the global model contains its own noise l_j, so the "
-              "estimate is the Bayes one plus (lambda w/(1+lambda)) l_j")
+              "estimate is the Bayes one plus (lambda w/(1+lambda)) l_j (errata [FedHDP 1])")
 
 
 # ----------------------------------------------------------------- simulation
@@ -81,7 +81,7 @@ def draw_clients(rng, k, counts, alpha2, tau2, gammas2, *, d=1, phi=PHI):
 
 
 def draw_regression_clients(rng, k, counts, alpha2, tau2, gammas2, *, d, n_samples, phi=PHI):
-    """k replicates of the linear-regression model (eq. (19)-(24)).
+    """k replicates of the linear-regression model (equations (19)-(24)).
 
     Client j has a design F_j (n_s x d, F_j^T F_j = n_s I_d: sqrt(n_s) times
     orthonormal columns, drawn at random once per call and shared by its k
@@ -103,7 +103,7 @@ def draw_regression_clients(rng, k, counts, alpha2, tau2, gammas2, *, d, n_sampl
 
 
 def server_estimate(psi, counts, ratios):
-    """theta_hat = sum_j w_j psi_j with w_j = r_i / sum_k N_k r_k (eq. (64)); shape (k, d)."""
+    """theta_hat = sum_j w_j psi_j with w_j = r_i / sum_k N_k r_k (equation (64)); shape (k, d)."""
     counts = np.asarray(counts)
     w = np.asarray(ratios, dtype=np.float64) / np.sum(counts * np.asarray(ratios))
     weights = np.repeat(w, counts)
@@ -111,12 +111,12 @@ def server_estimate(psi, counts, ratios):
 
 
 def personalized(phi_hat, theta, lam):
-    """theta_hat_j(lambda) = (phi_hat_j + lambda theta_hat)/(1 + lambda) (eq. (48))."""
+    """theta_hat_j(lambda) = (phi_hat_j + lambda theta_hat)/(1 + lambda) (equation (48))."""
     return (phi_hat + lam * theta[:, None, :]) / (1.0 + lam)
 
 
 def bayes_estimates(phi_hat, psi, counts, alpha2, tau2, gammas2):
-    """The Bayes estimator of eq. (47)/(74) for every client: shape (k, N, d).
+    """The Bayes estimator of equation (47)/(74) for every client: shape (k, N, d).
 
     theta*_j = (1 - k_j) phi_hat_j + k_j phi^(-j), where phi^(-j) fuses the other
     clients' uploads with weights 1/sigma_i^2 (eq. (66)) and
@@ -167,7 +167,7 @@ def _point_args(p):
 
 @register("fedhdp_server", "FedHDP Lemma 1, eq. (12)-(13): the server's MSE sigma_s^2(r) is "
           "minimized at r* = sigma_c^2/(sigma_c^2 + N_p gamma^2)",
-          {**POINT, "ratios": (0.05, 0.5, 1.0)}, reps=REPS, quick_reps=QUICK_REPS)
+          POINT | {"ratios": (0.05, 0.5, 1.0)}, reps=REPS, quick_reps=QUICK_REPS)
 def check_server(reps, rng, progress, **p):
     args = _point_args(p)
     counts, gammas2 = _point_levels(p)

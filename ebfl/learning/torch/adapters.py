@@ -470,7 +470,7 @@ def parameter_groups(model):
 
     See Also
     --------
-    parameter_counts, split_state
+    parameter_counts, ebfl.learning.torch.adapters.split_state
 
     Examples
     --------

@@ -33,9 +33,9 @@ Conventions shared by all of them (the papers leave these open):
   teacher's outputs leaves them alone), gradient and proximal terms act on
   parameters only, and the server averages buffers as it averages parameters.
 
-Every class reports what Table 1 of PerAda counts: :meth:`trained_parameters`
-(per client) and :meth:`communicated_parameters` (per client and round, each
-way), both in parameters (buffers not counted), and :meth:`global_state`, the
+Every class reports what Table 1 of PerAda counts: ``trained_parameters()``
+(per client) and ``communicated_parameters()`` (per client and round, each
+way), both in parameters (buffers not counted), and ``global_state()``, the
 server's global model (None where there is none).
 
 :class:`FedAvgFT` and :class:`PerFedAvg` adapt the global model on each

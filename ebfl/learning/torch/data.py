@@ -78,7 +78,7 @@ class FederatedDataset:
 
     Attributes
     ----------
-    x_train : Tensor (m, n_max, *feature_shape), float32
+    x_train : Tensor of shape (m, n_max) + feature_shape, float32
     y_train : Tensor (m, n_max), int64
     n_train : Tensor (m,)
         Real samples per client; rows past ``n_train[i]`` are padding.
@@ -99,7 +99,7 @@ class FederatedDataset:
     def from_clients(cls, x_train, y_train, x_test, y_test, *, n_classes=None):
         """Build from per-client lists of numpy arrays (features (n_i, ...), labels (n_i,)).
 
-        Features must be finite with |value| <= 3.4e38 (they are stored as
+        Features must be finite with ``|value| <= 3.4e38`` (they are stored as
         float32); labels are integers in 0..n_classes-1.
         """
         xtr, ytr, ntr = _stack(x_train, y_train, "train")

@@ -239,8 +239,9 @@ def per_sample_grads(model, loss_fn, stack, x, y, mask=None, frozen=None, *, sam
 
     Returns
     -------
-    dict name -> Tensor (K, B, *shape)
-        For the parameters of the stack (buffers excluded).
+    dict name -> Tensor (K, B, ...)
+        For the parameters of the stack (buffers excluded), each of shape
+        (K, B) + the parameter's shape.
 
     Examples
     --------
@@ -279,10 +280,10 @@ def dp_sgd_gradient(model, stack, x, y, mask, *, clip, noise_multiplier, generat
     ``generators[j]``.
 
     Dividing by the *expected* batch size q n_j rather than the realized
-    |S_j| is the standard DP-SGD estimator under Poisson sampling: it is
+    ``|S_j|`` is the standard DP-SGD estimator under Poisson sampling: it is
     unbiased for the mean clipped gradient over the client's data
     (E sum_{i in S_j} = q sum_i), and a fixed denominator keeps the L2
-    sensitivity of the step at C / (q n_j), whereas |S_j| would itself depend
+    sensitivity of the step at C / (q n_j), whereas ``|S_j|`` would itself depend
     on the data.
 
     The per-sample gradients are materialized: K B d numbers for d parameters
@@ -310,8 +311,9 @@ def dp_sgd_gradient(model, stack, x, y, mask, *, clip, noise_multiplier, generat
 
     Returns
     -------
-    dict name -> Tensor (K, *shape)
-        One noisy gradient per client, for the parameters of the stack.
+    dict name -> Tensor (K, ...)
+        One noisy gradient per client, for the parameters of the stack (each of
+        shape (K,) + the parameter's shape).
 
     Examples
     --------

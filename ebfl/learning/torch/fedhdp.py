@@ -157,7 +157,7 @@ class FedHDP(Strategy):
         they use the expected counts q M_i (M_i the group's size), which do not
         depend on who took part, and noise is released in every round: the
         variant for which the accountant's (epsilon, delta) is a proof
-        (with Poisson sampling, ``sampling="poisson"``).
+        (with Poisson sampling, ``sampling="poisson"``; errata [FedHDP 6]).
     weight_decay : float
     """
 

@@ -177,7 +177,7 @@ def generalization_report(strategy, server, clients, data, *, global_test, ood=N
         The trained algorithm (its ``global_state(server)``, if any, is the
         global model; ``None`` for methods without one).
     server, clients : dict
-        Its final server state and client states (a :class:`TrainResult`'s).
+        Its final server state and client states (a :class:`~ebfl.learning.torch.TrainResult`'s).
     data : FederatedDataset
         The clients' data: each personalized model is scored on its local test set.
     global_test : (Tensor, Tensor)

@@ -55,7 +55,7 @@ class CNN5(nn.Module):
 
 
 class MLP(nn.Module):
-    """Fully connected network: ``in_features`` -> hidden (ReLU) ... -> ``n_classes`` logits.
+    """Fully connected network: ``in_features`` -> hidden layers (ReLU) -> ``n_classes`` logits.
 
     ``hidden`` is a sequence of layer widths (an int means one hidden layer).
     """

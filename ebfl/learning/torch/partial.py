@@ -37,8 +37,8 @@ ResNet-18, ``FedAlt(model, lr, personal="input")``, ``personal="output"``,
 ``personal="adapter"`` (and FedSim likewise), ``FedRep(model)``,
 ``FedBN(model)`` and ``LGFedAvg(model)``: the group names are those of
 :func:`ebfl.learning.torch.adapters.parameter_groups`, and every strategy
-reports Table 1's parameter counts (:meth:`~_Partial.trained_parameters`,
-:meth:`~_Partial.communicated_parameters`).
+reports Table 1's parameter counts (``trained_parameters()``,
+``communicated_parameters()``).
 
 On ResNet-18 with 10 classes (11,181,642 parameters) these counts are: FedBN
 communicates 11,172,042 (Table 1: 11.17M), LG-FedAvg 5,130 (0.005M), FedRep
@@ -453,7 +453,7 @@ class LGFedAvg(FedSim):
     communicated (Table 1 of PerAda: 0.005M parameters on ResNet-18).
 
     LG-FedAvg has no global model (a shared head without a shared
-    representation predicts nothing): :meth:`global_state` is None.
+    representation predicts nothing): ``global_state()`` is None.
 
     Parameters
     ----------

@@ -12,7 +12,7 @@ adapters, the BatchNorm affine parameters and the head: see
 * a local adapter theta_m, started from w each round, trained on its data and
   sent to the server.
 
-The server averages the local adapters uniformly (1/|S_t|, not by data size),
+The server averages the local adapters uniformly (``1/|S_t|``, not by data size),
 then refines the average by R steps of ensemble knowledge distillation on
 unlabeled data D_aux: the student w is pulled toward the mean of the selected
 clients' logits, ``KL(softmax(mean_m f(theta_m, x)/T) || softmax(f(w, x)/T))``.
@@ -321,7 +321,8 @@ class PerAda(ServerDistillation, Strategy):
         eta_a.
     kd_batch_size : int
     kd_optimizer : {"sgd", "adam"}
-        Algorithm 1 writes SGD; the official code uses Adam with cosine annealing.
+        Algorithm 1 writes SGD; the official code uses Adam with cosine annealing
+        (errata [PerAda 5]).
     temperature : float
         T of the distillation loss (the paper does not state it; the code uses 1).
     kd_rounds : int, optional

@@ -190,7 +190,7 @@ def pretrained_backbone(*, dataset="fashion-mnist", arch="small", widths=(16, 32
 def load_backbone(model, state):
     """Copy a pretrained backbone into a :class:`SmallResNet` (with adapters), in place.
 
-    Every backbone tensor of ``state`` (e.g. :attr:`PretrainedBackbone.state`)
+    Every backbone tensor of ``state`` (e.g. ``PretrainedBackbone.state``)
     is copied by name; the adapters and ``dropout_key`` keep their values, and
     the head ``fc`` is copied only when its shape matches (otherwise it is left
     as initialised, and the report says so).

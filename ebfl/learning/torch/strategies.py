@@ -1,7 +1,7 @@
 """Federated algorithms in torch: each a client half and a server half (:mod:`ebfl.federated`).
 
 Every strategy is one :class:`~ebfl.federated.FederatedAlgorithm`, run by the
-in-process engine (:func:`~.engine.train`, all sampled clients vectorized with
+in-process engine (:func:`~ebfl.learning.torch.engine.train`, all sampled clients vectorized with
 ``torch.func.vmap``) and by Flower (:mod:`ebfl.federated.flower`, one client per
 ``ClientApp`` call). :class:`Strategy` supplies the local loop; a strategy
 implements
