@@ -71,8 +71,8 @@ for dist in ("torch", "flwr"):
 for name in optional:
     try:
         importlib.import_module(name)
-    except ImportError:
-        pass
+    except ImportError as exc:
+        assert "pip install 'ebfl[" in str(exc), (name, str(exc))  # says which extra
     else:
         raise AssertionError(f"{name} imported without its extra")
 

@@ -229,7 +229,8 @@ def plot_table1(result, path):
     colors = colormaps["tab20"].colors[::2] + colormaps["tab20"].colors[1::2]
     for (name, curve), color in zip(result["curves"].items(), colors, strict=False):
         rounds, acc = zip(*curve, strict=True)
-        line, = ax.plot(rounds, acc, label=name, color=color)
+        line, = ax.plot(rounds, acc, label=name, color=color,
+                        marker="o" if len(rounds) < 3 else None)  # visible in --quick
         if name in result["paper"]:
             ax.scatter([rounds[-1]], [result["paper"][name][0]], marker="*", s=60,
                        color=line.get_color())

@@ -81,6 +81,11 @@ def apply_flower_env():
 
 apply_flower_env()
 
+try:
+    import flwr  # noqa: E402, F401
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("ebfl.federated.flower needs Flower: pip install 'ebfl[flower]'") from exc
+
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.common.logger import log  # noqa: E402

@@ -63,6 +63,8 @@ def plot_sweeps(directory, *, names=None, reps=None, quick=False, rng=0, progres
     ``names``: sweeps to plot (a str is one sweep), all by default; the FedHDP
     paper's Figures 1-4 (keys of ``ebfl.validation.fedhdp_figures.FIGURES``) too.
     """
+    from matplotlib.ticker import NullFormatter
+
     from ebfl._plotting import subplots
     from ebfl.validation.fedhdp_figures import FIGURES, plot_fedhdp_figures
 
@@ -94,6 +96,10 @@ def plot_sweeps(directory, *, names=None, reps=None, quick=False, rng=0, progres
             ax.set_ylabel("MSE")
         if logx:
             ax.set_xscale("log")
+            # Label the swept values: within a decade or two matplotlib labels the
+            # minor ticks too, and they overlap.
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.set_xticks(xs, [f"{x:g}" for x in xs])
         ax.set_xlabel(xlabel)
         ax.set_title(f"{rows[0].name}: {name.split('_vs_')[1].replace('_', ' ')} sweep")
         ax.legend(fontsize=8)
