@@ -166,43 +166,45 @@ def _homes() -> dict[int, str]:
     return homes
 
 
-def _object_at(path: str):
-    """The object at dotted ``path``, or None."""
+def _resolve(path: str) -> tuple[list[str], list[object]] | None:
+    """The names after the longest importable module of dotted ``path``, and the
+    objects along them (the module first); None if a name is missing."""
     parts = path.split(".")
     for i in range(len(parts), 0, -1):
         try:
             obj = importlib.import_module(".".join(parts[:i]))
         except ImportError:
             continue
-        for part in parts[i:]:
-            obj = getattr(obj, part, None)
-        return obj
-    return None
-
-
-def _documented_name(path: str, homes: dict[int, str]) -> str | None:
-    """Where the object at ``path`` (any module path that exports it) is documented."""
-    parts = path.split(".")
-    for i in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
-        chain = []
+        objects = [obj]
         for part in parts[i:]:
             obj = getattr(obj, part, None)
             if obj is None:
                 return None
-            chain.append(obj)
-        if len(chain) >= 2 and inspect.isclass(chain[-2]):
-            # A member: documented on the class of the MRO that defines it.
-            for klass in chain[-2].__mro__:
-                if parts[-1] in vars(klass) and id(klass) in homes:
-                    return f"{homes[id(klass)]}.{parts[-1]}"
-        for k in range(len(chain) - 1, -1, -1):
-            if id(chain[k]) in homes:
-                return ".".join([homes[id(chain[k])], *parts[i + k + 1:]])
+            objects.append(obj)
+        return parts[i:], objects
+    return None
+
+
+def _object_at(path: str):
+    """The object at dotted ``path``, or None."""
+    found = _resolve(path)
+    return found[1][-1] if found else None
+
+
+def _documented_name(path: str, homes: dict[int, str]) -> str | None:
+    """Where the object at ``path`` (any module path that exports it) is documented."""
+    found = _resolve(path)
+    if found is None:
         return None
+    names, chain = found[0], found[1][1:]
+    if len(chain) >= 2 and inspect.isclass(chain[-2]):
+        # A member: documented on the class of the MRO that defines it.
+        for klass in chain[-2].__mro__:
+            if names[-1] in vars(klass) and id(klass) in homes:
+                return f"{homes[id(klass)]}.{names[-1]}"
+    for k in range(len(chain) - 1, -1, -1):
+        if id(chain[k]) in homes:
+            return ".".join([homes[id(chain[k])], *names[k + 1:]])
     return None
 
 
