@@ -25,8 +25,6 @@ def _data_root() -> Path:
 
 #: The folder holding ``manifests/`` and ``paper_numbers/``.
 DATA = _data_root()
-#: The former name of :data:`DATA` (when it was always the source tree's ``data/``).
-REPO_DATA = DATA
 
 
 def data_file(*parts) -> Path:

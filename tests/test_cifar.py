@@ -18,7 +18,7 @@ import tarfile
 import numpy as np
 import pytest
 
-from ebfl._paths import REPO_DATA
+from ebfl._paths import DATA
 from ebfl.datasets import _home, data_home
 from ebfl.datasets import cifar as cifar_module
 from ebfl.datasets.cifar import (
@@ -146,7 +146,7 @@ def cifar10_c_arrays(rows_per_severity=4, seed=2):
 def write_fixtures(home, *, n_train=6, n_test=5):
     """All four datasets in ``home`` in the official formats (CIFAR-10 with ``n_train``
     images per training batch and ``n_test`` test images); returns (arrays, manifests)."""
-    real = {name: json.loads((REPO_DATA / "manifests" / f"{name}.json").read_text())
+    real = {name: json.loads((DATA / "manifests" / f"{name}.json").read_text())
             for name in ("cifar10", "cifar100", "cifar10_1", "cifar10_c")}
     info = copy.deepcopy(real)
     arrays = {"cifar10": cifar10_arrays(n_train, n_test), "cifar100": cifar100_arrays()}
@@ -191,7 +191,7 @@ def fixtures(tmp_path, monkeypatch):
 
 
 def test_the_manifests_hold_the_published_checksums():
-    m = {name: json.loads((REPO_DATA / "manifests" / f"{name}.json").read_text())
+    m = {name: json.loads((DATA / "manifests" / f"{name}.json").read_text())
          for name in ("cifar10", "cifar100", "cifar10_1", "cifar10_c")}
     assert m["cifar10"]["members"]["python"]["files"]["cifar-10-python.tar.gz"].startswith(
         "6d958be0") and m["cifar10"]["members"]["python"]["md5"].startswith("c58f3010")

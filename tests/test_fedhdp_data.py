@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from ebfl._paths import REPO_DATA  # noqa: E402
+from ebfl._paths import DATA  # noqa: E402
 from ebfl.experiments.fedhdp_data import (  # noqa: E402
     MNIST_TRAIN_COUNTS,
     NONPRIVATE,
@@ -266,7 +266,7 @@ def _half_unit(text):
 
 def _printed_rows(table):
     """The table's cells as printed (the CSV keeps the paper's strings)."""
-    with open(REPO_DATA / "paper_numbers" / f"fedhdp_table{table}.csv", newline="") as fh:
+    with open(DATA / "paper_numbers" / f"fedhdp_table{table}.csv", newline="") as fh:
         return list(csv.DictReader(fh))
 
 
