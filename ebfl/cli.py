@@ -687,11 +687,16 @@ def _privacy_arguments(parser, *, noise_default, clip_help):
 
 
 def _cmd_reproduce_adaped(args):
-    from ebfl.experiments.adaped import METHODS, plot_table1, table1
+    from ebfl.experiments.adaped import METHODS, PAPER_LR_GRID, plot_table1, table1
 
+    lr_grid = args.lr_grid
+    if lr_grid is not None and not lr_grid:  # a bare --lr-grid: the paper's grid
+        lr_grid = PAPER_LR_GRID
     payload = table1(args.dataset, methods=tuple(args.methods or METHODS),
                      seeds=tuple(range(args.seed, args.seed + args.seeds)), quick=args.quick,
-                     femnist_root=args.femnist_root, progress=not args.json, device=args.device)
+                     femnist_root=args.femnist_root, progress=not args.json, device=args.device,
+                     classes_per_client=args.classes_per_client,
+                     samples_per_client=args.samples_per_client, lr_grid=lr_grid)
     _save_figure(args, plot_table1, payload, f"table1_{args.dataset}.png")
     payload.pop("curves")
 
@@ -700,11 +705,53 @@ def _cmd_reproduce_adaped(args):
         rows = [{"method": k, "accuracy %": v["mean"], "sd": v["sd"],
                  "paper": (f"{p['paper'][k][0]} ± {p['paper'][k][1]}" if k in p["paper"]
                            else "-"),
-                 "seconds": sum(v["seconds"])} for k, v in p["results"].items()]
+                 "lr": " ".join(f"{lr:g}" for lr in v.get("lr", [])) or "default",
+                 "seconds": sum(v["seconds"]) + sum(v.get("selection_seconds", []))}
+                for k, v in p["results"].items()]
         _print_table(f"\nTable 1 on {s['dataset']}{' (stand-in)' if s['stand_in'] else ''}: "
                      f"{s['clients']} clients, K = {s['sampled_per_round']}, {s['rounds']} "
-                     f"rounds of tau = {s['tau']}, seeds {s['seeds']}", rows,
-                     ["method", "accuracy %", "sd", "paper", "seconds"])
+                     f"rounds of tau = {s['tau']}, seeds {s['seeds']}; {s['split']}", rows,
+                     ["method", "accuracy %", "sd", "paper", "lr", "seconds"])
+        for path in p.get("figures", []):
+            print("saved", path)
+    _emit(args, payload, render)
+
+
+def _size(text):
+    """argparse type: a number of training images per client (>= 2), or "all"."""
+    return None if text == "all" else _integer(2)(text)
+
+
+def _cmd_reproduce_adaped_protocol(args):
+    from ebfl.experiments.adaped import PAPER_LR_GRID
+    from ebfl.experiments.adaped_protocol import (
+        SEARCH_METHODS,
+        plot_protocol_search,
+        protocol_search,
+    )
+
+    lr_grid = args.lr_grid
+    if lr_grid is not None and not lr_grid:  # a bare --lr-grid: the paper's grid
+        lr_grid = PAPER_LR_GRID
+    payload = protocol_search(args.sizes, methods=tuple(args.methods or SEARCH_METHODS),
+                              seeds=tuple(range(args.seed, args.seed + args.seeds)),
+                              lr_grid=lr_grid, classes_per_client=args.classes_per_client,
+                              dataset=args.dataset, quick=args.quick,
+                              checkpoint_dir=args.checkpoint_dir, progress=not args.json,
+                              device=args.device)
+    _save_figure(args, plot_protocol_search, payload, f"table1_protocol_{args.dataset}.png")
+
+    def render(p):
+        s = p["settings"]
+        rows = [{"images/client": r["samples_per_client"], "method": r["method"],
+                 "accuracy %": r["mean"], "sd": r["sd"],
+                 "paper": "-" if r["paper"] is None else r["paper"],
+                 "lr": " ".join(f"{v:g}" for v in r["lr"]) if r["lr"] else "default",
+                 "seconds": r["seconds"]} for r in p["rows"]]
+        _print_table(f"\nTable 1 protocol search on {s['dataset']}: {s['classes_per_client']} "
+                     f"classes per client, K = {s['sampled_per_round']}, {s['rounds']} rounds, "
+                     f"seeds {s['seeds']}", rows,
+                     ["images/client", "method", "accuracy %", "sd", "paper", "lr", "seconds"])
         for path in p.get("figures", []):
             print("saved", path)
     _emit(args, payload, render)
@@ -1318,7 +1365,37 @@ def build_parser():
     ada.add_argument("--methods", nargs="+", metavar="NAME", help="subset of the methods")
     ada.add_argument("--seeds", type=_integer(1), default=1,
                      help="runs (seeds seed, seed+1, ...)")
+    ada.add_argument("--classes-per-client", type=_integer(1), default=3, metavar="C",
+                     help="classes of each client's images (mnist, fashion-mnist; default 3)")
+    ada.add_argument("--samples-per-client", type=_integer(2), metavar="N",
+                     help="training images kept per client, drawn from its classes (mnist, "
+                          "fashion-mnist; default: all, about 1,100)")
+    ada.add_argument("--lr-grid", type=_positive, nargs="*", metavar="LR",
+                     help="choose each method's learning rate per seed on a validation split "
+                          "of the training images (never the test set); bare: the paper's "
+                          "grid 0.2 0.15 0.125 0.1 0.075 0.05")
     ada.set_defaults(func=_cmd_reproduce_adaped)
+
+    aps = rep.add_parser("adaped-protocol",
+                         help="Table 1 over training images per client (and tuned rates)")
+    aps.add_argument("--dataset", default="mnist", choices=["mnist", "fashion-mnist"])
+    aps.add_argument("--sizes", type=_size, nargs="+", default=[50, 100, 200, 500, None],
+                     metavar="N", help="training images per client, or all (default: 50 100 "
+                                       "200 500 all)")
+    aps.add_argument("--methods", nargs="+", metavar="NAME",
+                     help="default: AdaPeD FedAvg FedAvg+FT pFedMe QuPeD-FP Local")
+    aps.add_argument("--seed", type=_integer(0), default=0)
+    aps.add_argument("--seeds", type=_integer(1), default=1, help="runs per size")
+    aps.add_argument("--classes-per-client", type=_integer(1), default=3, metavar="C")
+    aps.add_argument("--lr-grid", type=_positive, nargs="*", metavar="LR",
+                     help="choose each rate on a validation split; bare: the paper's grid")
+    aps.add_argument("--quick", action="store_true", help="10 rounds per run")
+    aps.add_argument("--checkpoint-dir", metavar="DIR",
+                     help="keep each finished (size, seed) there and resume from it")
+    aps.add_argument("--plot", metavar="DIR", help="save the accuracy-per-size figure there")
+    _device_argument(aps)
+    _add_json(aps)
+    aps.set_defaults(func=_cmd_reproduce_adaped_protocol)
 
     fh = rep.add_parser("fedhdp", help="FedHDP Table 3 and the r-sweeps of Tables 8-9 (torch)")
     fh.add_argument("--dataset", default="mnist",

@@ -57,6 +57,7 @@ SECTIONS = [
     ("Experiments (the papers' reproductions)",
      ["ebfl.experiments", "ebfl.experiments.estimation", "ebfl.experiments.election",
       "ebfl.experiments.regression", "ebfl.experiments.hapt", "ebfl.experiments.adaped",
+      "ebfl.experiments.adaped_protocol",
       "ebfl.experiments.fedhdp", "ebfl.experiments.fedhdp_data", "ebfl.experiments.perada",
       "ebfl.experiments.perada_data", "ebfl.experiments.dppfl"]),
     ("Command line and demo", ["ebfl.cli", "ebfl.demo"]),

@@ -42,8 +42,9 @@ from ebfl._validation import (
     check_real_scalar,
 )
 
-__all__ = ["DATASETS", "METHODS", "dp_sweep", "fedem_comparison", "load_clients", "plot_dp_sweep",
-           "plot_fedem_comparison", "plot_table1", "table1"]
+__all__ = ["DATASETS", "METHODS", "PAPER_LR_GRID", "VALIDATION_FRACTION", "dp_sweep",
+           "fedem_comparison", "load_clients", "plot_dp_sweep", "plot_fedem_comparison",
+           "plot_table1", "table1"]
 
 #: The datasets of :func:`table1` (described in the module docstring).
 DATASETS = ("mnist", "femnist", "fashion-mnist", "hapt")
@@ -53,6 +54,10 @@ PROTOCOL = {"mnist": dict(n_clients=50, ratio=0.1, epochs=50),
             "hapt": dict(n_clients=30, ratio=0.33, epochs=50)}
 PAPER_COLUMN = {"mnist": "mnist", "femnist": "femnist_033"}
 TAU, ITERS_PER_EPOCH = 10, 60
+#: The learning rates the paper tuned every method over (Section 4.1).
+PAPER_LR_GRID = (0.2, 0.15, 0.125, 0.1, 0.075, 0.05)
+#: Share of each client's training images a learning rate is chosen on.
+VALIDATION_FRACTION = 0.2
 
 
 def _rounds(proto, quick):
@@ -61,22 +66,39 @@ def _rounds(proto, quick):
 
 
 def _methods():
+    """``name -> (factory(model, **rates), the rate arguments a tuned learning rate sets)``.
+
+    The factories keep the rates of the module docstring unless given; the paper's
+    grid search sets one "learning rate" per method, which is the step of the model
+    the method trains (both for AdaPeD's eta1 = eta2 and QuPeD's two models).
+    """
     from ebfl.learning.torch import AdaPeD, FedAvg, Local
     from ebfl.learning.torch import baselines as b
 
+    def rate(default):
+        return lambda kw: {"lr": default, **kw}
+
     return {
-        "AdaPeD": lambda model: AdaPeD(model),
-        "AdaPeD-FT": lambda model: AdaPeD(model, fine_tune=True),
-        "FedAvg": lambda model: FedAvg(model, 0.1),
-        "FedAvg+FT": lambda model: b.FedAvgFT(model, 0.1, finetune_batch=32),
-        "pFedMe": lambda model: b.PFedMe(model),
-        "Per-FedAvg": lambda model: b.PerFedAvg(model, adapt_batch=32),
-        "QuPeD-FP": lambda model: b.QuPeDFP(model),
-        "FML": lambda model: b.FML(model),
-        "Ditto": lambda model: b.Ditto(model),
-        "FedEM": lambda model: b.FedEM(model),
-        "Local": lambda model: Local(model, 0.1),
+        "AdaPeD": (lambda model, **kw: AdaPeD(model, **kw), ("lr_theta", "lr_mu")),
+        "AdaPeD-FT": (lambda model, **kw: AdaPeD(model, fine_tune=True, **kw),
+                      ("lr_theta", "lr_mu")),
+        "FedAvg": (lambda model, **kw: FedAvg(model, **rate(0.1)(kw)), ("lr",)),
+        "FedAvg+FT": (lambda model, **kw: b.FedAvgFT(model, finetune_batch=32, **rate(0.1)(kw)),
+                      ("lr",)),
+        "pFedMe": (lambda model, **kw: b.PFedMe(model, **kw), ("lr",)),
+        "Per-FedAvg": (lambda model, **kw: b.PerFedAvg(model, adapt_batch=32, **kw), ("lr",)),
+        "QuPeD-FP": (lambda model, **kw: b.QuPeDFP(model, **kw), ("lr_theta", "lr_global")),
+        "FML": (lambda model, **kw: b.FML(model, **kw), ("lr",)),
+        "Ditto": (lambda model, **kw: b.Ditto(model, **kw), ("lr",)),
+        "FedEM": (lambda model, **kw: b.FedEM(model, **kw), ("lr",)),
+        "Local": (lambda model, **kw: Local(model, **rate(0.1)(kw)), ("lr",)),
     }
+
+
+def _strategy(registry, name, model, lr=None):
+    """Method ``name`` on ``model``, with its tuned rate(s) set to ``lr`` when given."""
+    factory, rates = registry[name]
+    return factory(model, **({} if lr is None else dict.fromkeys(rates, lr)))
 
 
 #: The methods of Table 1, in its order (the default of :func:`table1`).
@@ -98,8 +120,33 @@ def _images(dataset):
     return x, y
 
 
-def load_clients(dataset, *, seed=0, femnist_root=None, test_fraction=0.2):
+def load_clients(dataset, *, seed=0, femnist_root=None, test_fraction=0.2,
+                 classes_per_client=3, samples_per_client=None, validation=False):
     """The federated dataset and a model factory for ``dataset`` (see the module docstring).
+
+    Parameters
+    ----------
+    dataset : str
+        One of :data:`DATASETS`.
+    seed : int
+        The client split's seed.
+    femnist_root : path-like, optional
+        LEAF FEMNIST directory.
+    test_fraction : float
+        Share of each client's images held out for testing, in (0, 1) (MNIST-like
+        datasets).
+    classes_per_client : int
+        Classes of each client's images, 1 to 10 (MNIST-like datasets; the paper: 3).
+    samples_per_client : int, optional
+        Keep this many of each client's training images, drawn stratified by its
+        classes (all it has if fewer); None keeps all (about 1,100 with 50 clients of
+        3 classes). The test images are not affected. MNIST-like datasets only: the
+        paper does not state this number.
+    validation : bool
+        Hold out :data:`VALIDATION_FRACTION` of each client's (kept) training images
+        and return them in place of the test set: the data to choose a learning rate
+        on. The same seed gives the same training images with and without it, so a
+        rate chosen on the validation split is then used on the full training set.
 
     Returns
     -------
@@ -115,21 +162,30 @@ def load_clients(dataset, *, seed=0, femnist_root=None, test_fraction=0.2):
     seed = _seed_iv(seed)
     test_fraction = check_real_scalar(test_fraction, "test_fraction", low=0.0, high=1.0,
                                       low_open=True, high_open=True)
+    classes_per_client, samples_per_client = _protocol_iv(dataset, classes_per_client,
+                                                          samples_per_client)
+    validation = check_bool(validation, "validation")
     _root_iv(femnist_root)
     rng = np.random.default_rng(seed)
     if dataset in ("mnist", "fashion-mnist"):
-        from ebfl.learning.partition import pathological, train_test_split_per_client
-
         x, y = _images(dataset)
-        m = PROTOCOL[dataset]["n_clients"]
-        parts = pathological(y, m, 3, rng=rng)
-        train, test = train_test_split_per_client(y, parts, test_fraction, rng=rng)
+        train, test = _mnist_split(y, PROTOCOL[dataset]["n_clients"], classes_per_client,
+                                   samples_per_client, test_fraction, validation, rng)
         data = FederatedDataset.from_clients([x[i] for i in train], [y[i] for i in train],
                                              [x[i] for i in test], [y[i] for i in test],
                                              n_classes=10)
-        info = {"clients": m, "split": "pathological, 3 classes per client; "
-                f"{1 - test_fraction:.0%}/{test_fraction:.0%} stratified per client"}
+        kept = "all" if samples_per_client is None else f"at most {samples_per_client}"
+        info = {"clients": len(train),
+                "split": f"pathological, {classes_per_client} classes per client; "
+                f"{1 - test_fraction:.0%}/{test_fraction:.0%} stratified per client; "
+                f"{kept} training images per client"
+                + (f"; validation: {VALIDATION_FRACTION:.0%} of them" if validation else ""),
+                "classes_per_client": classes_per_client,
+                "samples_per_client": samples_per_client,
+                "train_sizes": [int(len(i)) for i in train]}
         return data, CNN5, info
+    if validation:
+        raise ValueError(f"validation is available for mnist and fashion-mnist, not {dataset!r}")
     if dataset == "femnist":
         from ebfl.datasets import femnist_clients, load_leaf_femnist
 
@@ -148,8 +204,50 @@ def load_clients(dataset, *, seed=0, femnist_root=None, test_fraction=0.2):
         "clients": len(users), "split": "subjects; first complete protocol run trains"}
 
 
+def _train_table1(registry, make_model, name, clients, lr, every, *, rounds, k, seed, progress,
+                  device):
+    """One Table 1 run of method ``name`` (rate ``lr``, or its default when None)."""
+    from ebfl.learning.torch import train
+
+    return train(_strategy(registry, name, make_model(), lr), clients, rounds=rounds,
+                 local_steps=TAU, clients_per_round=k, iters_per_epoch=ITERS_PER_EPOCH,
+                 eval_every=every, seed=seed, progress=progress, device=device)
+
+
+def _mnist_split(y, n_clients, classes, samples, test_fraction, validation, rng):
+    """Per-client (train, test) indices: pathological classes, then test, then the kept
+    training images, then (``validation``) the validation split of those, in that order
+    so that one seed gives the same training images with and without validation."""
+    from ebfl.learning.partition import pathological, train_test_split_per_client
+
+    parts = pathological(y, n_clients, classes, rng=rng)
+    train, test = train_test_split_per_client(y, parts, test_fraction, rng=rng)
+    if samples is not None:
+        # Dropping n_i - N of a client's n_i images, stratified like a test split.
+        train = [idx if len(idx) <= samples else
+                 train_test_split_per_client(y, [idx], 1 - samples / len(idx), rng=rng)[0][0]
+                 for idx in train]
+    if validation:
+        train, test = train_test_split_per_client(y, train, VALIDATION_FRACTION, rng=rng)
+    return train, test
+
+
+def _protocol_iv(dataset, classes_per_client, samples_per_client):
+    classes_per_client = check_int_scalar(classes_per_client, "classes_per_client",
+                                          minimum=1, maximum=10)
+    if samples_per_client is not None:
+        samples_per_client = check_int_scalar(samples_per_client, "samples_per_client",
+                                              minimum=2)
+    if dataset not in ("mnist", "fashion-mnist") and (
+            classes_per_client != 3 or samples_per_client is not None):
+        raise ValueError("classes_per_client and samples_per_client apply to mnist and "
+                         f"fashion-mnist, not {dataset!r}")
+    return classes_per_client, samples_per_client
+
+
 def table1(dataset="mnist", *, methods=METHODS, seeds=(0,), quick=False, femnist_root=None,
-           progress=False, eval_every=None, device=None):
+           progress=False, eval_every=None, device=None, classes_per_client=3,
+           samples_per_client=None, lr_grid=None):
     """Train every method on ``dataset``; per-method accuracy (mean, sd over seeds).
 
     Parameters
@@ -167,15 +265,26 @@ def table1(dataset="mnist", *, methods=METHODS, seeds=(0,), quick=False, femnist
     device : None, str or torch.device
         Where the models train: "cpu" (None), "cuda" or "cuda:N" (see
         :func:`ebfl.learning.torch.train`; the same random numbers on every device).
+    classes_per_client, samples_per_client : int, optional
+        The client split of MNIST-like datasets (see :func:`load_clients`; the paper
+        states 3 classes and not the number of images).
+    lr_grid : sequence of float, optional
+        Choose each method's learning rate per seed from these values, as the paper
+        did (its grid: :data:`PAPER_LR_GRID`): every value is trained on the
+        training images less a validation split (:data:`VALIDATION_FRACTION` per
+        client) and scored on that split, never on the test set; the best (the
+        first in the grid's order on a tie) is then trained on all training images
+        and tested. None keeps the rates of the module docstring.
 
     Returns
     -------
     dict
-        ``settings``, ``results`` {method: {mean, sd, per_seed, seconds}},
+        ``settings``, ``results`` {method: {mean, sd, per_seed, seconds}, plus with
+        ``lr_grid`` ``lr`` (the chosen rate per seed), ``validation`` (per seed,
+        the validation accuracy of every rate) and ``selection_seconds``},
         ``curves`` {method: [(round, accuracy), ...]} of the first seed, and
         ``paper`` {method: [value, pm]} where the paper reports the column.
     """
-    from ebfl.learning.torch import train
     from ebfl.learning.torch.functional import check_device
 
     _dataset_iv(dataset)
@@ -187,19 +296,42 @@ def table1(dataset="mnist", *, methods=METHODS, seeds=(0,), quick=False, femnist
     if eval_every is not None:
         eval_every = check_int_scalar(eval_every, "eval_every", minimum=1)
     _root_iv(femnist_root)
+    split = dict(zip(("classes_per_client", "samples_per_client"),
+                     _protocol_iv(dataset, classes_per_client, samples_per_client), strict=True))
+    if lr_grid is not None:
+        if dataset not in ("mnist", "fashion-mnist"):
+            raise ValueError(f"lr_grid is available for mnist and fashion-mnist (a validation "
+                             f"split of their training images), not {dataset!r}")
+        lr_grid = tuple(check_positive_scalar(v, "lr_grid") for v in _sequence(lr_grid,
+                                                                              "lr_grid"))
+        if not lr_grid:
+            raise ValueError("lr_grid must hold at least one learning rate")
     proto = PROTOCOL[dataset]
     rounds = _rounds(proto, quick)
     eval_every = eval_every or (rounds if quick else max(1, rounds // 30))
-    results = {name: {"per_seed": [], "seconds": []} for name in methods}
+    results = {name: {"per_seed": [], "seconds": []}
+               | ({"lr": [], "validation": [], "selection_seconds": []} if lr_grid else {})
+               for name in methods}
     curves, info, k = {}, None, None
     for seed in seeds:
-        data, make_model, info = load_clients(dataset, seed=seed, femnist_root=femnist_root)
+        data, make_model, info = load_clients(dataset, seed=seed, femnist_root=femnist_root,
+                                              **split)
         k = max(1, round(proto["ratio"] * data.n_clients))
+        run = functools.partial(_train_table1, registry, make_model, rounds=rounds, k=k,
+                                seed=seed, progress=progress, device=device)
+        if lr_grid:
+            held_out = load_clients(dataset, seed=seed, validation=True, **split)[0]
         for name in methods:
-            strategy = registry[name](make_model())
-            res = train(strategy, data, rounds=rounds, local_steps=TAU, clients_per_round=k,
-                        iters_per_epoch=ITERS_PER_EPOCH, eval_every=eval_every, seed=seed,
-                        progress=progress, device=device)
+            lr = None
+            if lr_grid:
+                trials = [run(name, held_out, v, rounds) for v in lr_grid]
+                scores = [100 * float(t.accuracy.mean()) for t in trials]
+                lr = lr_grid[int(np.argmax(scores))]
+                results[name]["lr"].append(lr)
+                results[name]["selection_seconds"].append(sum(t.seconds for t in trials))
+                results[name]["validation"].append(dict(zip(map(str, lr_grid), scores,
+                                                            strict=True)))
+            res = run(name, data, lr, eval_every)
             results[name]["per_seed"].append(100 * float(res.accuracy.mean()))
             results[name]["seconds"].append(res.seconds)
             if seed == seeds[0]:
@@ -212,7 +344,9 @@ def table1(dataset="mnist", *, methods=METHODS, seeds=(0,), quick=False, femnist
         for row in paper_numbers("generative_framework_table1").itertuples():
             if row.method in results:
                 paper[row.method] = [getattr(row, col), getattr(row, col + "_pm")]
-    return {"settings": {"dataset": dataset, **info, "sampled_per_round": k, "tau": TAU,
+    return {"settings": {"dataset": dataset, **info, **split, "lr_grid": lr_grid,
+                         "validation_fraction": VALIDATION_FRACTION if lr_grid else None,
+                         "sampled_per_round": k, "tau": TAU,
                          "rounds": rounds, "iterations": rounds * TAU, "seeds": list(seeds),
                          "quick": bool(quick), "stand_in": dataset in ("fashion-mnist", "hapt"),
                          "metric": "test accuracy (%), mean over clients"},

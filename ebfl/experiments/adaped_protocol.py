@@ -1,0 +1,164 @@
+"""Which protocol reproduces Table 1? A search over what the paper leaves unstated.
+
+The paper gives the split (50 MNIST clients of 3 classes), K = 5, tau = 10 and 50
+epochs, but not how many training images a client holds, nor the learning rates it
+tuned each method to (over :data:`~ebfl.experiments.adaped.PAPER_LR_GRID`). With all
+of MNIST each client has about 1,100 images of 3 digits, which makes local training
+strong and FedAvg's one model good. :func:`protocol_search` runs Table 1
+(:func:`~ebfl.experiments.adaped.table1`) for several numbers of training images per
+client, optionally choosing each method's rate on a validation split, and sets the
+results beside the paper's; :func:`plot_protocol_search` draws accuracy against
+images per client, one line per method, with the paper's values as markers.
+
+Every (size, seed) cell is saved to ``checkpoint_dir`` as soon as it is done, so a
+long search resumes where it stopped and a finished one re-plots at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ebfl._validation import check_bool, check_int_scalar
+
+__all__ = ["SEARCH_METHODS", "plot_protocol_search", "protocol_search"]
+
+#: The methods the paper's Table 1 headline compares (and local training).
+SEARCH_METHODS = ("AdaPeD", "FedAvg", "FedAvg+FT", "pFedMe", "QuPeD-FP", "Local")
+
+
+def _sizes_iv(sizes):
+    out = []
+    for size in sizes:
+        out.append(None if size is None or size == "all"
+                   else check_int_scalar(size, "sizes", minimum=2))
+    if not out:
+        raise ValueError("sizes must hold at least one number of images per client")
+    return out
+
+
+def _cell_path(directory, key):
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(directory) / f"adaped_protocol_{digest}.json"
+
+
+def protocol_search(sizes=(50, 100, 200, 500, None), *, methods=SEARCH_METHODS, seeds=(0,),
+                    lr_grid=None, classes_per_client=3, dataset="mnist", quick=False,
+                    checkpoint_dir=None, progress=False, device=None):
+    """Table 1 for every number of training images per client in ``sizes``.
+
+    Parameters
+    ----------
+    sizes : sequence of int or None
+        Training images per client (None or ``"all"``: all of them).
+    methods : sequence of str
+        Names from :data:`ebfl.experiments.adaped.METHODS`.
+    seeds : sequence of int
+        One client split, initialization and sampling per seed.
+    lr_grid : sequence of float, optional
+        Choose each method's rate per seed on a validation split (see
+        :func:`ebfl.experiments.adaped.table1`); None keeps the default rates.
+    classes_per_client : int
+        Classes per client (the paper: 3).
+    dataset : {"mnist", "fashion-mnist"}
+    quick : bool
+        10 rounds per run (a pipeline check).
+    checkpoint_dir : path-like, optional
+        Where each finished (size, seed) cell is kept and read back.
+    progress : bool
+        Progress bars.
+    device : None, str or torch.device
+        Where the models train.
+
+    Returns
+    -------
+    dict
+        ``settings``; ``rows``: one per (size, method) with ``mean``, ``sd``,
+        ``per_seed``, the chosen ``lr`` per seed (with ``lr_grid``), ``seconds`` and the
+        ``paper`` value; ``paper`` {method: [value, pm]}.
+    """
+    from ebfl.experiments.adaped import table1
+
+    sizes = _sizes_iv(sizes)
+    seeds = [check_int_scalar(s, "seeds", minimum=0) for s in seeds]
+    if not seeds:
+        raise ValueError("seeds must hold at least one seed")
+    quick = check_bool(quick, "quick")
+    cells, paper = {}, {}
+    for size in sizes:
+        for seed in seeds:
+            key = {"dataset": dataset, "size": size, "seed": seed, "methods": list(methods),
+                   "lr_grid": None if lr_grid is None else [float(v) for v in lr_grid],
+                   "classes": classes_per_client, "quick": quick}
+            path = None if checkpoint_dir is None else _cell_path(checkpoint_dir, key)
+            if path is not None and path.is_file():
+                cell = json.loads(path.read_text())
+            else:
+                cell = table1(dataset, methods=methods, seeds=(seed,), quick=quick,
+                              progress=progress, device=device,
+                              classes_per_client=classes_per_client,
+                              samples_per_client=size, lr_grid=lr_grid)
+                cell.pop("curves")
+                cell = json.loads(json.dumps(cell, default=float))
+                if path is not None:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = path.with_suffix(".tmp")
+                    tmp.write_text(json.dumps(cell))
+                    tmp.replace(path)  # a killed run never leaves half a cell
+            cells[size, seed] = cell
+            paper = cell["paper"]
+    rows = []
+    for size in sizes:
+        for name in methods:
+            runs = [cells[size, seed]["results"][name] for seed in seeds]
+            acc = [r["per_seed"][0] for r in runs]
+            rows.append({"samples_per_client": "all" if size is None else size, "method": name,
+                         "mean": float(np.mean(acc)),
+                         "sd": float(np.std(acc, ddof=1)) if len(acc) > 1 else 0.0,
+                         "per_seed": acc,
+                         "lr": [r["lr"][0] for r in runs] if lr_grid is not None else None,
+                         "seconds": float(sum(r["seconds"][0] + sum(r.get("selection_seconds",
+                                                                             [0.0]))
+                                              for r in runs)),
+                         "paper": paper.get(name, [None])[0]})
+    first = cells[sizes[0], seeds[0]]["settings"]
+    settings = {"dataset": dataset, "sizes": ["all" if s is None else s for s in sizes],
+                "seeds": seeds, "methods": list(methods), "lr_grid": lr_grid,
+                "classes_per_client": classes_per_client, "quick": quick,
+                "rounds": first["rounds"], "sampled_per_round": first["sampled_per_round"],
+                "metric": first["metric"]}
+    return {"settings": settings, "rows": rows, "paper": paper}
+
+
+def plot_protocol_search(result, path):
+    """Accuracy against training images per client, one line per method; the paper's
+    values as markers at the right. Saves to ``path`` and returns it."""
+    from ebfl._plotting import subplots
+
+    sizes = result["settings"]["sizes"]
+    positions = np.arange(len(sizes))
+    fig, ax = subplots(figsize=(7.5, 4.5))
+    for name in result["settings"]["methods"]:
+        rows = [r for r in result["rows"] if r["method"] == name]
+        mean = [r["mean"] for r in rows]
+        sd = [r["sd"] for r in rows]
+        line = ax.errorbar(positions, mean, yerr=sd, marker="o", capsize=3, label=name)
+        paper = rows[0]["paper"]
+        if paper is not None:
+            ax.scatter([positions[-1] + 0.35], [paper], marker="*", s=90,
+                       color=line[0].get_color(), zorder=3)
+    ax.set_xticks(positions, [str(s) for s in sizes])
+    ax.set_xlim(-0.3, positions[-1] + 0.6)
+    ax.set_xlabel("training images per client")
+    ax.set_ylabel("test accuracy (%)")
+    s = result["settings"]
+    rates = "rates chosen on validation" if s["lr_grid"] else "default rates"
+    ax.set_title(f"Table 1 protocol search on {s['dataset']}: {len(s['seeds'])} seed(s), "
+                 f"{rates}; ★ the paper", fontsize=10)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return str(path)

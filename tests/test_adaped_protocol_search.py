@@ -1,0 +1,91 @@
+"""The Table 1 protocol search: cells per (size, seed), checkpoints, the table and figure."""
+
+import json
+
+import numpy as np
+import pytest
+
+import ebfl.experiments.adaped_protocol as search
+from ebfl.cli import main
+from tests.conftest import requires_data
+
+
+@pytest.fixture
+def fake_table1(monkeypatch):
+    """table1 replaced by a function of (method, size, seed); records its calls."""
+    calls = []
+
+    def table1(dataset, *, methods, seeds, samples_per_client, lr_grid, **kwargs):
+        (seed,) = seeds
+        calls.append((samples_per_client, seed))
+        size = 1000 if samples_per_client is None else samples_per_client
+        results = {}
+        for i, name in enumerate(methods):
+            acc = 50 + i + size / 100 + seed
+            results[name] = {"per_seed": [acc], "seconds": [2.0], "mean": acc, "sd": 0.0}
+            if lr_grid is not None:
+                results[name] |= {"lr": [lr_grid[seed % len(lr_grid)]],
+                                  "selection_seconds": [3.0]}
+        return {"settings": {"rounds": 300, "sampled_per_round": 5, "metric": "accuracy"},
+                "results": results, "curves": {}, "paper": {"FedAvg": [92.93, 0.09]}}
+
+    import ebfl.experiments.adaped as adaped
+    monkeypatch.setattr(adaped, "table1", table1)
+    return calls
+
+
+def test_rows_are_means_over_seeds_beside_the_paper(fake_table1):
+    out = search.protocol_search((50, "all"), methods=("FedAvg", "Local"), seeds=(0, 1, 2),
+                                 lr_grid=(0.1, 0.05))
+    assert fake_table1 == [(50, 0), (50, 1), (50, 2), (None, 0), (None, 1), (None, 2)]
+    row = {(r["samples_per_client"], r["method"]): r for r in out["rows"]}
+    local = row[50, "Local"]
+    assert local["per_seed"] == [51.5, 52.5, 53.5]
+    assert local["mean"] == pytest.approx(52.5) and local["sd"] == pytest.approx(1.0)
+    assert local["paper"] is None and row["all", "FedAvg"]["paper"] == 92.93
+    assert local["lr"] == [0.1, 0.05, 0.1] and local["seconds"] == pytest.approx(15.0)
+    assert out["settings"]["sizes"] == [50, "all"]
+
+
+def test_a_search_resumes_from_its_checkpoints(fake_table1, tmp_path):
+    first = search.protocol_search((20, 40), methods=("FedAvg",), seeds=(0,),
+                                   checkpoint_dir=tmp_path)
+    assert len(fake_table1) == 2 and len(list(tmp_path.glob("*.json"))) == 2
+    again = search.protocol_search((20, 40), methods=("FedAvg",), seeds=(0,),
+                                   checkpoint_dir=tmp_path)
+    assert len(fake_table1) == 2  # nothing re-run
+    assert again == first
+    # another setting is another cell
+    search.protocol_search((20,), methods=("FedAvg",), seeds=(0,), lr_grid=(0.1,),
+                           checkpoint_dir=tmp_path)
+    assert len(fake_table1) == 3
+
+
+def test_the_figure_is_drawn(fake_table1, tmp_path):
+    out = search.protocol_search((50, 100, None), methods=("FedAvg", "Local"), seeds=(0, 1))
+    path = search.plot_protocol_search(out, tmp_path / "search.png")
+    assert (tmp_path / "search.png").stat().st_size > 10_000 and path.endswith("search.png")
+
+
+@pytest.mark.parametrize("sizes, match", [((), "sizes"), ((1,), "sizes"), ((50, 2.5), "sizes")])
+def test_bad_sizes(sizes, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        search.protocol_search(sizes, methods=("FedAvg",))
+
+
+def test_cli_refuses_a_bad_size(capsys):
+    assert main(["reproduce", "adaped-protocol", "--sizes", "50", "1"]) == 2
+    assert capsys.readouterr().err.startswith("error: argument --sizes")
+
+
+@requires_data("mnist")
+def test_cli_quick_search_on_mnist(tmp_path, capsys):
+    pytest.importorskip("torch")
+    code = main(["reproduce", "adaped-protocol", "--quick", "--sizes", "20", "--methods",
+                 "FedAvg", "--checkpoint-dir", str(tmp_path / "ck"), "--plot",
+                 str(tmp_path / "fig"), "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    (row,) = out["rows"]
+    assert row["samples_per_client"] == 20 and 0 <= row["mean"] <= 100
+    assert np.isfinite(row["seconds"]) and (tmp_path / "fig").is_dir()
