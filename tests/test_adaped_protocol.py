@@ -126,3 +126,19 @@ def test_cli_quick_search_on_mnist(capsys):
     fedavg = out["results"]["FedAvg"]
     assert fedavg["lr"][0] in (0.1, 0.05)
     assert set(fedavg["validation"][0]) == {"0.1", "0.05"}
+
+
+def test_a_bare_lr_grid_is_the_papers(monkeypatch, capsys):
+    seen = {}
+
+    def fake_table1(dataset, **kwargs):
+        seen.update(kwargs)
+        return {"settings": {}, "results": {}, "curves": {}, "paper": {}}
+
+    monkeypatch.setattr(adaped, "table1", fake_table1)
+    assert main(["reproduce", "adaped", "--quick", "--samples-per-client", "40", "--lr-grid",
+                 "--json"]) == 0
+    assert seen["lr_grid"] == adaped.PAPER_LR_GRID == (0.2, 0.15, 0.125, 0.1, 0.075, 0.05)
+    assert seen["samples_per_client"] == 40 and seen["classes_per_client"] == 3
+    assert main(["reproduce", "adaped", "--quick", "--json"]) == 0
+    assert seen["lr_grid"] is None and seen["samples_per_client"] is None
