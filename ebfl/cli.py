@@ -686,17 +686,33 @@ def _privacy_arguments(parser, *, noise_default, clip_help):
     parser.add_argument("--delta", type=_open_unit, default=1e-5)
 
 
-def _cmd_reproduce_adaped(args):
-    from ebfl.experiments.adaped import METHODS, PAPER_LR_GRID, plot_table1, table1
+def _table1_protocol_arguments(parser):
+    """Table 1's unstated protocol: classes per client and the learning-rate grid."""
+    parser.add_argument("--classes-per-client", type=_integer(1), default=3, metavar="C",
+                        help="classes of each client's images (mnist, fashion-mnist; default 3)")
+    parser.add_argument("--lr-grid", type=_positive, nargs="*", metavar="LR",
+                        help="choose each method's learning rate per seed on a validation "
+                             "split of the training images (never the test set); bare: the "
+                             "paper's grid 0.2 0.15 0.125 0.1 0.075 0.05")
 
-    lr_grid = args.lr_grid
-    if lr_grid is not None and not lr_grid:  # a bare --lr-grid: the paper's grid
-        lr_grid = PAPER_LR_GRID
+
+def _lr_grid(args):
+    """The grid of ``--lr-grid``: None without it, the paper's when given bare."""
+    from ebfl.experiments.adaped import PAPER_LR_GRID
+
+    if args.lr_grid is not None and not args.lr_grid:
+        return PAPER_LR_GRID
+    return args.lr_grid
+
+
+def _cmd_reproduce_adaped(args):
+    from ebfl.experiments.adaped import METHODS, plot_table1, table1
+
     payload = table1(args.dataset, methods=tuple(args.methods or METHODS),
                      seeds=tuple(range(args.seed, args.seed + args.seeds)), quick=args.quick,
                      femnist_root=args.femnist_root, progress=not args.json, device=args.device,
                      classes_per_client=args.classes_per_client,
-                     samples_per_client=args.samples_per_client, lr_grid=lr_grid)
+                     samples_per_client=args.samples_per_client, lr_grid=_lr_grid(args))
     _save_figure(args, plot_table1, payload, f"table1_{args.dataset}.png")
     payload.pop("curves")
 
@@ -723,19 +739,16 @@ def _size(text):
 
 
 def _cmd_reproduce_adaped_protocol(args):
-    from ebfl.experiments.adaped import PAPER_LR_GRID
     from ebfl.experiments.adaped_protocol import (
         SEARCH_METHODS,
         plot_protocol_search,
         protocol_search,
     )
 
-    lr_grid = args.lr_grid
-    if lr_grid is not None and not lr_grid:  # a bare --lr-grid: the paper's grid
-        lr_grid = PAPER_LR_GRID
     payload = protocol_search(args.sizes, methods=tuple(args.methods or SEARCH_METHODS),
                               seeds=tuple(range(args.seed, args.seed + args.seeds)),
-                              lr_grid=lr_grid, classes_per_client=args.classes_per_client,
+                              lr_grid=_lr_grid(args),
+                              classes_per_client=args.classes_per_client,
                               dataset=args.dataset, quick=args.quick,
                               checkpoint_dir=args.checkpoint_dir, progress=not args.json,
                               device=args.device)
@@ -1365,15 +1378,10 @@ def build_parser():
     ada.add_argument("--methods", nargs="+", metavar="NAME", help="subset of the methods")
     ada.add_argument("--seeds", type=_integer(1), default=1,
                      help="runs (seeds seed, seed+1, ...)")
-    ada.add_argument("--classes-per-client", type=_integer(1), default=3, metavar="C",
-                     help="classes of each client's images (mnist, fashion-mnist; default 3)")
     ada.add_argument("--samples-per-client", type=_integer(2), metavar="N",
                      help="training images kept per client, drawn from its classes (mnist, "
                           "fashion-mnist; default: all, about 1,100)")
-    ada.add_argument("--lr-grid", type=_positive, nargs="*", metavar="LR",
-                     help="choose each method's learning rate per seed on a validation split "
-                          "of the training images (never the test set); bare: the paper's "
-                          "grid 0.2 0.15 0.125 0.1 0.075 0.05")
+    _table1_protocol_arguments(ada)
     ada.set_defaults(func=_cmd_reproduce_adaped)
 
     aps = rep.add_parser("adaped-protocol",
@@ -1386,9 +1394,7 @@ def build_parser():
                      help="default: AdaPeD FedAvg FedAvg+FT pFedMe QuPeD-FP Local")
     aps.add_argument("--seed", type=_integer(0), default=0)
     aps.add_argument("--seeds", type=_integer(1), default=1, help="runs per size")
-    aps.add_argument("--classes-per-client", type=_integer(1), default=3, metavar="C")
-    aps.add_argument("--lr-grid", type=_positive, nargs="*", metavar="LR",
-                     help="choose each rate on a validation split; bare: the paper's grid")
+    _table1_protocol_arguments(aps)
     aps.add_argument("--quick", action="store_true", help="10 rounds per run")
     aps.add_argument("--checkpoint-dir", metavar="DIR",
                      help="keep each finished (size, seed) there and resume from it")
