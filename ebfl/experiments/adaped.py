@@ -75,15 +75,12 @@ def _methods():
     from ebfl.learning.torch import AdaPeD, FedAvg, Local
     from ebfl.learning.torch import baselines as b
 
-    def rate(default):
-        return lambda kw: {"lr": default, **kw}
-
     return {
         "AdaPeD": (lambda model, **kw: AdaPeD(model, **kw), ("lr_theta", "lr_mu")),
         "AdaPeD-FT": (lambda model, **kw: AdaPeD(model, fine_tune=True, **kw),
                       ("lr_theta", "lr_mu")),
-        "FedAvg": (lambda model, **kw: FedAvg(model, **rate(0.1)(kw)), ("lr",)),
-        "FedAvg+FT": (lambda model, **kw: b.FedAvgFT(model, finetune_batch=32, **rate(0.1)(kw)),
+        "FedAvg": (lambda model, **kw: FedAvg(model, **kw), ("lr",)),
+        "FedAvg+FT": (lambda model, **kw: b.FedAvgFT(model, finetune_batch=32, **kw),
                       ("lr",)),
         "pFedMe": (lambda model, **kw: b.PFedMe(model, **kw), ("lr",)),
         "Per-FedAvg": (lambda model, **kw: b.PerFedAvg(model, adapt_batch=32, **kw), ("lr",)),
@@ -91,7 +88,7 @@ def _methods():
         "FML": (lambda model, **kw: b.FML(model, **kw), ("lr",)),
         "Ditto": (lambda model, **kw: b.Ditto(model, **kw), ("lr",)),
         "FedEM": (lambda model, **kw: b.FedEM(model, **kw), ("lr",)),
-        "Local": (lambda model, **kw: Local(model, **rate(0.1)(kw)), ("lr",)),
+        "Local": (lambda model, **kw: Local(model, **kw), ("lr",)),
     }
 
 
