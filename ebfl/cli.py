@@ -765,6 +765,13 @@ def _cmd_reproduce_adaped_protocol(args):
                      f"classes per client, K = {s['sampled_per_round']}, {s['rounds']} rounds, "
                      f"seeds {s['seeds']}", rows,
                      ["images/client", "method", "accuracy %", "sd", "paper", "lr", "seconds"])
+        if p["agreement"]:
+            _print_table("\nAgreement with the paper (points of accuracy, ours minus the "
+                         "paper's; Kendall's tau of the two orderings)",
+                         p["agreement"],
+                         ["samples_per_client", "methods", "rms_gap", "max_gap", "worst",
+                          "kendall_tau"])
+            print(f"closest to the paper: {p['best']} images per client")
         for path in p.get("figures", []):
             print("saved", path)
     _emit(args, payload, render)

@@ -89,3 +89,35 @@ def test_cli_quick_search_on_mnist(tmp_path, capsys):
     (row,) = out["rows"]
     assert row["samples_per_client"] == 20 and 0 <= row["mean"] <= 100
     assert np.isfinite(row["seconds"]) and (tmp_path / "fig").is_dir()
+
+
+def test_agreement_measures_the_gap_and_the_ordering_per_size():
+    rows = [{"samples_per_client": 50, "method": "A", "mean": 90.0, "paper": 92.0},
+            {"samples_per_client": 50, "method": "B", "mean": 97.0, "paper": 98.0},
+            {"samples_per_client": 50, "method": "Local", "mean": 99.0, "paper": None},
+            {"samples_per_client": "all", "method": "A", "mean": 98.0, "paper": 92.0},
+            {"samples_per_client": "all", "method": "B", "mean": 97.0, "paper": 98.0},
+            {"samples_per_client": "all", "method": "Local", "mean": 99.0, "paper": None}]
+    small, full = search.agreement(rows)
+    assert small["samples_per_client"] == 50 and small["methods"] == 2
+    assert small["rms_gap"] == pytest.approx(np.sqrt((4 + 1) / 2))
+    assert small["max_gap"] == -2.0 and small["worst"] == "A"
+    assert small["kendall_tau"] == pytest.approx(1.0)  # the paper's ordering
+    assert full["max_gap"] == 6.0 and full["kendall_tau"] == pytest.approx(-1.0)
+    assert search.agreement(rows[2:3]) == []
+    assert search.agreement(rows[:1])[0]["kendall_tau"] is None
+
+
+def test_the_search_names_the_size_closest_to_the_paper(fake_table1):
+    # the fake's FedAvg is 50 + 1 + size / 100 against the paper's 92.93
+    out = search.protocol_search((50, 4000, "all"), methods=("Local", "FedAvg"))
+    assert out["best"] == 4000
+    assert [a["samples_per_client"] for a in out["agreement"]] == [50, 4000, "all"]
+    assert out["agreement"][1]["max_gap"] == pytest.approx(91.0 - 92.93)
+
+
+def test_cli_prints_the_agreement_and_the_closest_size(fake_table1, capsys):
+    assert main(["reproduce", "adaped-protocol", "--sizes", "50", "4000",
+                 "--methods", "FedAvg", "Local"]) == 0
+    out = capsys.readouterr().out
+    assert "Agreement with the paper" in out and "closest to the paper: 4000" in out

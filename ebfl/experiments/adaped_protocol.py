@@ -24,7 +24,7 @@ import numpy as np
 
 from ebfl._validation import check_bool, check_int_scalar
 
-__all__ = ["SEARCH_METHODS", "plot_protocol_search", "protocol_search"]
+__all__ = ["SEARCH_METHODS", "agreement", "plot_protocol_search", "protocol_search"]
 
 #: The methods the paper's Table 1 headline compares (and local training).
 SEARCH_METHODS = ("AdaPeD", "FedAvg", "FedAvg+FT", "pFedMe", "QuPeD-FP", "Local")
@@ -78,7 +78,10 @@ def protocol_search(sizes=(50, 100, 200, 500, None), *, methods=SEARCH_METHODS, 
     dict
         ``settings``; ``rows``: one per (size, method) with ``mean``, ``sd``,
         ``per_seed``, the chosen ``lr`` per seed (with ``lr_grid``), ``seconds`` and the
-        ``paper`` value; ``paper`` {method: [value, pm]}.
+        ``paper`` value; ``paper`` {method: [value, pm]}; ``agreement``: per size, how
+        close the methods the paper reports come to it (see :func:`agreement`);
+        ``best``: the size of the smallest ``rms_gap`` (None if the paper reports none
+        of ``methods``).
     """
     from ebfl.experiments.adaped import table1
 
@@ -130,7 +133,48 @@ def protocol_search(sizes=(50, 100, 200, 500, None), *, methods=SEARCH_METHODS, 
                 "classes_per_client": classes_per_client, "quick": quick,
                 "rounds": first["rounds"], "sampled_per_round": first["sampled_per_round"],
                 "metric": first["metric"]}
-    return {"settings": settings, "rows": rows, "paper": paper}
+    match = agreement(rows)
+    best = min(match, key=lambda a: a["rms_gap"])["samples_per_client"] if match else None
+    return {"settings": settings, "rows": rows, "paper": paper, "agreement": match,
+            "best": best}
+
+
+def agreement(rows):
+    """How close each size's results come to the paper, over the methods it reports.
+
+    Parameters
+    ----------
+    rows : list of dict
+        The ``rows`` of :func:`protocol_search` (``samples_per_client``, ``method``,
+        ``mean``, ``paper``).
+
+    Returns
+    -------
+    list of dict
+        One per size with at least one paper value: ``methods`` compared,
+        ``rms_gap`` and ``max_gap`` (points of accuracy, ours minus the paper's;
+        ``max_gap`` is the largest in absolute value, for ``worst``), and
+        ``kendall_tau``, the rank agreement of our means with the paper's values
+        (1: the paper's ordering; None with fewer than two methods).
+    """
+    from scipy.stats import kendalltau
+
+    sizes = list(dict.fromkeys(r["samples_per_client"] for r in rows))
+    out = []
+    for size in sizes:
+        rs = [r for r in rows if r["samples_per_client"] == size and r["paper"] is not None]
+        if not rs:
+            continue
+        ours = np.array([r["mean"] for r in rs])
+        theirs = np.array([r["paper"] for r in rs])
+        gaps = ours - theirs
+        worst = int(np.argmax(np.abs(gaps)))
+        tau = float(kendalltau(ours, theirs).statistic) if len(rs) > 1 else None
+        out.append({"samples_per_client": size, "methods": len(rs),
+                    "rms_gap": float(np.sqrt(np.mean(gaps ** 2))),
+                    "max_gap": float(gaps[worst]), "worst": rs[worst]["method"],
+                    "kendall_tau": None if tau is None or np.isnan(tau) else tau})
+    return out
 
 
 def plot_protocol_search(result, path):
