@@ -121,3 +121,15 @@ def test_cli_prints_the_agreement_and_the_closest_size(fake_table1, capsys):
                  "--methods", "FedAvg", "Local"]) == 0
     out = capsys.readouterr().out
     assert "Agreement with the paper" in out and "closest to the paper: 4000" in out
+
+
+def test_several_searches_are_drawn_side_by_side(fake_table1, tmp_path):
+    default = search.protocol_search((50, None), methods=("FedAvg",), seeds=(0, 1))
+    tuned = search.protocol_search((50,), methods=("FedAvg",), lr_grid=(0.1, 0.05))
+    search.plot_protocol_search([default, tuned], tmp_path / "both.png")
+    from matplotlib.image import imread
+
+    height, width = imread(tmp_path / "both.png").shape[:2]
+    assert width > 1.5 * height  # two panels
+    with pytest.raises(ValueError, match="result"):
+        search.plot_protocol_search([], tmp_path / "none.png")

@@ -179,17 +179,33 @@ def agreement(rows):
 
 def plot_protocol_search(result, path):
     """Accuracy against training images per client, one line per method; the paper's
-    values as markers at the right. Saves to ``path`` and returns it."""
+    values as markers at the right. Saves to ``path`` and returns it.
+
+    ``result`` is one result of :func:`protocol_search` or a sequence of them (for
+    example default and tuned rates), drawn side by side on a shared accuracy axis.
+    """
     from ebfl._plotting import subplots
 
+    results = [result] if isinstance(result, dict) else list(result)
+    if not results:
+        raise ValueError("result must be a protocol_search result or a non-empty sequence")
+    fig, axes = subplots(1, len(results), figsize=(7.5 * len(results), 4.5), sharey=True,
+                         squeeze=False)
+    for ax, res in zip(axes[0], results, strict=True):
+        _draw_search(ax, res)
+    axes[0][0].set_ylabel("test accuracy (%)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return str(path)
+
+
+def _draw_search(ax, result):
     sizes = result["settings"]["sizes"]
     positions = np.arange(len(sizes))
-    fig, ax = subplots(figsize=(7.5, 4.5))
     for name in result["settings"]["methods"]:
         rows = [r for r in result["rows"] if r["method"] == name]
-        mean = [r["mean"] for r in rows]
-        sd = [r["sd"] for r in rows]
-        line = ax.errorbar(positions, mean, yerr=sd, marker="o", capsize=3, label=name)
+        line = ax.errorbar(positions, [r["mean"] for r in rows], yerr=[r["sd"] for r in rows],
+                           marker="o", capsize=3, label=name)
         paper = rows[0]["paper"]
         if paper is not None:
             ax.scatter([positions[-1] + 0.35], [paper], marker="*", s=90,
@@ -197,12 +213,8 @@ def plot_protocol_search(result, path):
     ax.set_xticks(positions, [str(s) for s in sizes])
     ax.set_xlim(-0.3, positions[-1] + 0.6)
     ax.set_xlabel("training images per client")
-    ax.set_ylabel("test accuracy (%)")
     s = result["settings"]
     rates = "rates chosen on validation" if s["lr_grid"] else "default rates"
     ax.set_title(f"Table 1 protocol search on {s['dataset']}: {len(s['seeds'])} seed(s), "
                  f"{rates}; ★ the paper", fontsize=10)
     ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return str(path)
