@@ -121,6 +121,7 @@ def test_cli_prints_the_agreement_and_the_closest_size(fake_table1, capsys):
                  "--methods", "FedAvg", "Local"]) == 0
     out = capsys.readouterr().out
     assert "Agreement with the paper" in out and "closest to the paper: 4000" in out
+    assert "FedAvg: closest at 4000 images per client, -1.93 points" in out
 
 
 def test_several_searches_are_drawn_side_by_side(fake_table1, tmp_path):
@@ -133,3 +134,11 @@ def test_several_searches_are_drawn_side_by_side(fake_table1, tmp_path):
     assert width > 1.5 * height  # two panels
     with pytest.raises(ValueError, match="result"):
         search.plot_protocol_search([], tmp_path / "none.png")
+
+
+def test_each_method_gets_the_size_closest_to_its_paper_value(fake_table1):
+    # FedAvg (the fake's second method) is 51 + size / 100: closest to 92.93 at 4000 among
+    # these, 1.93 below; Local has no paper value
+    out = search.protocol_search((50, 4000, 9000), methods=("Local", "FedAvg"))
+    assert out["closest"] == {"FedAvg": {"samples_per_client": 4000,
+                                         "gap": pytest.approx(91.0 - 92.93)}}

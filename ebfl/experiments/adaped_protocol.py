@@ -81,7 +81,8 @@ def protocol_search(sizes=(50, 100, 200, 500, None), *, methods=SEARCH_METHODS, 
         ``paper`` value; ``paper`` {method: [value, pm]}; ``agreement``: per size, how
         close the methods the paper reports come to it (see :func:`agreement`);
         ``best``: the size of the smallest ``rms_gap`` (None if the paper reports none
-        of ``methods``).
+        of ``methods``); ``closest``: per method the paper reports, the size where our
+        mean comes closest to it, with that ``gap`` (ours minus the paper's).
     """
     from ebfl.experiments.adaped import table1
 
@@ -135,8 +136,16 @@ def protocol_search(sizes=(50, 100, 200, 500, None), *, methods=SEARCH_METHODS, 
                 "metric": first["metric"]}
     match = agreement(rows)
     best = min(match, key=lambda a: a["rms_gap"])["samples_per_client"] if match else None
+    closest = {}
+    for name in methods:
+        ranked = sorted((abs(r["mean"] - r["paper"]), i, r) for i, r in enumerate(rows)
+                        if r["method"] == name and r["paper"] is not None)
+        if ranked:
+            r = ranked[0][2]
+            closest[name] = {"samples_per_client": r["samples_per_client"],
+                             "gap": r["mean"] - r["paper"]}
     return {"settings": settings, "rows": rows, "paper": paper, "agreement": match,
-            "best": best}
+            "best": best, "closest": closest}
 
 
 def agreement(rows):
