@@ -121,7 +121,7 @@ def test_cli_prints_the_agreement_and_the_closest_size(fake_table1, capsys):
                  "--methods", "FedAvg", "Local"]) == 0
     out = capsys.readouterr().out
     assert "Agreement with the paper" in out and "closest to the paper: 4000" in out
-    assert "FedAvg: closest at 4000 images per client, -1.93 points" in out
+    assert "FedAvg: closest at 4000 images per client, -2.93 points" in out
 
 
 def test_several_searches_are_drawn_side_by_side(fake_table1, tmp_path):
