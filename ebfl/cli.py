@@ -721,16 +721,29 @@ def _cmd_reproduce_adaped(args):
         rows = [{"method": k, "accuracy %": v["mean"], "sd": v["sd"],
                  "paper": (f"{p['paper'][k][0]} ± {p['paper'][k][1]}" if k in p["paper"]
                            else "-"),
-                 "lr": " ".join(f"{lr:g}" for lr in v.get("lr", [])) or "default",
+                 "lr": _rates(v.get("lr"), v.get("lr_at_edge")),
                  "seconds": sum(v["seconds"]) + sum(v.get("selection_seconds", []))}
                 for k, v in p["results"].items()]
         _print_table(f"\nTable 1 on {s['dataset']}{' (stand-in)' if s['stand_in'] else ''}: "
                      f"{s['clients']} clients, K = {s['sampled_per_round']}, {s['rounds']} "
                      f"rounds of tau = {s['tau']}, seeds {s['seeds']}; {s['split']}", rows,
                      ["method", "accuracy %", "sd", "paper", "lr", "seconds"])
+        if s["lr_grid"]:
+            print(_EDGE_NOTE)
         for path in p.get("figures", []):
             print("saved", path)
     _emit(args, payload, render)
+
+
+_EDGE_NOTE = ("lr: the rate chosen on validation per seed; *: the grid's smallest or "
+              "largest, so a better rate may lie outside the grid")
+
+
+def _rates(rates, at_edge):
+    """The chosen learning rates of a Table 1 row; ``*``: the grid's smallest or largest."""
+    if not rates:
+        return "default"
+    return " ".join(f"{v:g}" + "*" * edge for v, edge in zip(rates, at_edge, strict=True))
 
 
 def _size(text):
@@ -759,12 +772,14 @@ def _cmd_reproduce_adaped_protocol(args):
         rows = [{"images/client": r["samples_per_client"], "method": r["method"],
                  "accuracy %": r["mean"], "sd": r["sd"],
                  "paper": "-" if r["paper"] is None else r["paper"],
-                 "lr": " ".join(f"{v:g}" for v in r["lr"]) if r["lr"] else "default",
+                 "lr": _rates(r["lr"], r["lr_at_edge"]),
                  "seconds": r["seconds"]} for r in p["rows"]]
         _print_table(f"\nTable 1 protocol search on {s['dataset']}: {s['classes_per_client']} "
                      f"classes per client, K = {s['sampled_per_round']}, {s['rounds']} rounds, "
                      f"seeds {s['seeds']}", rows,
                      ["images/client", "method", "accuracy %", "sd", "paper", "lr", "seconds"])
+        if s["lr_grid"]:
+            print(_EDGE_NOTE)
         if p["agreement"]:
             _print_table("\nAgreement with the paper (points of accuracy, ours minus the "
                          "paper's; Kendall's tau of the two orderings)",

@@ -73,6 +73,7 @@ def test_the_grid_is_scored_on_the_validation_split_and_the_winner_tested(monkey
         assert runs == 2 * [(name, "validation", 0.2), (name, "validation", 0.1),
                             (name, "validation", 0.05), (name, "test", 0.1)]
         assert out["results"][name]["lr"] == [0.1, 0.1]
+        assert out["results"][name]["lr_at_edge"] == [False, False]  # inside the grid
         assert out["results"][name]["validation"][0] == {"0.2": 50.0, "0.1": 70.0, "0.05": 70.0}
         assert out["results"][name]["selection_seconds"] == [3.0, 3.0]
     assert out["settings"]["lr_grid"] == (0.2, 0.1, 0.05)
@@ -142,3 +143,11 @@ def test_a_bare_lr_grid_is_the_papers(monkeypatch, capsys):
     assert seen["samples_per_client"] == 40 and seen["classes_per_client"] == 3
     assert main(["reproduce", "adaped", "--quick", "--json"]) == 0
     assert seen["lr_grid"] is None and seen["samples_per_client"] is None
+
+
+@pytest.mark.parametrize("lr, grid, edge", [(0.05, adaped.PAPER_LR_GRID, True),
+                                            (0.2, adaped.PAPER_LR_GRID, True),
+                                            (0.1, adaped.PAPER_LR_GRID, False),
+                                            (0.1, (0.1,), False), (0.1, (0.1, 0.1), False)])
+def test_a_rate_at_the_grids_edge_is_flagged(lr, grid, edge):
+    assert adaped.at_grid_edge(lr, grid) is edge

@@ -44,6 +44,7 @@ def test_rows_are_means_over_seeds_beside_the_paper(fake_table1):
     assert local["mean"] == pytest.approx(52.5) and local["sd"] == pytest.approx(1.0)
     assert local["paper"] is None and row["all", "FedAvg"]["paper"] == 92.93
     assert local["lr"] == [0.1, 0.05, 0.1] and local["seconds"] == pytest.approx(15.0)
+    assert local["lr_at_edge"] == [True, True, True]  # a two-rate grid is all edge
     assert out["settings"]["sizes"] == [50, "all"]
 
 
@@ -142,3 +143,11 @@ def test_each_method_gets_the_size_closest_to_its_paper_value(fake_table1):
     out = search.protocol_search((50, 4000, 9000), methods=("Local", "FedAvg"))
     assert out["closest"] == {"FedAvg": {"samples_per_client": 4000,
                                          "gap": pytest.approx(91.0 - 92.93)}}
+
+
+def test_cli_marks_a_rate_chosen_at_the_grids_edge(fake_table1, capsys):
+    # the fake chooses lr_grid[seed % 3]: 0.2 (edge), 0.1 (inside), 0.05 (edge)
+    assert main(["reproduce", "adaped-protocol", "--sizes", "50", "--methods", "FedAvg",
+                 "--seeds", "3", "--lr-grid", "0.2", "0.1", "0.05"]) == 0
+    out = capsys.readouterr().out
+    assert "0.2* 0.1 0.05*" in out and "*: the grid's smallest or largest" in out

@@ -201,6 +201,13 @@ def load_clients(dataset, *, seed=0, femnist_root=None, test_fraction=0.2,
         "clients": len(users), "split": "subjects; first complete protocol run trains"}
 
 
+def at_grid_edge(lr, grid):
+    """Whether ``lr`` is the smallest or the largest rate of ``grid``: a rate chosen there
+    may be beaten by one outside the grid (``False`` for a one-rate grid: nothing was
+    chosen)."""
+    return len(set(grid)) > 1 and lr in (min(grid), max(grid))
+
+
 def _train_table1(registry, make_model, name, clients, lr, every, *, rounds, k, seed, progress,
                   device):
     """One Table 1 run of method ``name`` (rate ``lr``, or its default when None)."""
@@ -280,7 +287,9 @@ def table1(dataset="mnist", *, methods=METHODS, seeds=(0,), quick=False, femnist
         ``lr_grid`` ``lr`` (the chosen rate per seed), ``validation`` (per seed,
         the validation accuracy of every rate) and ``selection_seconds``},
         ``curves`` {method: [(round, accuracy), ...]} of the first seed, and
-        ``paper`` {method: [value, pm]} where the paper reports the column.
+        ``paper`` {method: [value, pm]} where the paper reports the column. With
+        ``lr_grid``, ``lr_at_edge`` says per seed whether the chosen rate is the
+        grid's smallest or largest: the best rate may then lie outside the grid.
     """
     from ebfl.learning.torch.functional import check_device
 
@@ -307,7 +316,8 @@ def table1(dataset="mnist", *, methods=METHODS, seeds=(0,), quick=False, femnist
     rounds = _rounds(proto, quick)
     eval_every = eval_every or (rounds if quick else max(1, rounds // 30))
     results = {name: {"per_seed": [], "seconds": []}
-               | ({"lr": [], "validation": [], "selection_seconds": []} if lr_grid else {})
+               | ({"lr": [], "lr_at_edge": [], "validation": [], "selection_seconds": []}
+                  if lr_grid else {})
                for name in methods}
     curves, info, k = {}, None, None
     for seed in seeds:
@@ -325,6 +335,7 @@ def table1(dataset="mnist", *, methods=METHODS, seeds=(0,), quick=False, femnist
                 scores = [100 * float(t.accuracy.mean()) for t in trials]
                 lr = lr_grid[int(np.argmax(scores))]
                 results[name]["lr"].append(lr)
+                results[name]["lr_at_edge"].append(at_grid_edge(lr, lr_grid))
                 results[name]["selection_seconds"].append(sum(t.seconds for t in trials))
                 results[name]["validation"].append(dict(zip(map(str, lr_grid), scores,
                                                             strict=True)))

@@ -77,14 +77,15 @@ def protocol_search(sizes=(50, 100, 200, 500, None), *, methods=SEARCH_METHODS, 
     -------
     dict
         ``settings``; ``rows``: one per (size, method) with ``mean``, ``sd``,
-        ``per_seed``, the chosen ``lr`` per seed (with ``lr_grid``), ``seconds`` and the
+        ``per_seed``, the chosen ``lr`` per seed (with ``lr_grid``; ``lr_at_edge``: the
+        grid's smallest or largest rate, so a better one may lie outside), ``seconds`` and the
         ``paper`` value; ``paper`` {method: [value, pm]}; ``agreement``: per size, how
         close the methods the paper reports come to it (see :func:`agreement`);
         ``best``: the size of the smallest ``rms_gap`` (None if the paper reports none
         of ``methods``); ``closest``: per method the paper reports, the size where our
         mean comes closest to it, with that ``gap`` (ours minus the paper's).
     """
-    from ebfl.experiments.adaped import table1
+    from ebfl.experiments.adaped import at_grid_edge, table1
 
     sizes = _sizes_iv(sizes)
     seeds = [check_int_scalar(s, "seeds", minimum=0) for s in seeds]
@@ -124,6 +125,8 @@ def protocol_search(sizes=(50, 100, 200, 500, None), *, methods=SEARCH_METHODS, 
                          "sd": float(np.std(acc, ddof=1)) if len(acc) > 1 else 0.0,
                          "per_seed": acc,
                          "lr": [r["lr"][0] for r in runs] if lr_grid is not None else None,
+                         "lr_at_edge": ([at_grid_edge(r["lr"][0], lr_grid) for r in runs]
+                                        if lr_grid is not None else None),
                          "seconds": float(sum(r["seconds"][0] + sum(r.get("selection_seconds",
                                                                              [0.0]))
                                               for r in runs)),
