@@ -20,7 +20,8 @@ epoch (the batch is the mean client training size / 60), 50 epochs (MNIST;
 learning rates x0.99 per epoch, weight decay 1e-4. AdaPeD uses the paper's
 eta1 = eta2 = 0.1, eta3 = 3e-2, psi0 = 4; the baselines use the
 hyperparameters of Section 4.1's table where it gives them and learning rate 0.1
-otherwise (the paper tuned each over a grid; we did not).
+otherwise; ``lr_grid`` chooses each method's rate on a validation split instead, as
+the paper did over :data:`PAPER_LR_GRID`.
 """
 
 from __future__ import annotations
