@@ -278,6 +278,15 @@ def naive_log_likelihood_along(f, u, alpha, counts):
     return float(counts @ np.log(v)) if np.all(v > 0) else -np.inf
 
 
+def naive_vertex_slope(f, col, a, counts):
+    """d/da sum_i c_i log((1 - a) f_i + a col_i), term by term."""
+    v = (1.0 - a) * f + a * col
+    if np.any((v <= 0) & (col < f)):
+        return -np.inf
+    ok = v > 0
+    return float(np.sum(counts[ok] * (col[ok] - f[ok]) / v[ok]))
+
+
 def naive_cell_index(x, s, scale, widths, x_low):
     """Class floor(J(s)) of s (J(s) = scale[0] log s - scale[1] / s^2 + scale[2]), then
     bin floor((x - x_low) / width) within the class, both capped to their ranges."""

@@ -21,20 +21,24 @@ def _load(name):
 
 def test_bench_npmle_smoke(capsys):
     bench = _load("bench_npmle")
-    result = bench.main(["--n", "2000", "--budget", "3", "--reps", "1", "--json"])
-    assert result["ours"]["kkt"] <= 1e-8
-    # EM can approach but never pass the certified optimum.
-    ref, ours = result["reference"]["log_likelihood"], result["ours"]["log_likelihood"]
-    assert ref <= ours + result["n"] * result["ours"]["kkt"]
-    for ratio in result["ratio_reference_over_ours"].values():
-        assert next(iter(ratio.values())) > 0
+    result = bench.main(["--n", "2000", "--budget", "3", "--reps", "1", "--json", "--no-r"])
+    assert sorted(result["datasets"]) == ["p3", "sparse"]
+    for data in result["datasets"].values():
+        assert data["ours"]["kkt"] <= 1e-8 and data["ours"]["converged"]
+        # EM can approach but never pass the certified optimum.
+        ref, ours = data["reference"]["log_likelihood"], data["ours"]["log_likelihood"]
+        assert ref <= ours + result["n"] * data["ours"]["kkt"]
+        for ratio in data["ratio_reference_over_ours"].values():
+            assert next(iter(ratio.values())) > 0
+        assert data["goal"]["met"] is None  # --no-r
     assert capsys.readouterr().out.lstrip().startswith("{")
 
 
 @pytest.mark.parametrize("flag", [[], ["--json"]])
 def test_bench_npmle_text_and_json(flag, capsys):
-    _load("bench_npmle").main(["--n", "500", "--budget", "0.5", "--reps", "1", *flag])
-    assert "P3" in capsys.readouterr().out or flag
+    _load("bench_npmle").main(["--n", "500", "--budget", "0.5", "--reps", "1", "--data",
+                               "sparse", *flag])
+    assert "P3 heteroskedastic NPMLE, sparse data" in capsys.readouterr().out or flag
 
 
 def test_bench_validation_smoke(capsys):

@@ -6,10 +6,12 @@ import pytest
 from scipy import special, stats
 
 from ebfl import beta_binomial_eb, gaussian_eb
-from ebfl.eb import _npmle_kernels
+from ebfl.eb import _mixsqp_kernels, _npmle_kernels
+from ebfl.eb import mixture_weights as mixsqp_module
 from ebfl.eb import npmle as npmle_module
 from ebfl.eb.gaussian_mixture import GaussianMixturePrior, gaussian_mixture_posterior
-from ebfl.eb.npmle import _gradient, _mix_sqp, _nonnegative_qp, npmle_binomial, npmle_normal
+from ebfl.eb.mixture_weights import _gradient, _mix_sqp, _nonnegative_qp
+from ebfl.eb.npmle import npmle_binomial, npmle_normal
 from tests.naive import (
     naive_atom_posterior,
     naive_binning_error,
@@ -124,18 +126,18 @@ def test_hessian_matvec_and_line_search_kernels_match_numpy(n_rows, m):
     a = rng.uniform(0, 1, (n_rows, m))
     f, u = rng.uniform(0.5, 2, n_rows), rng.uniform(0.0, 2, n_rows)
     counts = rng.integers(1, 5, n_rows).astype(float)
-    hess = _npmle_kernels._weighted_gram(a, f, counts, min(16, n_rows))
+    hess = _mixsqp_kernels._weighted_gram(a, f, counts, min(16, n_rows))
     np.testing.assert_allclose(hess, naive_weighted_gram(a, f, counts), rtol=1e-12)
     assert np.array_equal(hess, hess.T)
     y = rng.uniform(0, 1, m)
-    np.testing.assert_allclose(_npmle_kernels._matvec(a, y), a @ y, rtol=1e-12)
+    np.testing.assert_allclose(_mixsqp_kernels._matvec(a, y), a @ y, rtol=1e-12)
     for alpha in (1.0, 0.25):
-        ll = _npmle_kernels._log_likelihood_along(f, u, alpha, counts, min(64, n_rows))
+        ll = _mixsqp_kernels._log_likelihood_along(f, u, alpha, counts, min(64, n_rows))
         assert ll == pytest.approx(naive_log_likelihood_along(f, u, alpha, counts), rel=1e-12)
     u[0] = -3.0 * f[0]  # the full step leaves a row without mass
-    assert _npmle_kernels._log_likelihood_along(f, u, 1.0, counts, 1) == -np.inf
+    assert _mixsqp_kernels._log_likelihood_along(f, u, 1.0, counts, 1) == -np.inf
     cols = rng.permutation(m)[: max(1, m // 2)]
-    np.testing.assert_array_equal(_npmle_kernels._gather_columns(a, cols), a[:, cols])
+    np.testing.assert_array_equal(_mixsqp_kernels._gather_columns(a, cols), a[:, cols])
 
 
 @pytest.mark.parametrize("scale", [(0.0, 0.0, 0.0), (2.5, 0.3, 1.7)])
@@ -337,7 +339,8 @@ def test_warm_start_without_mass_on_a_row_restarts_from_uniform():
 
 def test_same_answer_on_one_thread(fitted, monkeypatch):
     _, x, s, fit = fitted
-    monkeypatch.setattr(npmle_module, "PARALLEL_MIN_WORK", 0)  # every kernel on threads
+    for module in (npmle_module, mixsqp_module):  # every kernel on threads
+        monkeypatch.setattr(module, "PARALLEL_MIN_WORK", 0)
     assert numba.get_num_threads() > 1 or numba.config.DISABLE_JIT
     threaded = npmle_normal(x, s)
     binned = npmle_normal(x, s, bins="auto", bin_error=10.0)

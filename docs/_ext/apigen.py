@@ -19,6 +19,7 @@ from pathlib import Path
 SECTIONS = [
     ("Empirical Bayes", ["ebfl.eb", "ebfl.eb.gaussian", "ebfl.eb.beta_binomial",
                          "ebfl.eb.discrete", "ebfl.eb.gaussian_mixture", "ebfl.eb.npmle",
+                         "ebfl.eb.mixture_weights",
                          "ebfl.eb.priors", "ebfl.eb.results", "ebfl.models", "ebfl.ragged"]),
     ("Quantization, privacy and accounting",
      ["ebfl.privacy", "ebfl.privacy.mechanisms", "ebfl.privacy.estimators",

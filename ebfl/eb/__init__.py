@@ -17,6 +17,7 @@ from ebfl.eb.gaussian_mixture import (
     gaussian_mixture_eb,
     gaussian_mixture_posterior,
 )
+from ebfl.eb.mixture_weights import MixSQPResult, mixsqp
 from ebfl.eb.npmle import NPMLEResult, npmle_binomial, npmle_normal
 from ebfl.eb.priors import BetaPrior, NormalPrior
 from ebfl.eb.results import (
@@ -37,6 +38,7 @@ __all__ = [
     "GaussianMixtureEBResult",
     "GaussianMixturePosterior",
     "GaussianMixturePrior",
+    "MixSQPResult",
     "NPMLEResult",
     "NormalPosterior",
     "NormalPrior",
@@ -52,6 +54,7 @@ __all__ = [
     "gaussian_mixture_eb",
     "gaussian_mixture_posterior",
     "lemma1_radius",
+    "mixsqp",
     "npmle_binomial",
     "npmle_normal",
     "personalized_gaussian",

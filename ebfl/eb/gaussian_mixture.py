@@ -31,6 +31,7 @@ from ebfl._validation import (
     check_nonnegative_scalar,
 )
 from ebfl.eb.gaussian import _gaussian_iv, _group_by_variance, _maximize_profile
+from ebfl.eb.mixture_weights import MAX_ITER, _mix_sqp
 from ebfl.eb.results import _freeze
 
 __all__ = [
@@ -282,7 +283,11 @@ class GaussianMixtureEBResult:
         every start); ``best_init`` (index of the start kept);
         ``empty_components`` (indices of components whose effective number of
         clients m p_l is below ``EMPTY_COUNT``); ``sd_at_min`` (indices of
-        components whose sd sits at ``min_sd``).
+        components whose sd sits at ``min_sd``); ``weights_kkt`` (the weights'
+        optimality gap for the fitted components: max_l r_l - 1 with
+        r_l = mean_i N_il / sum_l' p_l' N_il', at most ``max(tol, 1e-12)`` when
+        ``converged``; m times it bounds how far the log-likelihood is below that of
+        the best weights for these components).
     responsibilities : ndarray of shape (m, k)
         Property: ``posterior.weights``, r_il = Pr(client i in component l | x_i).
     n_clients : int
@@ -452,6 +457,14 @@ def gaussian_mixture_eb(x, s, n_components, *, rng=None, n_init=5, max_iter=1000
     r_il) - s^2)`` with mu_l the r-weighted mean; with k = 1 the fit is the
     profile MLE of :func:`ebfl.eb.gaussian.gaussian_eb`.
 
+    In that final phase the weights, too, are solved exactly for the new
+    components (ECME: the convex problem of :func:`ebfl.eb.mixsqp`, to kkt <= tol),
+    instead of EM's p_l = mean_i r_il, which approaches them only linearly where
+    components overlap (a point mass inside a wide component, the usual shape of
+    sparse effects) and could stop on its gain per iteration with the weights a
+    nat below their optimum. So a converged fit has certified weights for its
+    components: ``diagnostics["weights_kkt"] <= max(tol, 1e-12)``.
+
     Because every s_i > 0, each component density N(x_i; mu_l, v_il I_d) is
     at most (2 pi min_i s_i^2)^(-d/2): the likelihood is bounded and tau_l = 0
     (a point mass, the discrete prior of Theorem 5) is a legitimate fit rather
@@ -461,7 +474,8 @@ def gaussian_mixture_eb(x, s, n_components, *, rng=None, n_init=5, max_iter=1000
     sum_i r_il falls below ``EMPTY_COUNT`` (its weight p_l -> 0, e.g. all
     responsibilities underflow to 0), its mean and sd are kept unchanged
     (still a valid generalized-EM step) and its weight is set to the tiny,
-    possibly zero, mean responsibility; a zero weight stays zero. The
+    possibly zero, mean responsibility; a zero weight stays zero under EM's
+    update (the exact weights of the final phase may revive it). The
     component remains in the result and is listed in
     ``diagnostics["empty_components"]``; refit with fewer components if that
     is not wanted. Components start empty when the initial clustering leaves
@@ -533,6 +547,7 @@ def gaussian_mixture_eb(x, s, n_components, *, rng=None, n_init=5, max_iter=1000
         "best_init": int(np.argmax(finals)),
         "empty_components": tuple(int(i) for i in np.flatnonzero(m * weights < EMPTY_COUNT)),
         "sd_at_min": tuple(int(i) for i in np.flatnonzero(sds <= min_sd)),
+        "weights_kkt": _weights_kkt(x2, s2, weights, means, tau2),
     }
     # s_arr may be the caller's own array (no copy at validation): copy before freezing
     return GaussianMixtureEBResult(prior, _posterior_shape(post, x_arr.ndim), shrinkage,
@@ -586,11 +601,16 @@ def _sq_dist(x2, mu):
     return out
 
 
-def _e_step(x2, s2, log_w, mu, tau2):
-    """Marginal log-likelihood and responsibilities r_il (log-sum-exp, max-shifted)."""
+def _log_density(x2, s2, mu, tau2):
+    """log N(x_i; mu_l, (tau_l^2 + s_i^2) I_d) as an (m, k) array."""
     d = x2.shape[1]
     v = tau2[None, :] + s2[:, None]
-    log_p = log_w - 0.5 * (d * (_LOG_2PI + np.log(v)) + _sq_dist(x2, mu) / v)
+    return -0.5 * (d * (_LOG_2PI + np.log(v)) + _sq_dist(x2, mu) / v)
+
+
+def _e_step(x2, s2, log_w, mu, tau2):
+    """Marginal log-likelihood and responsibilities r_il (log-sum-exp, max-shifted)."""
+    log_p = log_w + _log_density(x2, s2, mu, tau2)
     top = log_p.max(axis=1, keepdims=True)  # finite: some weight is > 0
     shifted = np.exp(log_p - top)
     total = shifted.sum(axis=1, keepdims=True)
@@ -708,7 +728,8 @@ def _m_step(x2, s2, resp, mu, tau2, lower, upper, exhaustive=False):
 
 def _em(x2, s2, weights, mu, tau2, lower, upper, max_iter, tol):
     """EM from one start. When the tol criterion is first met, one more M-step maximizes
-    every P_l globally; EM stops only if that step, too, gains less than tol per client."""
+    every P_l globally and then the weights exactly (:func:`_optimal_weights`); EM stops
+    only if that step, too, gains less than tol per client."""
     m = x2.shape[0]
     with np.errstate(divide="ignore"):
         ll, resp = _e_step(x2, s2, np.log(weights), mu, tau2)
@@ -719,6 +740,8 @@ def _em(x2, s2, weights, mu, tau2, lower, upper, max_iter, tol):
     while n_iter < max_iter:
         n_iter += 1
         weights, mu, tau2 = _m_step(x2, s2, resp, mu, tau2, lower, upper, exhaustive)
+        if exhaustive:
+            weights = _optimal_weights(x2, s2, weights, mu, tau2, tol)["weights"]
         with np.errstate(divide="ignore"):
             ll_new, resp = _e_step(x2, s2, np.log(weights), mu, tau2)
         history.append(ll_new)
@@ -730,6 +753,35 @@ def _em(x2, s2, weights, mu, tau2, lower, upper, max_iter, tol):
         exhaustive = stalled
     return {"weights": weights, "means": mu, "tau2": tau2, "resp": resp, "history": history,
             "n_iter": n_iter, "converged": converged}
+
+
+def _optimal_weights(x2, s2, weights, mu, tau2, tol):
+    """The weights maximizing the log-likelihood for the components (mu, tau2), from
+    ``weights``: the convex problem of :func:`ebfl.eb.mixsqp`, solved to kkt <= tol
+    (at least 1e-12). Returns its info (``weights``, ``kkt``, ``converged``, ...).
+
+    EM's own update p_l = mean_i r_il approaches these weights only linearly, slowly
+    where components overlap (a point mass inside a wide component, the usual shape
+    of sparse effects): there it stops on its gain per iteration while the weights'
+    own optimality gap, m * kkt, is still of the order of a nat.
+    """
+    log_dens = _log_density(x2, s2, mu, tau2)
+    shift = log_dens.max(axis=1)
+    lik = np.exp(log_dens - shift[:, None])
+    start = weights if np.all(lik @ weights > 0) else None
+    w, info = _mix_sqp(lik, np.ones(x2.shape[0]), shift, max(tol, 1e-12), MAX_ITER,
+                       start=start, warn=None)
+    info["weights"] = w
+    return info
+
+
+def _weights_kkt(x2, s2, weights, mu, tau2):
+    """max_l r_l - 1 with r_l = mean_i N_il / sum_l' p_l' N_il': the weights' optimality
+    gap for fixed components (m times it bounds how far the log-likelihood is below
+    the best weights for these components)."""
+    log_dens = _log_density(x2, s2, mu, tau2)
+    lik = np.exp(log_dens - log_dens.max(axis=1, keepdims=True))
+    return max(float((lik / (lik @ weights)[:, None]).mean(axis=0).max()) - 1.0, 0.0)
 
 
 def _initial_params(x2, s2, k, init, seed, lower2):

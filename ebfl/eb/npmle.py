@@ -10,57 +10,31 @@ u_1 < ... < u_K it is the convex problem (Koenker & Mizera 2014)
 
 .. math:: \max_{w \in \Delta_K} \sum_i c_i \log (L w)_i, \qquad L_{ik} = p(y_i \mid u_k),
 
-where c_i are multiplicities (1, or bin counts). It is solved by the
-sequential quadratic programming method of Kim, Carbonetto, Stephens & Anitescu
-(2020, "mix-SQP"): each iteration minimizes the quadratic model of the relaxed
-objective phi(x) = -(1/N) sum_i c_i log (Lx)_i + sum_k x_k over x >= 0 (whose
-minimizer sums to 1), then backtracks along the step.
+where c_i are multiplicities (1, or bin counts). The weights are found by
+:func:`ebfl.eb.mixsqp` (mix-SQP with a certificate of optimality: ``kkt``, over
+the whole grid, is driven below ``tol``); this module builds the likelihood
+matrix, compresses the rows and computes the posteriors:
 
-The solution is sparse (tens of atoms out of hundreds of grid points). Kim et
-al. solve the subproblem by an active-set method; here the sparsity is used
-throughout:
-
-* *Active set.* The Hessian (1/N) L' diag(c / f^2) L and the quadratic
-  subproblem are restricted to the columns with positive weight plus the
-  worst KKT violators (negative gradient) and those at the local minima of
-  the gradient along the grid: O(n k^2) per iteration with k ~ 10-40 instead
-  of O(n K^2). The gradient over the *whole* grid is still computed exactly
-  each iteration (one fused pass over L, O(n K)), so the certificate below is
-  unaffected; a fixed point of the restricted iteration has no violators and
-  is the grid optimum.
 * *Warm start.* With many rows, the normal problem is first solved on a
   coarse binning of the rows (x into bins half a grid spacing wide, s into
   geometric classes of ratio 1.25), the binomial one on every 4th grid point;
   the solution is already sparse, and mix-SQP on the exact problem then needs
   a few active-set iterations (4 on the P3 benchmark's 10^5 observations,
   where R's mixsqp takes 26 dense ones).
-* The line search evaluates f = L x along the step from L restricted to the
-  active columns; the posterior pass visits only the atoms with w_k > 0.
-
-Convergence is *certified*: with r_k = (1/N) sum_i c_i L_ik / (Lw)_i, concavity
-gives ell(w*) - ell(w) <= N (max_k r_k - 1) for the grid optimum w*, and the
-reported ``kkt = max_k r_k - 1`` (over the full grid) is driven below ``tol``.
-All sums over rows are accumulated in fixed row blocks, so the result does not
-depend on the number of threads; the n-sized work is in Numba kernels
-(the private ``ebfl.eb._npmle_kernels``), and small problems run them on one thread.
-
-Why hand-written: REBayes (R) calls the commercial Mosek solver and mixsqp
-exists only for R; no maintained Python package solves this problem. The
-nonnegative QP inside each step is a warm-started Lawson-Hanson active-set
-method (the private ``_nonnegative_qp`` explains why not ``scipy.optimize.nnls``).
+* *Binning* (``bins``): rows replaced by cells of (x, s) with a certified bound
+  on the change of every observation's log-likelihood (see :func:`npmle_normal`).
+* The posterior pass visits only the atoms with w_k > 0. The n-sized work is in
+  Numba kernels (the private ``ebfl.eb._npmle_kernels``).
 """
 
 from __future__ import annotations
 
 import math
-import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-import numba
 import numpy as np
-from scipy import linalg, special
+from scipy import special
 
 from ebfl._validation import (
     INT64_MAX,
@@ -69,32 +43,13 @@ from ebfl._validation import (
     check_positive_scalar,
     check_standard_errors,
 )
-from ebfl.eb import _npmle_kernels
+from ebfl.eb import _mixsqp_kernels, _npmle_kernels
 from ebfl.eb.beta_binomial import _counts_iv
+from ebfl.eb.mixture_weights import MAX_ITER, PARALLEL_MIN_WORK, _mix_sqp, _row_blocks, _threads_for
 from ebfl.eb.results import _freeze
 
 __all__ = ["NPMLEResult", "npmle_binomial", "npmle_normal"]
 
-#: Blocks of rows of the Hessian kernel (each holds a k x k partial sum); fixed,
-#: so results do not depend on the number of threads.
-HESSIAN_BLOCKS = 16
-#: Blocks of rows of the Numba passes; fixed, so results do not depend on the
-#: number of threads.
-ROW_BLOCKS = 64
-#: Least work (entries visited per pass, about 2 ms on one core) run on threads. A
-#: parallel launch waits at its barrier for every thread, and on a shared machine a
-#: descheduled thread costs a time slice per launch: a small fit (hundreds of
-#: launches) could take 30x longer on two threads than on one.
-PARALLEL_MIN_WORK = 1 << 21
-#: Armijo constant and smallest step of the backtracking line search.
-ARMIJO = 0.01
-MIN_STEP = 1e-10
-#: Optimality tolerance of the quadratic subproblem on its dual (gradient units).
-QP_DUAL_TOL = 1e-13
-#: Most violating columns added to the active set per iteration (besides one per dip).
-ACTIVE_VIOLATORS = 32
-#: Largest free set the quadratic subproblem is warm-started with.
-QP_WARM_MAX_FREE = 64
 #: Largest |x| and |grid point| of a normal fit: squared differences stay finite.
 MAX_ABS = 1e150
 #: Largest distance, in standard errors, from an observation to its nearest grid
@@ -145,19 +100,20 @@ class NPMLEResult:
         bounds how far the log-likelihood of the rows fitted (the binned rows
         when binned) is below their grid optimum.
     n_iter : int
-        SQP iterations.
+        Iterations (mix-SQP steps and mass moves, one pass over L each).
     converged : bool
-        Whether ``kkt <= tol`` was reached.
+        Whether ``kkt <= tol`` was reached (always, unless ``max_iter`` stopped the fit
+        or ``tol`` is below what double precision resolves; a warning says which).
     likelihood : str
         ``"normal"`` or ``"binomial"``.
     diagnostics : mapping
         ``n_rows`` (rows of L after binning/compression), ``history``
-        (log-likelihood per iteration, on the rows fitted) and, when binned,
+        (log-likelihood per iteration, on the rows fitted),
+        ``log_likelihood_gap_bound`` (the grid optimum exceeds ``log_likelihood``
+        by at most this: ``n * kkt`` for an exact fit) and, when binned,
         ``binned_log_likelihood`` (on the rows fitted), ``binning_error_bound``
         (E = sum_i r_i: ``|ell_binned(g) - ell(g)| <= E`` for every prior g on the
-        grid), ``binning_error_max`` (max_i r_i) and ``log_likelihood_gap_bound``
-        (the exact grid optimum exceeds ``log_likelihood`` by at most this); see
-        :func:`npmle_normal`.
+        grid) and ``binning_error_max`` (max_i r_i); see :func:`npmle_normal`.
     """
 
     grid: np.ndarray
@@ -210,7 +166,7 @@ class NPMLEResult:
 
 
 def npmle_normal(x, s, *, grid=None, n_grid=300, bins=None, bin_error=BIN_ERROR, tol=1e-8,
-                 max_iter=100):
+                 max_iter=MAX_ITER):
     r"""NPMLE of the prior of theta_i from x_i ~ N(theta_i, s_i^2), s_i known.
 
     Parameters
@@ -241,7 +197,11 @@ def npmle_normal(x, s, *, grid=None, n_grid=300, bins=None, bin_error=BIN_ERROR,
     tol : float
         Stop when the certified gap ``kkt`` (see :class:`NPMLEResult`) is <= tol.
     max_iter : int
-        Largest number of SQP iterations.
+        Largest number of iterations (passes over the likelihood matrix), >= 1. The
+        default is far above what any fit has needed (at most 20 on the shapes the
+        tests generate); a fit that stops at ``max_iter`` is not ``converged``, warns,
+        and reports how far it may be below the optimum
+        (``diagnostics["log_likelihood_gap_bound"]``).
 
     Returns
     -------
@@ -324,13 +284,15 @@ def npmle_normal(x, s, *, grid=None, n_grid=300, bins=None, bin_error=BIN_ERROR,
         x_fit, s_fit, counts = rows.x, rows.s, rows.count
     weights, info = _fit_normal_rows(x_fit, s_fit, counts, grid, tol, max_iter)
     mean, var, loglik = _atom_posterior(x, s_full, grid, weights)
-    diagnostics = {"n_rows": x_fit.size, "history": info["history"]}
+    diagnostics = {"n_rows": x_fit.size, "history": info["history"],
+                   "log_likelihood_gap_bound": x.size * info["kkt"]}
     if bins is not None:
         diagnostics.update(_binning_diagnostics(x, s_full, grid, rows, info, loglik))
     return _result(grid, weights, loglik, mean, var, info, "normal", diagnostics)
 
 
-def npmle_binomial(successes, trials, *, grid=None, n_grid=300, tol=1e-8, max_iter=100):
+def npmle_binomial(successes, trials, *, grid=None, n_grid=300, tol=1e-8,
+                   max_iter=MAX_ITER):
     r"""NPMLE of the prior of p_i from z_i ~ Binomial(n_i, p_i) (Bernoulli clients).
 
     The nonparametric counterpart of :func:`~ebfl.eb.beta_binomial_eb`: no
@@ -391,7 +353,8 @@ def npmle_binomial(successes, trials, *, grid=None, n_grid=300, tol=1e-8, max_it
     var_u = np.sum(joint * (grid[atoms] - mean_u[:, None]) ** 2, axis=1) / f
     loglik = float(counts @ (shift + np.log(f)))
     return _result(grid, weights, loglik, mean_u[inverse], var_u[inverse], info, "binomial",
-                   {"n_rows": nu.size, "history": info["history"]})
+                   {"n_rows": nu.size, "history": info["history"],
+                    "log_likelihood_gap_bound": z.size * info["kkt"]})
 
 
 # ----------------------------------------------------------------- input checks
@@ -572,10 +535,6 @@ def _coarse_cells(x, s, counts, grid):
 
 # ---------------------------------------------------------------------- fitting
 
-def _row_blocks(n):
-    return max(1, min(ROW_BLOCKS, n))
-
-
 def _check_matrix_fits(rows, k, advice):
     """Refuse a likelihood matrix larger than the memory available (Linux), which
     would otherwise end the process (the kernel's out-of-memory killer) instead of
@@ -597,24 +556,6 @@ def _available_memory():
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-@contextmanager
-def _threads_for(work):
-    """Run the Numba kernels inside on one thread when ``work`` < PARALLEL_MIN_WORK.
-
-    The results do not change (the kernels sum in fixed blocks); only the
-    launch cost does.
-    """
-    if work >= PARALLEL_MIN_WORK:
-        yield
-        return
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(threads)
 
 
 def _fit_normal_rows(x, s, counts, grid, tol, max_iter, *, warm_start=None, active_set=True):
@@ -655,7 +596,7 @@ def _coarse_grid_start(lik, counts, shift):
         return None
     cols = np.arange(0, k, WARM_GRID_STEP)
     with _threads_for(lik.shape[0] * cols.size):
-        coarse = _npmle_kernels._gather_columns(lik, cols)
+        coarse = _mixsqp_kernels._gather_columns(lik, cols)
     if not np.all(coarse.max(axis=1) > 0):
         return None
     weights, _ = _mix_sqp(coarse, counts, shift, WARM_TOL, WARM_MAX_ITER, warn=None)
@@ -723,179 +664,3 @@ def _distinct_pairs(z, n):
 
 
 # ------------------------------------------------------------------------ mix-SQP
-
-def _hessian(lik_active, f, counts, total):
-    """H = (1/N) L_A' diag(c / f^2) L_A on the active columns A."""
-    n = lik_active.shape[0]
-    blocks = max(1, min(HESSIAN_BLOCKS, n))
-    return _npmle_kernels._weighted_gram(lik_active, f, counts, blocks) / total
-
-
-def _nonnegative_qp(hess, b, start, dual_tol=QP_DUAL_TOL):
-    """argmin_{y >= 0} y'Hy/2 + b'y by the Lawson-Hanson active-set method.
-
-    Warm-started with the free set {k : start_k > 0} when that has at most
-    QP_WARM_MAX_FREE members (the NPMLE's support is small; from a dense start,
-    such as the uniform weights, dropping hundreds of coordinates one solve at a
-    time costs more than adding the few that are needed). Written out rather than
-    calling :func:`scipy.optimize.nnls` because that routine fixes its own
-    optimality tolerance relative to |H|, which stalls the outer iteration at
-    kkt ~ 1e-8 for large n (H grows as the fitted density gets small somewhere).
-    Here the dual H y + b is required to be >= -dual_tol, in the units of the
-    outer gradient.
-    """
-    k = b.size
-    # Jacobi scaling: the diagonal spans orders of magnitude (a column whose
-    # likelihood is small everywhere has a large one), and a ridge relative to
-    # the mean diagonal would bias the solve on the small entries. Diagonals
-    # below 1e-12 of the largest (columns without likelihood) are floored there.
-    diag = np.diag(hess)
-    scale = 1.0 / np.sqrt(np.maximum(diag, max(1e-12 * float(diag.max()), 1e-300)))
-    free = start > 0
-    if free.sum() > QP_WARM_MAX_FREE:
-        free[:] = False
-    y = np.where(free, start, 0.0)  # feasible, positive on the free set
-    for _ in range(3 * k + 10):
-        # Solve on the free set; while that leaves y >= 0, step from y toward it
-        # until a coordinate hits 0 and fix that coordinate at 0 (Lawson-Hanson).
-        while free.any():
-            idx = np.flatnonzero(free)
-            d = scale[idx]
-            sub = hess[np.ix_(idx, idx)] * d[:, None] * d[None, :] + 1e-12 * np.eye(idx.size)
-            z = d * linalg.solve(sub, -b[idx] * d, assume_a="pos")
-            if np.all(z > 0):
-                y[:] = 0.0
-                y[idx] = z
-                break
-            yi = y[idx]
-            neg = z <= 0
-            step = float(np.min(yi[neg] / (yi[neg] - z[neg])))
-            yi = yi + step * (z - yi)
-            hit = neg & (yi <= yi.max() * 1e-15)
-            hit[np.flatnonzero(neg)[np.argmin(yi[neg])]] = True  # at least the blocking one
-            y[idx] = np.where(hit, 0.0, yi)
-            free[idx[hit]] = False
-        dual = hess @ y + b
-        dual[free] = np.inf
-        j = int(np.argmin(dual))
-        if dual[j] >= -dual_tol:
-            return y
-        free[j] = True
-    warnings.warn("NPMLE quadratic subproblem: active-set iteration limit reached",
-                  RuntimeWarning, stacklevel=4)
-    return y
-
-
-def _gradient(lik, x, counts):
-    """Full-grid gradient sum_i c_i L_ik / f_i, log-likelihood sum_i c_i log f_i and f = L x."""
-    support = np.flatnonzero(x > 0)
-    return _npmle_kernels._mixture_gradient(lik, x, support, counts, _row_blocks(lik.shape[0]))
-
-
-def _active_columns(x, grad):
-    """Columns of the subproblem: the support of x and some KKT violators (grad_k < 0).
-
-    The violators taken are the ACTIVE_VIOLATORS most violating ones and those
-    at a local minimum of grad along the column order (one per dip of a sorted
-    grid, where neighbours violate together). Taking them all costs O(n K^2)
-    per Hessian early on; taking one per dip costs extra passes over L. The
-    most violating column always enters, so a fixed point has no violators (it
-    is the grid optimum) whatever the order of the grid.
-    """
-    violators = np.flatnonzero(grad < 0)
-    take = np.zeros(grad.size, bool)
-    take[violators[np.argsort(grad[violators], kind="stable")[:ACTIVE_VIOLATORS]]] = True
-    padded = np.concatenate([[np.inf], grad, [np.inf]])
-    take |= (grad <= padded[:-2]) & (grad <= padded[2:]) & (grad < 0)
-    return np.flatnonzero((x > 0) | take)
-
-
-def _line_search(f, u, counts, total, mass, step_sum, phi0, slope):
-    """Largest alpha in 1, 1/2, ... with an Armijo decrease of phi along x + alpha (y - x).
-
-    f = L x and u = L y on the rows, so f + alpha (u - f) is L at the trial point
-    without reading L again. Returns 0.0 when no step above MIN_STEP decreases phi.
-    """
-    # Rounding error of phi: near the optimum the decrease a step brings is
-    # ~|grad|^2, below what double precision resolves, so decreases smaller
-    # than this count as ties and the Newton step is taken (it drives kkt down).
-    noise = 16.0 * np.finfo(float).eps * (abs(phi0) + 2.0 * mass)
-    blocks = _row_blocks(f.size)
-    alpha = 1.0
-    while alpha >= MIN_STEP:
-        ll = _npmle_kernels._log_likelihood_along(f, u, alpha, counts, blocks)
-        phi = -ll / total + mass + alpha * step_sum
-        if phi <= phi0 + ARMIJO * alpha * slope + noise:  # False for ll = -inf
-            return alpha
-        alpha *= 0.5
-    return 0.0
-
-
-def _mix_sqp(lik, counts, shift, tol, max_iter, *, start=None, active_set=True, warn=3):
-    """mix-SQP (Kim et al. 2020) on the relaxed problem; returns normalized weights.
-
-    Minimizes phi(x) = -(1/N) sum_i c_i log (L x)_i + sum_k x_k over x >= 0,
-    from ``start`` (weights summing to 1) or the uniform weights. With
-    ``active_set``, the Hessian and the subproblem use only the columns with
-    x_k > 0 or a negative gradient; ``active_set=False`` uses all K columns.
-    ``warn``: the stack level of the warning when not converged (the public
-    caller's caller), or None for no warning.
-    """
-    with _threads_for(lik.size):
-        x, kkt, n_iter, history = _sqp_iterations(lik, counts, shift, tol, max_iter, start,
-                                                  active_set)
-    converged = kkt <= tol
-    if warn is not None and not converged:
-        warnings.warn(f"NPMLE stopped after {n_iter} iterations with kkt={kkt:.3g} > tol={tol:g}"
-                      " (the log-likelihood is within n*kkt of the grid optimum)",
-                      RuntimeWarning, stacklevel=warn)
-    weights = x / x.sum()
-    return weights, {"kkt": max(kkt, 0.0), "n_iter": n_iter, "converged": converged,
-                     "history": history}
-
-
-def _sqp_iterations(lik, counts, shift, tol, max_iter, start, active_set):
-    """The iterations of :func:`_mix_sqp`: returns x, its kkt, the iterations and the
-    log-likelihood history."""
-    total = float(counts.sum())
-    const = float(counts @ shift)
-    k = lik.shape[1]
-    x = np.full(k, 1.0 / k) if start is None else start.astype(np.float64, copy=True)
-    history = []
-    kkt = math.inf
-    n_iter = 0
-    while True:
-        grad_sum, ll, f = _gradient(lik, x, counts)
-        if ll == -math.inf and start is not None and n_iter == 0:
-            # The warm start leaves a row without mass (its likelihood underflows
-            # at every atom): start again from the uniform weights.
-            x, start = np.full(k, 1.0 / k), None
-            continue
-        mass = float(x.sum())
-        # Log-likelihood and KKT residual of the normalized weights w = x / sum(x).
-        history.append(const + ll - total * math.log(mass))
-        kkt = mass * float(grad_sum.max()) / total - 1.0
-        if kkt <= tol or n_iter >= max_iter:
-            break
-        n_iter += 1
-        grad = 1.0 - grad_sum / total
-        if active_set:
-            cols = _active_columns(x, grad)
-            lik_active = _npmle_kernels._gather_columns(lik, cols)
-        else:
-            cols, lik_active = np.arange(k), lik
-        hess = _hessian(lik_active, f, counts, total)
-        x_active, grad_active = x[cols], grad[cols]
-        y = _nonnegative_qp(hess, grad_active - hess @ x_active, x_active)
-        step = y - x_active
-        slope = float(grad_active @ step)
-        if slope >= 0.0:
-            break  # no descent direction left at double precision
-        u = _npmle_kernels._matvec(lik_active, y)
-        alpha = _line_search(f, u, counts, total, mass, float(step.sum()), -ll / total + mass,
-                             slope)
-        if alpha == 0.0:
-            break  # no further progress possible at double precision
-        x = np.zeros(k)
-        x[cols] = np.maximum(x_active + alpha * step, 0.0)
-    return x, kkt, n_iter, history
