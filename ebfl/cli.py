@@ -356,6 +356,7 @@ def _finish_npmle(args, fit, clients, columns, model):
                          "atoms_above_1pct": np.round(atoms, 4).tolist(),
                          "their_weights": np.round(weights, 4).tolist()},
                "log_likelihood": fit.log_likelihood, "kkt": fit.kkt,
+               "log_likelihood_gap_bound": fit.diagnostics["log_likelihood_gap_bound"],
                "iterations": fit.n_iter, "converged": fit.converged}
     _finish_fit(args, summary, table)
 

@@ -180,6 +180,7 @@ def test_fit_npmle_binomial_and_gaussian(tmp_path, capsys):
     direct = npmle_binomial(z, n)
     assert out["method"] == "npmle" and out["converged"]
     assert out["log_likelihood"] == pytest.approx(direct.log_likelihood)
+    assert out["log_likelihood_gap_bound"] == pytest.approx(z.size * direct.kkt)
     np.testing.assert_allclose(pd.read_csv(tmp_path / "est.csv")["estimate"],
                                direct.posterior_mean)
 
