@@ -21,7 +21,7 @@ def _load(name):
 
 def test_bench_npmle_smoke(capsys):
     bench = _load("bench_npmle")
-    result = bench.main(["--n", "2000", "--budget", "3", "--reps", "1", "--json", "--no-r"])
+    result = bench.main(["--n", "2000", "--budget", "1", "--reps", "1", "--json", "--no-r"])
     assert sorted(result["datasets"]) == ["p3", "sparse"]
     for data in result["datasets"].values():
         assert data["ours"]["kkt"] <= 1e-8 and data["ours"]["converged"]

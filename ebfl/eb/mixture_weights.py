@@ -195,7 +195,8 @@ def mixsqp(L, *, log=False, counts=None, start=None, tol=1e-8, max_iter=MAX_ITER
         start = start / start.sum()
     tol = check_positive_scalar(tol, "tol")
     max_iter = check_int_scalar(max_iter, "max_iter", minimum=1)
-    weights, info = _mix_sqp(lik, counts, shift, tol, max_iter, start=start, warn=3)
+    weights, info = _mix_sqp(lik, counts, shift, tol, max_iter, start=start, warn=3,
+                             name="mixsqp")
     history = np.asarray(info["history"], dtype=np.float64)
     return MixSQPResult(weights, float(history[-1]), info["kkt"],
                         float(counts.sum()) * info["kkt"], info["n_iter"], info["converged"],
@@ -258,7 +259,8 @@ def _threads_for(work):
 
 # ------------------------------------------------------------------------ mix-SQP
 
-def _mix_sqp(lik, counts, shift, tol, max_iter, *, start=None, active_set=True, warn=3):
+def _mix_sqp(lik, counts, shift, tol, max_iter, *, start=None, active_set=True, warn=3,
+             name="NPMLE"):
     """mix-SQP (Kim et al. 2020) on the relaxed problem; returns normalized weights.
 
     Minimizes phi(x) = -(1/N) sum_i c_i log (L x)_i + sum_k x_k over x >= 0,
@@ -266,7 +268,7 @@ def _mix_sqp(lik, counts, shift, tol, max_iter, *, start=None, active_set=True, 
     ``active_set``, the Hessian and the subproblem use only the columns with
     x_k > 0 or a negative gradient; ``active_set=False`` uses all K columns.
     ``warn``: the stack level of the warning when not converged (the public
-    caller's caller), or None for no warning.
+    caller's caller), or None for no warning; ``name`` names the fit in it.
     """
     with _threads_for(lik.size):
         x, kkt, n_iter, history = _sqp_iterations(lik, counts, shift, tol, max_iter, start,
@@ -275,9 +277,9 @@ def _mix_sqp(lik, counts, shift, tol, max_iter, *, start=None, active_set=True, 
     if warn is not None and not converged:
         reason = ("max_iter reached" if n_iter >= max_iter
                   else "no step gains at double precision")
-        warnings.warn(f"NPMLE stopped after {n_iter} iterations ({reason}) with kkt={kkt:.3g} > "
-                      f"tol={tol:g}: its log-likelihood may be up to {counts.sum() * kkt:.3g} "
-                      "nats below the grid optimum (N * kkt)", RuntimeWarning, stacklevel=warn)
+        warnings.warn(f"{name} stopped after {n_iter} iterations ({reason}) with kkt={kkt:.3g} "
+                      f"> tol={tol:g}: its log-likelihood may be up to {counts.sum() * kkt:.3g} "
+                      "nats below the optimum (N * kkt)", RuntimeWarning, stacklevel=warn)
     weights = x / x.sum()
     return weights, {"kkt": max(kkt, 0.0), "n_iter": n_iter, "converged": converged,
                      "history": history}
