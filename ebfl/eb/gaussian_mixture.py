@@ -781,7 +781,9 @@ def _weights_kkt(x2, s2, weights, mu, tau2):
     the best weights for these components)."""
     log_dens = _log_density(x2, s2, mu, tau2)
     lik = np.exp(log_dens - log_dens.max(axis=1, keepdims=True))
-    return max(float((lik / (lik @ weights)[:, None]).mean(axis=0).max()) - 1.0, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):  # inf: a row without density
+        ratio = (lik / (lik @ weights)[:, None]).mean(axis=0)
+    return max(float(np.nan_to_num(ratio, nan=np.inf).max()) - 1.0, 0.0)
 
 
 def _initial_params(x2, s2, k, init, seed, lower2):

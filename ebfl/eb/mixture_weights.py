@@ -70,7 +70,12 @@ import numba
 import numpy as np
 from scipy import linalg, optimize
 
-from ebfl._validation import check_finite_array, check_int_scalar, check_positive_scalar
+from ebfl._validation import (
+    as_real_array,
+    check_finite_array,
+    check_int_scalar,
+    check_positive_scalar,
+)
 from ebfl.eb import _mixsqp_kernels
 from ebfl.eb.results import _freeze
 
@@ -208,8 +213,6 @@ def _likelihood_iv(L, log):
     if not isinstance(log, bool | np.bool_):
         raise TypeError(f"log must be True or False, got {type(log).__name__}")
     if log:
-        from ebfl._validation import as_real_array
-
         arr = as_real_array(L, "L")
         if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] < 1:
             raise ValueError(f"L must be a 2-d array with at least one row and column, "
@@ -425,7 +428,7 @@ def _nonnegative_qp(hess, b, start, dual_tol=QP_DUAL_TOL):
         if dual[j] >= -dual_tol:
             return y
         free[j] = True
-    warnings.warn("NPMLE quadratic subproblem: active-set iteration limit reached",
+    warnings.warn("mix-SQP quadratic subproblem: active-set iteration limit reached",
                   RuntimeWarning, stacklevel=4)
     return y
 

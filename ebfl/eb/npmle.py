@@ -198,10 +198,9 @@ def npmle_normal(x, s, *, grid=None, n_grid=300, bins=None, bin_error=BIN_ERROR,
         Stop when the certified gap ``kkt`` (see :class:`NPMLEResult`) is <= tol.
     max_iter : int
         Largest number of iterations (passes over the likelihood matrix), >= 1. The
-        default is far above what any fit has needed (at most 20 on the shapes the
-        tests generate); a fit that stops at ``max_iter`` is not ``converged``, warns,
-        and reports how far it may be below the optimum
-        (``diagnostics["log_likelihood_gap_bound"]``).
+        default is a guard far above what fits take (a few, at most tens); a fit
+        that stops at ``max_iter`` is not ``converged``, warns, and reports how far
+        it may be below the optimum (``diagnostics["log_likelihood_gap_bound"]``).
 
     Returns
     -------
