@@ -360,3 +360,20 @@ def test_gaussian_mixture_weights_are_certified_for_their_components(shape, k):
     assert res.log_likelihood == pytest.approx(loglik, rel=1e-10)
     best = mixsqp(log_dens, log=True, tol=1e-12)  # no other weights do better
     assert best.log_likelihood <= res.log_likelihood + 3000 * TOL
+
+
+def test_gaussian_mixture_stopped_by_max_iter_still_has_certified_weights():
+    rng = np.random.default_rng(1)
+    s = rng.uniform(0.5, 1.5, 2000)
+    x = _effects(rng, "sparse_normal", 2000) + s * rng.standard_normal(2000)
+    res = gaussian_mixture_eb(x, s, 3, rng=0, max_iter=5, n_init=1)
+    assert not res.converged and res.n_iter == 5
+    assert res.log_likelihood_history.size == 6  # n_iter + 1 entries
+    assert res.log_likelihood == res.log_likelihood_history[-1]
+    assert np.all(np.diff(res.log_likelihood_history) >= -1e-9 * abs(res.log_likelihood))
+    p = res.prior
+    log_dens = np.stack([stats.norm.logpdf(x, mu, np.sqrt(sd**2 + s**2))
+                         for mu, sd in zip(p.means, p.sds, strict=True)], axis=1)
+    kkt, loglik = _certificate(log_dens, p.weights)
+    assert kkt <= TOL + KKT_SLACK and res.diagnostics["weights_kkt"] <= TOL
+    assert res.log_likelihood == pytest.approx(loglik, rel=1e-10)

@@ -285,9 +285,9 @@ class GaussianMixtureEBResult:
         clients m p_l is below ``EMPTY_COUNT``); ``sd_at_min`` (indices of
         components whose sd sits at ``min_sd``); ``weights_kkt`` (the weights'
         optimality gap for the fitted components: max_l r_l - 1 with
-        r_l = mean_i N_il / sum_l' p_l' N_il', at most ``max(tol, 1e-12)`` when
-        ``converged``; m times it bounds how far the log-likelihood is below that of
-        the best weights for these components).
+        r_l = mean_i N_il / sum_l' p_l' N_il', at most ``max(tol, 1e-12)``, also when
+        ``max_iter`` stopped EM; m times it bounds how far the log-likelihood is below
+        that of the best weights for these components).
     responsibilities : ndarray of shape (m, k)
         Property: ``posterior.weights``, r_il = Pr(client i in component l | x_i).
     n_clients : int
@@ -462,8 +462,10 @@ def gaussian_mixture_eb(x, s, n_components, *, rng=None, n_init=5, max_iter=1000
     instead of EM's p_l = mean_i r_il, which approaches them only linearly where
     components overlap (a point mass inside a wide component, the usual shape of
     sparse effects) and could stop on its gain per iteration with the weights a
-    nat below their optimum. So a converged fit has certified weights for its
-    components: ``diagnostics["weights_kkt"] <= max(tol, 1e-12)``.
+    nat below their optimum. A start stopped by ``max_iter`` gets the same exact
+    weights for its last components. So every fit has certified weights for its
+    components: ``diagnostics["weights_kkt"] <= max(tol, 1e-12)``. The components
+    themselves are a local optimum of a non-convex problem, with no such certificate.
 
     Because every s_i > 0, each component density N(x_i; mu_l, v_il I_d) is
     at most (2 pi min_i s_i^2)^(-d/2): the likelihood is bounded and tau_l = 0
@@ -751,6 +753,12 @@ def _em(x2, s2, weights, mu, tau2, lower, upper, max_iter, tol):
             converged = True
             break
         exhaustive = stalled
+    if not converged:
+        # Stopped by max_iter: the weights are still made optimal for the last components
+        # (part of the last iteration), so that they are certified whatever happened.
+        weights = _optimal_weights(x2, s2, weights, mu, tau2, tol)["weights"]
+        with np.errstate(divide="ignore"):
+            history[-1], resp = _e_step(x2, s2, np.log(weights), mu, tau2)
     return {"weights": weights, "means": mu, "tau2": tau2, "resp": resp, "history": history,
             "n_iter": n_iter, "converged": converged}
 
