@@ -24,16 +24,15 @@ REL = 1e-6
 R_TIMEOUT = 600  # seconds; generous, for a loaded machine
 
 
-def _r_package_missing(package):
-    """None when Rscript can load ``package``, else why not."""
+def _require_r_package(package):
+    """Skip the test, saying why, unless Rscript can load ``package``."""
     rscript = shutil.which("Rscript")
     if rscript is None:
-        return "R is not installed (Rscript not on PATH)"
+        pytest.skip("R is not installed (Rscript not on PATH)")
     probe = subprocess.run([rscript, "-e", f"library({package})"], capture_output=True,
                            text=True, timeout=R_TIMEOUT)
     if probe.returncode != 0:
-        return f"the R package {package} is not installed"
-    return None
+        pytest.skip(f"the R package {package} is not installed")
 
 
 def _run_r(tmp_path, cases):
@@ -72,9 +71,7 @@ def _normal_cases():
 
 
 def test_likelihood_matrices_against_r_mixsqp(tmp_path):
-    reason = _r_package_missing("mixsqp")
-    if reason:
-        pytest.skip(reason)
+    _require_r_package("mixsqp")
     cases, ours = [], {}
     for name, (x, s) in _normal_cases().items():
         grid = np.linspace(x.min(), x.max(), 300)
@@ -98,9 +95,7 @@ def test_likelihood_matrices_against_r_mixsqp(tmp_path):
 
 
 def test_normal_npmle_against_r_ebnm_on_the_same_grid(tmp_path):
-    reason = _r_package_missing("ebnm")
-    if reason:
-        pytest.skip(reason)
+    _require_r_package("ebnm")
     cases, ours = [], {}
     for name, (x, s) in _normal_cases().items():
         grid = np.linspace(x.min(), x.max(), 300)

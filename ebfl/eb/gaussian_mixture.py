@@ -549,7 +549,7 @@ def gaussian_mixture_eb(x, s, n_components, *, rng=None, n_init=5, max_iter=1000
         "best_init": int(np.argmax(finals)),
         "empty_components": tuple(int(i) for i in np.flatnonzero(m * weights < EMPTY_COUNT)),
         "sd_at_min": tuple(int(i) for i in np.flatnonzero(sds <= min_sd)),
-        "weights_kkt": _weights_kkt(x2, s2, weights, means, tau2),
+        "weights_kkt": best["weights_kkt"],
     }
     # s_arr may be the caller's own array (no copy at validation): copy before freezing
     return GaussianMixtureEBResult(prior, _posterior_shape(post, x_arr.ndim), shrinkage,
@@ -743,7 +743,8 @@ def _em(x2, s2, weights, mu, tau2, lower, upper, max_iter, tol):
         n_iter += 1
         weights, mu, tau2 = _m_step(x2, s2, resp, mu, tau2, lower, upper, exhaustive)
         if exhaustive:
-            weights = _optimal_weights(x2, s2, weights, mu, tau2, tol)["weights"]
+            solved = _optimal_weights(x2, s2, weights, mu, tau2, tol)
+            weights = solved["weights"]
         with np.errstate(divide="ignore"):
             ll_new, resp = _e_step(x2, s2, np.log(weights), mu, tau2)
         history.append(ll_new)
@@ -756,11 +757,13 @@ def _em(x2, s2, weights, mu, tau2, lower, upper, max_iter, tol):
     if not converged:
         # Stopped by max_iter: the weights are still made optimal for the last components
         # (part of the last iteration), so that they are certified whatever happened.
-        weights = _optimal_weights(x2, s2, weights, mu, tau2, tol)["weights"]
+        solved = _optimal_weights(x2, s2, weights, mu, tau2, tol)
+        weights = solved["weights"]
         with np.errstate(divide="ignore"):
             history[-1], resp = _e_step(x2, s2, np.log(weights), mu, tau2)
+    # Either way the last step solved the weights exactly: its kkt is theirs.
     return {"weights": weights, "means": mu, "tau2": tau2, "resp": resp, "history": history,
-            "n_iter": n_iter, "converged": converged}
+            "n_iter": n_iter, "converged": converged, "weights_kkt": solved["kkt"]}
 
 
 def _optimal_weights(x2, s2, weights, mu, tau2, tol):
@@ -781,17 +784,6 @@ def _optimal_weights(x2, s2, weights, mu, tau2, tol):
                        start=start, warn=None)
     info["weights"] = w
     return info
-
-
-def _weights_kkt(x2, s2, weights, mu, tau2):
-    """max_l r_l - 1 with r_l = mean_i N_il / sum_l' p_l' N_il': the weights' optimality
-    gap for fixed components (m times it bounds how far the log-likelihood is below
-    the best weights for these components)."""
-    log_dens = _log_density(x2, s2, mu, tau2)
-    lik = np.exp(log_dens - log_dens.max(axis=1, keepdims=True))
-    with np.errstate(divide="ignore", invalid="ignore"):  # inf: a row without density
-        ratio = (lik / (lik @ weights)[:, None]).mean(axis=0)
-    return max(float(np.nan_to_num(ratio, nan=np.inf).max()) - 1.0, 0.0)
 
 
 def _initial_params(x2, s2, k, init, seed, lower2):

@@ -204,7 +204,7 @@ def mixsqp(L, *, log=False, counts=None, start=None, tol=1e-8, max_iter=MAX_ITER
                              name="mixsqp")
     history = np.asarray(info["history"], dtype=np.float64)
     return MixSQPResult(weights, float(history[-1]), info["kkt"],
-                        float(counts.sum()) * info["kkt"], info["n_iter"], info["converged"],
+                        info["log_likelihood_gap_bound"], info["n_iter"], info["converged"],
                         history)
 
 
@@ -277,15 +277,17 @@ def _mix_sqp(lik, counts, shift, tol, max_iter, *, start=None, active_set=True, 
         x, kkt, n_iter, history = _sqp_iterations(lik, counts, shift, tol, max_iter, start,
                                                   active_set)
     converged = kkt <= tol
+    kkt = max(kkt, 0.0)
+    gap_bound = float(counts.sum()) * kkt
     if warn is not None and not converged:
         reason = ("max_iter reached" if n_iter >= max_iter
                   else "no step gains at double precision")
         warnings.warn(f"{name} stopped after {n_iter} iterations ({reason}) with kkt={kkt:.3g} "
-                      f"> tol={tol:g}: its log-likelihood may be up to {counts.sum() * kkt:.3g} "
+                      f"> tol={tol:g}: its log-likelihood may be up to {gap_bound:.3g} "
                       "nats below the optimum (N * kkt)", RuntimeWarning, stacklevel=warn)
     weights = x / x.sum()
-    return weights, {"kkt": max(kkt, 0.0), "n_iter": n_iter, "converged": converged,
-                     "history": history}
+    return weights, {"kkt": kkt, "log_likelihood_gap_bound": gap_bound, "n_iter": n_iter,
+                     "converged": converged, "history": history}
 
 
 def _sqp_iterations(lik, counts, shift, tol, max_iter, start, active_set):
@@ -307,14 +309,15 @@ def _sqp_iterations(lik, counts, shift, tol, max_iter, start, active_set):
             continue
         mass = float(x.sum())
         # Log-likelihood and KKT residual of the normalized weights w = x / sum(x).
-        history.append(const + ll - total * math.log(mass))
+        ll_normalized = ll - total * math.log(mass)  # sum_i c_i log (f_i / mass)
+        history.append(const + ll_normalized)
         kkt = mass * float(grad_sum.max()) / total - 1.0
         if kkt <= tol or n_iter >= max_iter:
             break
         n_iter += 1
         ratio = mass * grad_sum / total  # r_k of the normalized weights
         if kkt > RESCUE_KKT:
-            x, f, moved = _vertex_steps(lik, x, f, counts, ratio, RESCUE_KKT)
+            x, f, moved = _vertex_steps(lik, x, f, counts, ratio, ll_normalized, RESCUE_KKT)
             if moved:
                 continue
         grad = 1.0 - grad_sum / total
@@ -338,7 +341,7 @@ def _sqp_iterations(lik, counts, shift, tol, max_iter, start, active_set):
             # solved in floating point on a Hessian that can be numerically singular):
             # move mass to the most violating grid point instead, which always gains
             # while kkt > 0.
-            x, f, moved = _vertex_steps(lik, x, f, counts, ratio, 0.0, most=1)
+            x, f, moved = _vertex_steps(lik, x, f, counts, ratio, ll_normalized, 0.0, most=1)
             if not moved:
                 break  # no further progress possible at double precision
             continue
@@ -454,10 +457,10 @@ def _line_search(f, u, counts, total, mass, step_sum, phi0, slope):
     return 0.0
 
 
-def _vertex_steps(lik, x, f, counts, ratio, threshold, most=ACTIVE_VIOLATORS):
+def _vertex_steps(lik, x, f, counts, ratio, before, threshold, most=ACTIVE_VIOLATORS):
     """Move mass to grid points with r_k - 1 > threshold, one at a time, each by an exact
-    line search. Returns x, f = L x and whether the log-likelihood rose (x and f
-    unchanged when it did not).
+    line search. Returns x, f = L x and whether the log-likelihood rose above ``before``
+    (that of x / sum(x), without the row shifts); x and f unchanged when it did not.
 
     The points are the local maxima of r along the column order (one per dip of a
     sorted grid), most violating first, at most ``most``. Along x -> (1 - a) x + a e_k
@@ -476,7 +479,6 @@ def _vertex_steps(lik, x, f, counts, ratio, threshold, most=ACTIVE_VIOLATORS):
     mass = float(x.sum())
     x_new, f_new = x / mass, f / mass
     blocks = _row_blocks(f.size)
-    before = _mixsqp_kernels._log_likelihood_along(f_new, f_new, 0.0, counts, blocks)
     for k in peaks:
         col = np.ascontiguousarray(lik[:, k])
         a = _vertex_share(f_new, col, counts, blocks)

@@ -284,7 +284,7 @@ def npmle_normal(x, s, *, grid=None, n_grid=300, bins=None, bin_error=BIN_ERROR,
     weights, info = _fit_normal_rows(x_fit, s_fit, counts, grid, tol, max_iter)
     mean, var, loglik = _atom_posterior(x, s_full, grid, weights)
     diagnostics = {"n_rows": x_fit.size, "history": info["history"],
-                   "log_likelihood_gap_bound": x.size * info["kkt"]}
+                   "log_likelihood_gap_bound": info["log_likelihood_gap_bound"]}
     if bins is not None:
         diagnostics.update(_binning_diagnostics(x, s_full, grid, rows, info, loglik))
     return _result(grid, weights, loglik, mean, var, info, "normal", diagnostics)
@@ -353,7 +353,7 @@ def npmle_binomial(successes, trials, *, grid=None, n_grid=300, tol=1e-8,
     loglik = float(counts @ (shift + np.log(f)))
     return _result(grid, weights, loglik, mean_u[inverse], var_u[inverse], info, "binomial",
                    {"n_rows": nu.size, "history": info["history"],
-                    "log_likelihood_gap_bound": z.size * info["kkt"]})
+                    "log_likelihood_gap_bound": info["log_likelihood_gap_bound"]})
 
 
 # ----------------------------------------------------------------- input checks
@@ -418,7 +418,7 @@ def _binning_diagnostics(x, s, grid, rows, info, loglik):
             bound, worst = _npmle_kernels._binning_error(
                 x, s, rows.row, rows.x, rows.s, float(grid.min()), float(grid.max()),
                 _row_blocks(x.size))
-    gap = max(bound + x.size * info["kkt"] + binned - loglik, 0.0)
+    gap = max(bound + info["log_likelihood_gap_bound"] + binned - loglik, 0.0)
     return {"binned_log_likelihood": binned, "binning_error_bound": bound,
             "binning_error_max": worst, "log_likelihood_gap_bound": gap}
 
