@@ -289,6 +289,10 @@ def check_standard_errors(s, name, m):
         s_arr = np.full(m, float(s_arr))
     elif s_arr.shape != (m,):
         raise ValueError(f"{name} must be a scalar or have shape ({m},), got {s_arr.shape}")
+    if np.any(s_arr <= 0):
+        first = int(np.flatnonzero(s_arr <= 0)[0])
+        raise ValueError(f"{name} must be > 0 (standard errors); entry {first} is "
+                         f"{float(s_arr[first])!r}")
     bad = ~((s_arr >= _MIN_SE) & (s_arr <= _MAX_SE))
     if np.any(bad):
         first = int(np.flatnonzero(bad)[0])

@@ -17,13 +17,15 @@ import lzma
 import math
 import os
 import pickle
+import re
 import sys
-import tarfile
 import zipfile
 import zlib
 from pathlib import Path
 
 import numpy as np
+
+from ebfl._tables import DEFAULT_MAX_MIB
 
 __all__ = ["main"]
 
@@ -155,118 +157,54 @@ def _cmd_bounds_fedhdp(args):
 
 # ---------------------------------------------------------------------- fit
 
-#: What pandas raises for a file it cannot decompress: gzip's is an OSError without a
-#: file name (a missing or unreadable file has one and is left to ``main``).
-_CORRUPTED = (EOFError, lzma.LZMAError, zipfile.BadZipFile, zlib.error, tarfile.TarError)
-
-
-def _read_table(path):
-    """The CSV at ``path``; unparsable, undecodable or empty content is a ValueError naming it."""
-    import pandas as pd
-
-    try:
-        frame = pd.read_csv(path)
-    except pd.errors.EmptyDataError:
-        raise ValueError(f"{path} is empty: expected a CSV file with a header row") from None
-    except OSError as exc:
-        if exc.filename is not None:  # missing, a folder, no permission: main names the file
-            raise
-        raise ValueError(f"cannot read {path}: {exc} (truncated or corrupted file)") from None
-    except (ValueError, *_CORRUPTED) as exc:  # ParserError, UnicodeDecodeError, bad archives
-        raise ValueError(f"cannot read {path} as CSV: {exc}") from None
-    if frame.empty:
-        raise ValueError(f"{path} has a header but no data rows")
-    return frame
-
-
-def _column(frame, name, option):
-    if name not in frame.columns:
-        raise ValueError(f"{option}: column {name!r} is not in the file; its columns are "
-                         f"{list(frame.columns)}")
-    return frame[name]
-
-
-def _where(k):
-    """Row ``k`` (0-based) of the data, as a user finds it in the file."""
-    return f"data row {k + 1} (line {k + 2} of the file)"
-
-
-def _numeric_column(frame, name, option, *, count_from=None, positive=False):
-    """Column ``name`` as float64, or as int64 counts >= ``count_from`` when given.
-
-    The first missing, non-numeric or infinite value, and the first that breaks
-    the rule (a count, or > 0 with ``positive``), is a ValueError naming the
-    column and its row: the fits that follow cannot point into the file.
-    """
-    import pandas as pd
-
-    raw = _column(frame, name, option)
-    values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
-    finite = np.isfinite(values)
-    rules = []  # (rows that pass, what the value must be)
-    with np.errstate(invalid="ignore"):  # NaN compares False; np.isfinite reports it first
-        if count_from is not None:  # beyond 2**53 a float64 no longer holds every integer
-            rules.append(((values == np.round(values)) & (np.abs(values) <= 2.0**53),
-                          "an integer count"))
-            rules.append((values >= count_from, f">= {count_from}"))
-        elif positive:
-            rules.append((values > 0, "> 0"))
-    ok = np.logical_and.reduce([finite, *(passed for passed, _ in rules)])
-    if ok.all():
-        return values.astype(np.int64) if count_from is not None else values
-    k = int(np.argmin(ok))
-    cell = raw.iloc[k]
-    shown = repr(cell) if isinstance(cell, str) else str(cell)
-    if pd.isna(cell):
-        problem = "a missing value"
-    elif np.isnan(values[k]):
-        problem = f"a non-numeric value {shown}"
-    elif not finite[k]:
-        problem = f"an infinite value {shown}"
-    else:
-        need = next(what for passed, what in rules if not passed[k])
-        problem = f"the value {shown}, which must be {need},"
-    raise ValueError(f"{option}: column {name!r} has {problem} at {_where(k)}")
-
-
-def _client_ids(frame, name):
-    """The client-id column; missing ids would be dropped by groupby, so refuse them."""
-    ids = _column(frame, name, "--client")
-    if ids.isna().any():
-        k = int(np.argmax(ids.isna().to_numpy()))
-        raise ValueError(f"--client: column {name!r} has {int(ids.isna().sum())} missing client "
-                         f"id(s), the first at {_where(k)}")
-    return ids
+def _distinct_columns(args, options):
+    """Refuse one column named by two options (e.g. ``--successes n --trials n``): each
+    option means a different quantity, so the fit would be of nonsense."""
+    seen = {}
+    for option in options:
+        names = getattr(args, option)
+        for name in names if isinstance(names, list) else [names]:
+            if name is None:
+                continue
+            if name in seen:
+                first = seen[name]
+                said = (f"--{option} names the column {name!r} twice" if first == option else
+                        f"--{first} and --{option} name the same column {name!r}")
+                raise ValueError(f"{said}: give each its own column")
+            seen[name] = option
 
 
 def _cmd_fit_beta_binomial(args):
     import pandas as pd
 
+    from ebfl._tables import client_ids, numeric_column, read_table, where
     from ebfl.eb import beta_binomial_eb, npmle_binomial
 
-    frame = _read_table(args.path)
+    _distinct_columns(args, ("successes", "trials", "client", "value"))
+    frame = read_table(args.path, max_mib=args.max_size)
     if args.client is not None:
         if args.value is None or len(args.value) != 1:
             raise ValueError("--client needs exactly one --value column of 0/1 outcomes")
-        ids = _client_ids(frame, args.client)
-        values = _numeric_column(frame, args.value[0], "--value", count_from=0)
+        ids = client_ids(frame, args.client)
+        values = numeric_column(frame, args.value[0], "--value", count_from=0)
         if not np.isin(values, (0, 1)).all():
             k = int(np.argmin(np.isin(values, (0, 1))))
             raise ValueError(f"--value: column {args.value[0]!r} must hold only 0 and 1; "
-                             f"{_where(k)} has {values[k]}")
+                             f"{where(k)} has {values[k]}")
         grouped = pd.Series(values, index=frame.index).groupby(ids, sort=True)
         clients, z, n = grouped.sum().index, grouped.sum().to_numpy(), grouped.size().to_numpy()
     elif args.successes and args.trials:
         clients = frame.index
-        z = _numeric_column(frame, args.successes, "--successes", count_from=0)
-        n = _numeric_column(frame, args.trials, "--trials", count_from=1)
+        z = numeric_column(frame, args.successes, "--successes", count_from=0)
+        n = numeric_column(frame, args.trials, "--trials", count_from=1)
         if (z > n).any():
             k = int(np.argmax(z > n))
             raise ValueError(f"--successes: column {args.successes!r} exceeds --trials column "
-                             f"{args.trials!r} ({z[k]} > {n[k]}) at {_where(k)}")
+                             f"{args.trials!r} ({z[k]} > {n[k]}) at {where(k)}")
     else:
         raise ValueError("give --successes and --trials, or --client and --value")
     if args.method == "npmle":
+        _two_clients(len(z), args)
         _finish_npmle(args, npmle_binomial(z, n), clients,
                       {"successes": np.asarray(z, np.int64), "trials": np.asarray(n, np.int64),
                        "local": np.asarray(z) / np.asarray(n)}, "beta-binomial")
@@ -296,17 +234,19 @@ _GAUSSIAN_DIAGNOSTICS = ("restricted_log_likelihood", "q_statistic", "converged"
 
 
 def _cmd_fit_gaussian(args):
+    from ebfl._tables import client_ids, numeric_column, read_table
     from ebfl.eb import gaussian_eb, gaussian_eb_samples, npmle_normal
     from ebfl.ragged import Ragged
 
-    frame = _read_table(args.path)
+    _distinct_columns(args, ("mean", "se", "client", "value"))
+    frame = read_table(args.path, max_mib=args.max_size)
     if args.client is not None:
         if not args.value:
             raise ValueError("--client needs at least one --value column")
         if args.method == "npmle":
             raise ValueError("--method npmle needs --mean and --se (one row per client)")
-        ids = _client_ids(frame, args.client)
-        values = np.column_stack([_numeric_column(frame, v, "--value") for v in args.value])
+        ids = client_ids(frame, args.client)
+        values = np.column_stack([numeric_column(frame, v, "--value") for v in args.value])
         order = ids.reset_index(drop=True).sort_values(kind="stable").index.to_numpy()
         counts = ids.iloc[order].groupby(ids.iloc[order], sort=True).size()
         values = values[order]
@@ -315,9 +255,10 @@ def _cmd_fit_gaussian(args):
         res = gaussian_eb_samples(data, sigma_x=args.sigma_x, method=args.method)
         clients = list(counts.index)
     elif args.mean and args.se:
-        x = _numeric_column(frame, args.mean, "--mean")
-        s = _numeric_column(frame, args.se, "--se", positive=True)
+        x = numeric_column(frame, args.mean, "--mean")
+        s = numeric_column(frame, args.se, "--se", positive=True)
         if args.method == "npmle":
+            _two_clients(x.size, args)
             _finish_npmle(args, npmle_normal(x, s), list(frame.index), {"local": x}, "gaussian")
             return
         res = gaussian_eb(x, s, method=args.method)
@@ -343,6 +284,13 @@ def _cmd_fit_gaussian(args):
                "sigma_x": res.diagnostics.get("sigma_x"),
                "mean_shrinkage": float(np.mean(res.shrinkage)), "level": args.level}
     _finish_fit(args, summary, table)
+
+
+def _two_clients(m, args):
+    """The parametric fits refuse one client themselves; one client's NPMLE is a point mass
+    on its own estimate (no shrinkage at all), which is a mistake, not a fit."""
+    if m < 2:
+        raise ValueError(f"--method npmle needs at least 2 clients; {args.path} has {m}")
 
 
 def _finish_npmle(args, fit, clients, columns, model):
@@ -450,13 +398,20 @@ def _cmd_accounting_dp_adaped(args):
 
 
 def _cmd_accounting_fedhdp(args):
-    from ebfl.privacy.dp_fedavg import dp_fedavg_epsilon
+    from ebfl.privacy.dp_fedavg import NOISE_MULTIPLIER_RANGE, dp_fedavg_epsilon
+    from ebfl.privacy.guarantee import VALID_FOR, dp_fedavg_guarantee
 
+    lo, hi = NOISE_MULTIPLIER_RANGE  # the library's own refusals would name its arguments
+    if args.sampling_rate > 1 or not lo <= args.noise <= hi:
+        raise ValueError(f"--sampling-rate must lie in (0, 1] and --noise in [{lo:g}, {hi:g}], "
+                         f"got {args.sampling_rate:g} and {args.noise:g}")
     setting = {"sampling_rate": args.sampling_rate, "noise_multiplier": args.noise,
                "rounds": args.rounds, "delta": args.delta}
     kinds = ["rdp", "pld"] if args.accountant == "both" else [args.accountant]
     results = {kind: dp_fedavg_epsilon(accountant=kind, **setting) for kind in kinds}
-    payload = {"setting": setting, "neighboring_relation": "add_or_remove_one"}
+    # the epsilon of the accountant's model: a proof only for runs inside it
+    payload = {"setting": setting, "valid_for": VALID_FOR,
+               **dp_fedavg_guarantee(sampling="poisson", denominator="expected")}
     if "rdp" in results:
         payload["rdp"] = {"epsilon": results["rdp"].epsilon, "order": results["rdp"].order,
                           "conversion": results["rdp"].conversion}
@@ -471,6 +426,7 @@ def _cmd_accounting_fedhdp(args):
         _print_table(f"DP-FedAvg / FedHDP group, client level: q={s['sampling_rate']:g}, "
                      f"z={s['noise_multiplier']:g}, T={s['rounds']}, delta={s['delta']:g}",
                      rows, ["accountant", "epsilon", "order"])
+        print(f"model: {p['accountant_model']}\n{p['valid_for']}")
     _emit(args, payload, render)
 
 
@@ -481,9 +437,16 @@ def _cmd_accounting_dp_pfl(args):
         raise ValueError(f"--q must lie in (0, 1] (q = n_iter/n_t), got {args.q:g}")
     if args.drop >= 1:
         raise ValueError("--drop must lie in [0, 1): at 1 no device ever takes part")
-    payload = dppfl_privacy_report(args.epsilon, args.delta, inner=args.inner,
-                                   outer=args.outer, drop_probability=args.drop,
-                                   sampling_rate=args.q, ratio=args.ratio)
+    try:
+        payload = dppfl_privacy_report(args.epsilon, args.delta, inner=args.inner,
+                                       outer=args.outer, drop_probability=args.drop,
+                                       sampling_rate=args.q, ratio=args.ratio)
+    except ValueError as exc:  # the report names its arguments: name the options instead
+        options = {"epsilon": "--epsilon", "delta": "--delta", "inner": "--inner",
+                   "outer": "--outer", "drop_probability": "--drop", "sampling_rate": "--q",
+                   "ratio": "--ratio"}
+        raise ValueError(re.sub(rf"\b({'|'.join(options)})(?=( must|=| \* ))",
+                                lambda m: options[m[1]], str(exc))) from exc
 
     def render(p):
         s, cal, got, cor4 = p["setting"], p["calibration"], p["delivered"], p["corollary4"]
@@ -796,9 +759,40 @@ def _cmd_reproduce_adaped_protocol(args):
     _emit(args, payload, render)
 
 
+#: Bounds of the torch reproductions' --seeds and --rounds (checked before any data load).
+_MAX_SEEDS, _MAX_ROUNDS, _MAX_SEED = 10_000, 10**6, 2**63 - 1
+
+
+def _check_seeds_and_rounds(args):
+    """--seeds, --seed and --rounds, before ``range(seed, seed + seeds)`` is built and any
+    data are loaded."""
+    if args.seeds > _MAX_SEEDS:
+        raise ValueError(f"--seeds must be an integer in [1, {_MAX_SEEDS}], got {args.seeds}")
+    if args.seed + args.seeds - 1 > _MAX_SEED:
+        raise ValueError(f"--seed must be <= {_MAX_SEED - args.seeds + 1} with --seeds "
+                         f"{args.seeds} (the last seed must be <= 2^63 - 1), got {args.seed}")
+    if args.rounds is not None and args.rounds > _MAX_ROUNDS:
+        raise ValueError(f"--rounds must be an integer in [1, {_MAX_ROUNDS}], got {args.rounds}")
+    if getattr(args, "cache_dir", None) is not None:  # --checkpoint-dir: _check_outputs
+        _check_folder_to_create(args.cache_dir, "--cache-dir")
+
+
+def _check_folder_to_create(path, option):
+    """``path`` is a folder, or can be created (with its parents) under a writable folder."""
+    folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{option} {path} exists and is not a folder")
+    existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"{option} {path}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK):
+        raise ValueError(f"{option} {path} is not writable")
+
+
 def _cmd_reproduce_fedhdp(args):
     from ebfl.experiments.fedhdp import plot_sweep, reproduce_fedhdp
 
+    _check_seeds_and_rounds(args)
     table = "sweep" if args.sweep else "3"
     payload = reproduce_fedhdp(args.dataset, table=table, lam=args.lam, ratios=args.ratio,
                                seeds=tuple(range(args.seed, args.seed + args.seeds)),
@@ -825,6 +819,8 @@ def _cmd_reproduce_fedhdp(args):
                      f"{pr['sampling_rate']}, z = {pr['noise_multiplier']}, lambda = "
                      f"{p['rows'][0]['lambda']}, seeds {p['seeds']} ({p['seconds']:.0f} s; "
                      "accuracy in %)", rows, ["", *cols, "epsilon"])
+        print(f"epsilon: {p['privacy']['guarantee']}"
+              + (f" ({p['privacy']['condition']})" if p["privacy"]["condition"] else ""))
         for path in p.get("figures", []):
             print("saved", path)
     _emit(args, payload, render)
@@ -846,8 +842,21 @@ def _nan_to_none(obj):
 
 
 def _cmd_reproduce_perada(args):
-    from ebfl.experiments.perada import PARTS, plot_perada, reproduce_perada
+    from ebfl.experiments.perada import (
+        PARTS,
+        _check_backbone_weights,
+        plot_perada,
+        reproduce_perada,
+    )
 
+    _check_seeds_and_rounds(args)
+    if args.arch == "resnet18" and args.dataset != "cifar10":
+        raise ValueError(f"--arch resnet18 runs on --dataset cifar10 (3-channel images), got "
+                         f"--dataset {args.dataset}")
+    # the weights file is read and checked here, so that its errors name the option
+    _check_backbone_weights(args.arch, args.backbone_weights,
+                            names={"arch": "--arch", "backbone_weights": "--backbone-weights",
+                                   "cache_dir": "--cache-dir"})
     payload = reproduce_perada(dataset=args.dataset, quick=args.quick,
                                parts=args.part or PARTS,
                                seeds=tuple(range(args.seed, args.seed + args.seeds)),
@@ -1028,12 +1037,14 @@ def _job_settings(args):
 
 
 def _cmd_flower_simulate(args):
-    flower = _flower()
-    settings = _job_settings(args)
+    from ebfl.federated.faults import check_failures
     from ebfl.federated.jobs import build_job
 
-    build_job(settings)  # bad settings fail here, before Ray starts
-    failures = flower.parse_failures(args.failures)
+    settings = _job_settings(args)
+    job = build_job(settings)  # bad settings and failures fail here, before Ray starts
+    failures = check_failures(args.failures, job.config,
+                              everyone=job.algorithm.all_clients_train, name="--failures")
+    flower = _flower()
     payload = flower.compare_runtimes(settings, failures=failures, compare=args.compare,
                                       verbose=args.verbose)
     _save_figure(args, flower.plot_comparison, payload,
@@ -1126,16 +1137,18 @@ def _shown(text):
     return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
-def _integer(minimum):
-    """argparse type: an integer >= ``minimum``."""
+def _integer(minimum, maximum=None):
+    """argparse type: an integer >= ``minimum`` (and <= ``maximum`` when given)."""
+    rule = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+
     def integer(text):
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"must be an integer >= {minimum}, got {_shown(text)}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
+                f"must be an integer {rule}, got {_shown(text)}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"must be an integer {rule}, got {value}")
         return value
     return integer
 
@@ -1288,6 +1301,9 @@ def build_parser():
                        help="observation column (with --client; repeat for d > 1)")
         p.add_argument("--level", type=_open_unit, default=0.95, help="credible level")
         p.add_argument("--output", help="write per-client estimates to this CSV")
+        p.add_argument("--max-size", type=_positive, default=DEFAULT_MAX_MIB, metavar="MIB",
+                       help="the most a compressed CSV may expand to when read "
+                            f"(default: {DEFAULT_MAX_MIB} MiB)")
         _add_json(p)
     fb.set_defaults(func=_cmd_fit_beta_binomial)
     fg.set_defaults(func=_cmd_fit_gaussian)
@@ -1404,7 +1420,7 @@ def build_parser():
     ada.add_argument("--methods", nargs="+", metavar="NAME", help="subset of the methods")
     ada.add_argument("--seeds", type=_integer(1), default=1,
                      help="runs (seeds seed, seed+1, ...)")
-    ada.add_argument("--samples-per-client", type=_integer(2), metavar="N",
+    ada.add_argument("--samples-per-client", type=_integer(2, 70_000), metavar="N",
                      help="training images kept per client, drawn from its classes (mnist, "
                           "fashion-mnist; default: all, about 1,100)")
     _table1_protocol_arguments(ada)
@@ -1617,6 +1633,8 @@ def _check_outputs(args):
         _check_output_file(args.output, "--output")
     if getattr(args, "plot", None) is not None:
         _check_output_folder(args.plot, "--plot")
+    if getattr(args, "checkpoint_dir", None) is not None:
+        _check_output_folder(args.checkpoint_dir, "--checkpoint-dir")
 
 
 def main(argv=None):

@@ -1,32 +1,15 @@
-"""Contract test: every public callable refuses bad input by name and mutates nothing.
+"""Contract test: every public callable of the core refuses bad input by name and mutates nothing.
 
-Each :class:`Case` is one public callable with a minimal valid call (a factory
-of fresh keyword arguments) and the kinds of its arguments. From those the
-tests derive, per argument:
-
-* bad variants (complex, text, NaN/inf, a string where an array or a list is
-  expected, wrong shape, out of range, wrong type), which must raise
-  ValueError or TypeError whose message names the argument;
-* dtype variants (float16, big-endian, narrower integers) of the valid call,
-  which must work and give exactly the float64 / int64 result (the valid
-  inputs are chosen exactly representable in float16);
-* extreme but legal values, which must either give finite results or be
-  refused with a ValueError naming the argument.
-
-Every call, good or bad, is checked not to modify its inputs. Inputs are tiny,
-so the whole file runs in seconds; the torch cases are in their own section
-and skip without torch.
+The machinery (:class:`~tests.badinput.Case` and the variants derived from it)
+is in :mod:`tests.badinput`; this file holds the corpus of the estimation
+core, privacy, bounds, the numpy learning layer, validation, the experiments
+and the torch layer. Inputs are tiny, so the whole file runs in seconds; the
+torch cases are in their own section and skip without torch.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import inspect
-import math
-import re
-import warnings
-from collections.abc import Callable, Mapping
 
 import numpy as np
 import pytest
@@ -104,328 +87,20 @@ from ebfl.privacy.accounting import dp_adaped_noise_multiplier
 from ebfl.privacy.sweep import private_bernoulli_sweep
 from ebfl.validation import judge, make_result, run_replicates, validate
 from ebfl.validation.sweeps import plot_sweeps, run_sweep
-
-NAN, INF = float("nan"), float("inf")
-NO_SNAPSHOT = object()
-
-
-# ----------------------------------------------------------------- machinery
-
-@dataclasses.dataclass
-class Case:
-    """One public callable: a valid call and the kinds of its arguments."""
-
-    id: str
-    func: Callable
-    make: Callable[[], dict]  # fresh keyword arguments of a minimal valid call
-    real: tuple = ()  # real-array arguments
-    containers: tuple = ()  # real arrays that may hold NaN (checked by their consumers)
-    counts: tuple = ()  # integer-array arguments
-    scalars: Mapping = dataclasses.field(default_factory=dict)  # argument -> scalar kind
-    bad: tuple = ()  # further (argument, value, exception[, message pattern])
-    extreme: tuple = ()  # (argument, value): finite results, or a ValueError naming it
-    valid: bool = True  # False: too slow to run, only its refusals are tested
-    finite: bool = True  # the valid call's results are all finite
-    result: Callable = staticmethod(lambda out: out)  # what to compare between calls
-
-    def __str__(self):
-        return self.id
-
-
-#: Bad values of each kind of scalar argument: (label, value, exception).
-SCALAR_BAD = {
-    "positive": [("complex", 1 + 1j, TypeError), ("text", "1.0", TypeError),
-                 ("bool", True, TypeError), ("nan", NAN, ValueError), ("inf", INF, ValueError),
-                 ("zero", 0.0, ValueError), ("negative", -1.0, ValueError)],
-    "nonnegative": [("complex", 1 + 1j, TypeError), ("text", "1.0", TypeError),
-                    ("bool", True, TypeError), ("nan", NAN, ValueError),
-                    ("inf", INF, ValueError), ("negative", -1.0, ValueError)],
-    # Step sizes and penalties: huge values make an algorithm diverge (it warns),
-    # so only their refusals are tested.
-    "rate": [("complex", 1 + 1j, TypeError), ("text", "1.0", TypeError),
-             ("bool", True, TypeError), ("nan", NAN, ValueError), ("inf", INF, ValueError),
-             ("zero", 0.0, ValueError), ("negative", -1.0, ValueError)],
-    "rate0": [("complex", 1 + 1j, TypeError), ("text", "1.0", TypeError),
-              ("nan", NAN, ValueError), ("inf", INF, ValueError),
-              ("negative", -1.0, ValueError)],
-    "probability": [("complex", 0.5 + 1j, TypeError), ("text", "0.5", TypeError),
-                    ("nan", NAN, ValueError), ("above", 1.5, ValueError),
-                    ("negative", -0.1, ValueError)],
-    "open_unit": [("complex", 0.5 + 1j, TypeError), ("text", "0.5", TypeError),
-                  ("nan", NAN, ValueError), ("zero", 0.0, ValueError), ("one", 1.0, ValueError),
-                  ("above", 1.5, ValueError)],
-    # An iteration count: huge values are legal (and slow), so none is tried.
-    "count": [("float", 2.5, TypeError), ("text", "3", TypeError), ("bool", True, TypeError),
-              ("nan", NAN, TypeError), ("complex", 2 + 1j, TypeError),
-              ("zero", 0, ValueError), ("negative", -1, ValueError)],
-    # A size that ends up in an array: beyond int64 it must be refused.
-    "size": [("float", 2.5, TypeError), ("text", "3", TypeError), ("bool", True, TypeError),
-             ("nan", NAN, TypeError), ("zero", 0, ValueError), ("negative", -1, ValueError),
-             ("huge", 10**30, ValueError)],
-    "bool": [("int", 1, TypeError), ("text", "yes", TypeError), ("none", None, TypeError)],
-    "rng": [("text", "seed", TypeError), ("negative", -1, ValueError),
-            ("float", 1.5, TypeError), ("bool", True, TypeError),
-            ("legacy", np.random.RandomState(0), TypeError)],
-    "callable": [("text", "kmeans", TypeError), ("number", 3, TypeError)],
-}
-
-#: Extreme but legal values of each kind: computed with finite results or refused by name.
-SCALAR_EXTREME = {"positive": (1e308, 5e-324, 1e-200, 1e200),
-                  "nonnegative": (1e308, 5e-324, 1e200)}
-
-
-def _complex(a):
-    return np.asarray(a, float) + 1j
-
-
-def _with_first(a, value):
-    out = np.array(a, dtype=float)
-    out.flat[0] = value
-    return out
-
-
-def _object_text(a):
-    """An object array whose first entry is the text "1.0" (float() would parse it)."""
-    out = np.array(a, dtype=object)
-    out.flat[0] = "1.0"
-    return out
-
-
-CONTAINER_BAD = [("complex", _complex, TypeError),
-                 ("text", lambda a: np.asarray(a).astype(str), TypeError),
-                 ("object-text", _object_text, TypeError),
-                 ("string", lambda a: "0.5", (TypeError, ValueError))]
-REAL_BAD = CONTAINER_BAD + [("nan", lambda a: _with_first(a, NAN), ValueError),
-                            ("inf", lambda a: _with_first(a, -INF), ValueError)]
-REAL_OK = [("float16", lambda a: np.asarray(a).astype(np.float16)),
-           ("big-endian", lambda a: np.asarray(a).astype(">f8")),
-           ("list", lambda a: np.asarray(a).tolist())]
-COUNT_BAD = [("complex", _complex, TypeError),
-             ("text", lambda a: np.asarray(a).astype(str), TypeError),
-             ("fraction", lambda a: np.asarray(a) + 0.5, (TypeError, ValueError)),
-             ("nan", lambda a: _with_first(a, NAN), (TypeError, ValueError)),
-             ("string", lambda a: "3", (TypeError, ValueError))]
-COUNT_OK = [("big-endian", lambda a: np.asarray(a).astype(">i8")),
-            ("int16", lambda a: np.asarray(a).astype(np.int16)),
-            ("list", lambda a: np.asarray(a).tolist())]
-
-
-def _snapshot(kwargs):
-    try:
-        return copy.deepcopy(kwargs)
-    except Exception:  # noqa: BLE001 - objects that cannot be copied are not compared
-        return NO_SNAPSHOT
-
-
-def _same(a, b, path="value"):
-    """Assert that a and b are equal, recursively (NaN equals NaN; dtypes must agree)."""
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        a, b = np.asarray(a), np.asarray(b)
-        assert a.shape == b.shape, f"{path}: shape {a.shape} != {b.shape}"
-        assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} != {b.dtype}"
-        nan_ok = a.dtype.kind in "fc"
-        assert np.array_equal(a, b, equal_nan=nan_ok), f"{path}: values differ"
-    elif _is_tensor(a):
-        assert a.dtype == b.dtype and a.shape == b.shape, path
-        assert bool((a == b).all() or (a.isnan() & b.isnan()).any()), f"{path}: values differ"
-    elif isinstance(a, np.random.RandomState):
-        _same(a.get_state(legacy=False), b.get_state(legacy=False), path)
-    elif isinstance(a, np.random.Generator):
-        _same(a.bit_generator.state, b.bit_generator.state, path)
-    elif isinstance(a, Mapping):
-        assert set(a) == set(b), f"{path}: keys differ"
-        for k in a:
-            _same(a[k], b[k], f"{path}[{k!r}]")
-    elif isinstance(a, list | tuple):
-        assert len(a) == len(b), f"{path}: length differs"
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _same(x, y, f"{path}[{i}]")
-    elif dataclasses.is_dataclass(a) and not isinstance(a, type):
-        for f in dataclasses.fields(a):
-            _same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}")
-    elif isinstance(a, float) and isinstance(b, float):
-        assert a == b or (math.isnan(a) and math.isnan(b)), f"{path}: {a} != {b}"
-    elif _is_module(a):
-        _same(a.state_dict(), b.state_dict(), path)
-    elif callable(a) or a is None or isinstance(a, str | int | bool | complex):
-        assert a is b or a == b, f"{path}: {a!r} != {b!r}"
-    elif hasattr(a, "__dict__"):
-        _same(vars(a), vars(b), path)
-    else:
-        assert a == b, f"{path}: {a!r} != {b!r}"
-
-
-def _is_tensor(x):
-    torch = __import__("sys").modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
-
-
-def _is_module(x):
-    torch = __import__("sys").modules.get("torch")
-    return torch is not None and isinstance(x, torch.nn.Module)
-
-
-def _finite(obj, path="result"):
-    """Assert that every float in obj (arrays, floats, nested containers) is finite."""
-    if isinstance(obj, np.ndarray):
-        if obj.dtype.kind in "fc":
-            assert np.all(np.isfinite(obj)), f"{path} has non-finite values"
-    elif _is_tensor(obj):
-        if obj.is_floating_point():
-            assert bool(obj.isfinite().all()), f"{path} has non-finite values"
-    elif isinstance(obj, float | np.floating):
-        assert math.isfinite(obj), f"{path} = {obj}"
-    elif isinstance(obj, Mapping):
-        for k, v in obj.items():
-            _finite(v, f"{path}[{k!r}]")
-    elif isinstance(obj, list | tuple):
-        for i, v in enumerate(obj):
-            _finite(v, f"{path}[{i}]")
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            _finite(getattr(obj, f.name), f"{path}.{f.name}")
-
-
-def _call(case, kwargs):
-    """Call ``case`` and check that the arguments are unchanged afterwards."""
-    before = _snapshot(kwargs)
-    try:
-        return case.func(**kwargs)
-    finally:
-        if before is not NO_SNAPSHOT:
-            _same(kwargs, before, "arguments")
-
-
-def _expect_refusal(case, arg, value, exc, pattern=None):
-    kwargs = case.make()
-    kwargs[arg] = value
-    with pytest.raises(exc, match=pattern or re.escape(arg)):
-        _call(case, kwargs)
-
-
-def _variants(cases):
-    """(case, argument, label, value-maker, exception, pattern) for every bad variant."""
-    out = []
-    for case in cases:
-        for arg in case.real:
-            out += [(case, arg, lab, f, exc, None) for lab, f, exc in REAL_BAD]
-        for arg in case.containers:
-            out += [(case, arg, lab, f, exc, None) for lab, f, exc in CONTAINER_BAD]
-        for arg in case.counts:
-            out += [(case, arg, lab, f, exc, None) for lab, f, exc in COUNT_BAD]
-        for arg, kind in case.scalars.items():
-            out += [(case, arg, lab, (lambda _, v=v: v), exc, None)
-                    for lab, v, exc in SCALAR_BAD[kind]]
-        for arg, value, exc, *pattern in case.bad:
-            out.append((case, arg, "specific", (lambda _, v=value: copy.deepcopy(v)), exc,
-                        pattern[0] if pattern else None))
-    return out
-
-
-def _dtype_variants(cases):
-    out = []
-    for case in (c for c in cases if c.valid):
-        for arg in case.real + case.containers:
-            out += [(case, arg, lab, f) for lab, f in REAL_OK]
-        for arg in case.counts:
-            out += [(case, arg, lab, f) for lab, f in COUNT_OK]
-    return out
-
-
-def _extremes(cases):
-    out = []
-    for case in (c for c in cases if c.valid):
-        for arg, kind in case.scalars.items():
-            out += [(case, arg, v) for v in SCALAR_EXTREME.get(kind, ())]
-        out += [(case, arg, v) for arg, v in case.extreme]
-    return out
-
-
-def _ids(params):
-    return [f"{p[0]}-{p[1]}-{p[2]}" if isinstance(p[2], str) else f"{p[0]}-{p[1]}-{p[2]!r}"
-            for p in params]
-
-
-_REFERENCE = {}
-
-
-def _reference(case):
-    """The result of the valid call, computed once per case."""
-    if case.id not in _REFERENCE:
-        _REFERENCE[case.id] = case.result(case.func(**case.make()))
-    return _REFERENCE[case.id]
-
-
-def check_valid(case):
-    kwargs = case.make()
-    out = case.result(_call(case, kwargs))
-    if case.finite:
-        _finite(out)
-    _same(_reference(case), out, "repeated call")  # deterministic (seeded)
-
-
-def check_refusal(case, arg, value_of, exc, pattern):
-    _expect_refusal(case, arg, value_of(case.make().get(arg)), exc, pattern)
-
-
-def check_dtype(case, arg, convert):
-    ref = _reference(case)
-    kwargs = case.make()
-    kwargs[arg] = convert(kwargs[arg])
-    _same(case.result(_call(case, kwargs)), ref, f"result with converted {arg}")
-
-
-def check_extreme(case, arg, value):
-    kwargs = case.make()
-    kwargs[arg] = value
-    # An extreme value may honestly stop an optimizer short (e.g. tol=1e-200): that is
-    # reported by a RuntimeWarning, the only warning accepted here.
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            out = case.result(_call(case, kwargs))
-        except ValueError as exc:
-            assert arg in str(exc), f"refusal of {arg}={value!r} does not name it: {exc}"
-            return
-    assert all(issubclass(w.category, RuntimeWarning) for w in caught), [
-        str(w.message) for w in caught]
-    _finite(out)
-
-
-def _table_tests(cases, section):
-    """Define this section's table-driven tests (those with any parameters) in the module."""
-    valid = [c for c in cases if c.valid]
-    bad, ok, ext = _variants(cases), _dtype_variants(cases), _extremes(cases)
-    tests = {}
-    if valid:
-        @pytest.mark.parametrize("case", valid, ids=str)
-        def test_valid_call(case):
-            check_valid(case)
-
-        tests["valid_call"] = test_valid_call
-    if bad:
-        @pytest.mark.parametrize(("case", "arg", "label", "value_of", "exc", "pattern"),
-                                 bad, ids=_ids(bad))
-        def test_refused_by_name(case, arg, label, value_of, exc, pattern):
-            check_refusal(case, arg, value_of, exc, pattern)
-
-        tests["refused_by_name"] = test_refused_by_name
-    if ok:
-        @pytest.mark.parametrize(("case", "arg", "label", "convert"), ok, ids=_ids(ok))
-        def test_other_dtypes_give_the_same_result(case, arg, label, convert):
-            check_dtype(case, arg, convert)
-
-        tests["other_dtypes_give_the_same_result"] = test_other_dtypes_give_the_same_result
-    if ext:
-        @pytest.mark.parametrize(("case", "arg", "value"), ext, ids=_ids(ext))
-        def test_extremes_compute_or_are_refused_by_name(case, arg, value):
-            check_extreme(case, arg, value)
-
-        tests["extremes_compute_or_are_refused_by_name"] = (
-            test_extremes_compute_or_are_refused_by_name)
-    for name, test in tests.items():
-        globals()[f"test_{section}_{name}"] = test
-
+from tests.badinput import (
+    INF,
+    NAN,
+    Case,
+    assert_same,
+    bad_variants,
+    check_extreme,
+    check_refusal,
+    check_valid,
+    complex_of,
+    extreme_variants,
+    param_ids,
+    table_tests,
+)
 
 # ------------------------------------------------------------------- inputs
 # Multiples of 1/4 in [-2, 2]: exact in float16, so converted inputs give
@@ -582,8 +257,16 @@ ESTIMATION = [
          bad=(("s", 1e-200, ValueError), ("s", np.ones(4), ValueError),
               ("x", np.full(5, 1e200), ValueError), ("grid", np.zeros((2, 2)), ValueError),
               ("grid", "0.5", TypeError), ("grid", np.array([0.0, NAN]), ValueError),
-              ("bins", 1, ValueError), ("bins", 2.5, TypeError)),
+              ("bins", 1, ValueError), ("bins", 2.5, TypeError),
+              ("grid", np.array([1.0, -1.0, 0.0]), ValueError, "grid.*increasing"),
+              ("grid", np.array([-1.0, 0.0, 0.0, 1.0]), ValueError, "grid.*increasing"),
+              ("n_grid", 10**12, ValueError, "n_grid"),
+              ("s", np.array([1.0, 0.0, 1.0, 0.5, 1.0]), ValueError, "s must be > 0"),
+              ("s", -1.0, ValueError, "s must be > 0")),
          extreme=(("x", np.array([-1e150, 0.0, 1e150, 3.0, 1.0])),)),
+    Case("npmle_normal-bins", npmle_normal,
+         lambda: dict(x=np.array([-1.5, -1.0, 0.25, 1.75, 2.0]), s=0.5, n_grid=12, bins=3),
+         bad=(("bins", 10**12, ValueError, "bins"),)),
     Case("npmle_normal-grid", npmle_normal,
          lambda: dict(x=np.array([-1.5, -1.0, 0.25, 1.75]), s=1.0,
                       grid=np.array([-2.0, -1.0, 0.0, 1.0, 2.0])),
@@ -597,7 +280,9 @@ ESTIMATION = [
               ("trials", np.array([5, 5, 6]), ValueError),
               ("trials", np.array([5, 5, 6, 2**64 - 1], np.uint64), ValueError),
               ("successes", np.array([0, 3, 5, -2]), ValueError),
-              ("grid", np.array([0.5, 1.5]), ValueError)),
+              ("grid", np.array([0.5, 1.5]), ValueError),
+              ("grid", np.array([0.5, 0.25, 1.0]), ValueError, "grid.*increasing"),
+              ("n_grid", 10**12, ValueError, "n_grid")),
          extreme=(("trials", np.array([5, 5, 6, 10**15])),)),
     Case("NPMLEResult.support/prior_cdf", _npmle_methods,
          lambda: dict(x=np.array([-1.0, 0.5, 2.0]), threshold=1e-3, t=np.array([0.0, 1.5])),
@@ -644,7 +329,7 @@ ESTIMATION = [
               ("i", slice(0, 1), TypeError))),
 ]
 
-_table_tests(ESTIMATION, "estimation")
+table_tests(ESTIMATION, "estimation", globals())
 
 
 def test_extreme_beta_shapes_have_their_exact_moments():
@@ -961,7 +646,7 @@ GAUSSIAN_AND_BETA = [
          real=("x",)),
 ]
 
-_table_tests(GAUSSIAN_AND_BETA, "gaussian_beta")
+table_tests(GAUSSIAN_AND_BETA, "gaussian_beta", globals())
 
 
 # ------------------------------------------------------------------ privacy
@@ -1281,7 +966,7 @@ PRIVACY = [
          extreme=(("epsilons", np.array([1e150, 1e-150])),)),
 ]
 
-_table_tests(PRIVACY, "privacy")
+table_tests(PRIVACY, "privacy", globals())
 
 
 # ------------------------------------------------------------------- bounds
@@ -1319,7 +1004,7 @@ def _bound_case(func, label=None, **fixed):
 BOUNDS = [_bound_case(getattr(bounds, name)) for name in bounds.__all__
           if inspect.isfunction(getattr(bounds, name))]
 
-_table_tests(BOUNDS, "bounds")
+table_tests(BOUNDS, "bounds", globals())
 
 
 def test_every_public_bound_is_in_the_table():
@@ -1417,7 +1102,7 @@ LEARNING = [
               ("data", _X(), TypeError), ("algorithm", None, TypeError),
               ("sampling", "some", ValueError), ("sampling", ["full"], TypeError),
               ("clients_per_round", 2, ValueError), ("rate", 0.5, ValueError),
-              ("truth", np.zeros((4, 3)), ValueError), ("truth", _complex(np.zeros((4, 2))),
+              ("truth", np.zeros((4, 3)), ValueError), ("truth", complex_of(np.zeros((4, 2))),
                                                         TypeError),
               ("truth", np.full((4, 2), NAN), ValueError), ("evaluate", "acc", TypeError),
               ("evaluate", lambda theta: 0.5, TypeError))),
@@ -1547,7 +1232,7 @@ LEARNING = [
               ("client_indices", [np.array([0.5])], TypeError))),
 ]
 
-_table_tests(LEARNING, "learning")
+table_tests(LEARNING, "learning", globals())
 
 
 def test_an_algorithm_without_the_protocol_is_refused_by_name():
@@ -1606,7 +1291,7 @@ VALIDATION = [
          bad=(("n_clients", 2, ValueError),), finite=False),
 ]
 
-_table_tests(VALIDATION, "validation")
+table_tests(VALIDATION, "validation", globals())
 
 
 def test_validate_takes_a_bare_name_as_one_check():
@@ -1656,7 +1341,7 @@ EXPERIMENTS = [
               ("progress", 1, TypeError))),
 ]
 
-_table_tests(EXPERIMENTS, "experiments")
+table_tests(EXPERIMENTS, "experiments", globals())
 
 
 def _adaped(name):
@@ -1692,7 +1377,7 @@ ADAPED_BAD = [
               ("dataset", "cifar", ValueError))),
 ]
 
-_table_tests(ADAPED_BAD, "adaped")
+table_tests(ADAPED_BAD, "adaped", globals())
 
 
 # -------------------------------------------------------------------- torch
@@ -1842,20 +1527,20 @@ def test_torch_valid_call(case):
     check_valid(case)
 
 
-_TORCH_BAD = _variants(TORCH)
+_TORCH_BAD = bad_variants(TORCH)
 
 
 @pytest.mark.parametrize(("case", "arg", "label", "value_of", "exc", "pattern"), _TORCH_BAD,
-                         ids=_ids(_TORCH_BAD))
+                         ids=param_ids(_TORCH_BAD))
 def test_torch_refused_by_name(case, arg, label, value_of, exc, pattern):
     _torch()
     check_refusal(case, arg, value_of, exc, pattern)
 
 
-_TORCH_EXT = _extremes(TORCH)
+_TORCH_EXT = extreme_variants(TORCH)
 
 
-@pytest.mark.parametrize(("case", "arg", "value"), _TORCH_EXT, ids=_ids(_TORCH_EXT))
+@pytest.mark.parametrize(("case", "arg", "value"), _TORCH_EXT, ids=param_ids(_TORCH_EXT))
 def test_torch_extreme_values_compute_or_are_refused_by_name(case, arg, value):
     _torch()
     check_extreme(case, arg, value)
@@ -1869,4 +1554,4 @@ def test_torch_features_in_other_dtypes_give_the_same_data():
                     lambda a: a.astype(np.float64)):
         xs = [convert(a) for a in x]
         ys = [a.astype(">i8") for a in y]
-        _same(_from_clients(x_train=xs, y_train=ys, x_test=xs, y_test=ys), ref)
+        assert_same(_from_clients(x_train=xs, y_train=ys, x_test=xs, y_test=ys), ref)

@@ -67,6 +67,25 @@ def test_fit_beta_binomial_counts_and_long_format(tmp_path, capsys):
     assert out2["n_clients"] == 60 and out2["method"] == "loo_corrected"
 
 
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz", ".zip", ".tar.gz"])
+def test_fit_reads_every_compressed_kind_as_the_plain_csv(suffix, tmp_path, capsys):
+    """The size-limited reader opens each archive kind itself: same estimates as the CSV,
+    and a header repeated only in appearance ("x" and "x.1") is not a repeated one."""
+    pd.DataFrame({"wins": [3, 1, 4, 0], "games": [5, 4, 6, 3], "wins.1": [0, 0, 0, 0]}).to_csv(
+        tmp_path / "counts.csv", index=False)
+    plain = tmp_path / "counts.csv"
+    packed = tmp_path / f"counts.csv{suffix}"
+    if suffix == ".tar.gz":
+        import tarfile
+
+        with tarfile.open(packed, "w:gz") as tar:
+            tar.add(plain, arcname="counts.csv")
+    else:
+        pd.read_csv(plain).to_csv(packed, index=False)  # pandas compresses by the suffix
+    argv = ["fit", "beta-binomial", "--successes", "wins", "--trials", "games", "--json"]
+    assert _json(capsys, [*argv, str(packed)]) == _json(capsys, [*argv, str(plain)])
+
+
 def test_fit_gaussian_long_format(tmp_path, capsys):
     rng = np.random.default_rng(1)
     ids = np.repeat(np.arange(40), 5)

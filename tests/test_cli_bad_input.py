@@ -74,6 +74,11 @@ def inputs(tmp_path_factory):
                                "HAPT/RawData/acc_exp01_user01.txt": "0 0 1\n",
                                "HAPT/RawData/gyro_exp01_user01.txt": "0 0 0\n"}),
         "plain.txt": "not a folder",
+        # 2 MiB of rows in a few KiB: refused by --max-size 1 before it is parsed
+        "bomb.csv.gz": gzip.compress(b"wins,games\n" + b"1,2\n" * (1 << 19)),
+        "repeated.csv": "wins,games,wins\n1,5,2\n2,4,1\n",
+        "two_members.zip": _zip({"a.csv": COUNTS, "b.csv": COUNTS}),
+        "counts.csv.zst": b"(\xb5/\xfd",
     }
     for name, body in contents.items():
         (root / name).write_bytes(body if isinstance(body, bytes) else body.encode())
@@ -135,6 +140,25 @@ CASES = {
     "gaussian-missing-value": (GA + " --client id --value blank", ["--value", "missing"]),
     "gaussian-missing-client": (GA + " --client id_blank --value ok", ["--client", "data row 2"]),
     "gaussian-one-client": ("fit gaussian {d}/one_client.csv --mean mean --se se", ["client"]),
+    "npmle-one-client": ("fit gaussian {d}/one_client.csv --mean mean --se se --method npmle",
+                         ["--method npmle", "2 clients"]),
+    # --- inputs that would give a fit of nonsense, or fill the memory
+    "fit-bomb": ("fit beta-binomial {d}/bomb.csv.gz --successes wins --trials games "
+                 "--max-size 1", ["bomb.csv.gz", "1 MiB", "--max-size"]),
+    "fit-max-size": ("fit beta-binomial {d}/counts.csv --successes wins --trials games "
+                     "--max-size 0", ["--max-size"]),
+    "fit-repeated-header": ("fit beta-binomial {d}/repeated.csv --successes wins --trials games",
+                            ["repeated.csv", "repeated column names", "'wins'"]),
+    "fit-two-members": ("fit beta-binomial {d}/two_members.zip --successes wins --trials games",
+                        ["two_members.zip", "exactly one file"]),
+    "fit-zstd": ("fit beta-binomial {d}/counts.csv.zst --successes wins --trials games",
+                 ["counts.csv.zst", "Zstandard"]),
+    "bb-same-column": ("fit beta-binomial {d}/counts.csv --successes games --trials games",
+                       ["--successes and --trials", "'games'"]),
+    "bb-client-is-value": (BB + " --client id --value id", ["--client and --value", "'id'"]),
+    "gaussian-value-twice": (GA + " --client id --value ok --value ok",
+                             ["--value names the column 'ok' twice"]),
+    "gaussian-mean-is-se": (GA + " --mean se --se se", ["--mean and --se"]),
     # --- fit options: missing, contradictory, out of range, unwritable output
     "bb-no-trials": (BB + " --successes ok", ["--successes", "--trials"]),
     "bb-client-no-value": (BB + " --client id", ["--client", "--value"]),
@@ -228,6 +252,8 @@ CASES = {
     "adaped-seeds": ("reproduce adaped --quick --seeds 0", ["--seeds"]),
     "adaped-dataset": ("reproduce adaped --quick --dataset cifar", ["--dataset", "cifar"]),
     "adaped-plot": ("reproduce adaped --quick --plot {d}/plain.txt", ["--plot"]),
+    "adaped-samples-huge": ("reproduce adaped --quick --samples-per-client 1000000000000",
+                            ["--samples-per-client", "[2, 70000]"]),
     "dp-adaped-noise": ("reproduce dp-adaped --quick --noise 0", ["--noise"]),
     "dp-adaped-noise-inf": ("reproduce dp-adaped --quick --noise inf", ["--noise"]),
     "dp-adaped-clip": ("reproduce dp-adaped --quick --clip -1", ["--clip"]),
@@ -238,6 +264,9 @@ CASES = {
     "acc-dp-pfl-q": ("accounting dp-pfl --q 1.5", ["--q"]),
     "acc-dp-pfl-drop": ("accounting dp-pfl --drop 1", ["--drop"]),
     "acc-dp-pfl-delta": ("accounting dp-pfl --delta 0", ["--delta"]),
+    "acc-dp-pfl-epsilon-tiny": ("accounting dp-pfl --epsilon 1e-300", ["--epsilon must lie in"]),
+    "acc-dp-pfl-inner-huge": ("accounting dp-pfl --inner 100000000000000",
+                              ["--inner * --outer must be at most"]),
     "flower-dp-pfl-inner": ("flower simulate dp-pfl --inner 0", ["--inner"]),
     "fedem-seeds": ("reproduce adaped-fedem --quick --seeds -1", ["--seeds"]),
     "fedem-delta": ("reproduce adaped-fedem --quick --delta 2", ["--delta"]),

@@ -341,7 +341,8 @@ def test_cli_prints_rdp_and_pld(capsys):
 
 
 @pytest.mark.parametrize("change, fragment", [
-    (("--sampling-rate", "1.5"), "sampling_rate"),
+    (("--sampling-rate", "1.5"), "--sampling-rate"),
+    (("--noise", "1e-4"), "--noise"),
     (("--sampling-rate", "0"), "--sampling-rate"),
     (("--noise", "-1"), "--noise"),
     (("--noise", "nan"), "--noise"),

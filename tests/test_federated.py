@@ -448,9 +448,9 @@ def test_failed_clients_keep_their_state_and_the_server_aggregates_the_others():
     bystander = int(np.setdiff1d(np.arange(8), sampled)[0])  # fails while not sampled
     failures = {1: [failed, bystander]}
 
-    def upto(rounds, failures=failures):
+    def upto(rounds, failures=failures):  # the failures of the rounds run (others are refused)
         return run(NoisyMean(DIM), data, RunConfig(**{**cfg.to_dict(), "rounds": rounds}),
-                   failures=failures)
+                   failures=failures and {r: c for r, c in failures.items() if r < rounds})
 
     before, after, full = upto(1), upto(2), upto(3)
     assert [h["clients"] for h in full.history] == [4, 4, 4]

@@ -67,8 +67,7 @@ def _jobs():
     return jobs
 
 
-@pytest.fixture(scope="module")
-def simulated():
+def _simulate():
     before = {p.pid for p in _descendants()}
     watch = _ListenWatch()
     watch.start()
@@ -84,17 +83,8 @@ def simulated():
     return results, watch.seen, left
 
 
-# The dp-pfl job calibrates its noise by the paper's Theorem 5, whose conditions fail in
-# this small setting (warned, and tested in test_dppfl_accounting.py); here the subject is
-# that the two runtimes agree.
-@pytest.mark.filterwarnings("ignore::ebfl.dppfl.accounting.CalibrationConditionWarning")
-@pytest.mark.parametrize("index", range(len(ALGORITHMS)), ids=ALGORITHMS)
-def test_flower_equals_in_process(simulated, index):
-    results, _, _ = simulated
-    settings = _jobs()[index]
-    job = build_job(settings)
-    local = run(job.algorithm, job.data, job.config, failures=FAILURES)
-    flower = results[index]
+def _agreement(flower, local):
+    """Whether a Flower run and the in-process run agree (an AssertionError if not)."""
     assert max_abs_diff(flower, local) <= TOLERANCE
     assert len(flower.history) == len(local.history) == 3
     for a, b in zip(flower.history, local.history, strict=True):
@@ -108,8 +98,28 @@ def test_flower_equals_in_process(simulated, index):
         np.testing.assert_allclose(values, local.metrics[key], atol=TOLERANCE, err_msg=key)
 
 
-def test_ray_listens_on_loopback_only_and_stops(simulated):
-    _, seen, left = simulated
+# The dp-pfl job calibrates its noise by the paper's Theorem 5, whose conditions fail in
+# this small setting (warned, and tested in test_dppfl_accounting.py); here the subject is
+# that the two runtimes agree.
+@pytest.mark.filterwarnings("ignore::ebfl.dppfl.accounting.CalibrationConditionWarning")
+def test_flower_equals_in_process_and_ray_stays_on_loopback():
+    """Every algorithm and protocol in one simulation (one Ray start-up), each against
+    the in-process run; then Ray's sockets and processes.
+
+    One test rather than one per algorithm: under ``pytest -n 2`` a module fixture
+    would run the simulation once per worker (pytest-xdist's ``loadgroup`` does not
+    group tests under pytest 9), which doubled its cost."""
+    results, seen, left = _simulate()
+    failed = {}
+    for settings, flower in zip(_jobs(), results, strict=True):
+        job = build_job(settings)
+        local = run(job.algorithm, job.data, job.config, failures=FAILURES)
+        try:
+            _agreement(flower, local)
+        except AssertionError as exc:
+            failed[settings["algorithm"]] = str(exc)[:500]
+    assert not failed, failed
+    assert len(results) == len(ALGORITHMS)
     assert seen, "no listening socket observed during the simulation"
     assert {ip for _, ip in seen} <= LOOPBACK, sorted(seen)
     assert not left, [p.name() for p in left]

@@ -514,8 +514,8 @@ def test_reproducible_with_same_seed(init):
     ({"x": [1.0, np.nan, 2.0]}, ValueError, "x must be finite"),
     ({"x": [[[1.0]]]}, ValueError, "ndim"),
     ({"x": np.ones((3, 0))}, ValueError, "at least one coordinate"),
-    ({"s": [1.0, 0.0, 1.0]}, ValueError, r"s must lie in \[1e-150, 1e\+150\]"),
-    ({"s": -1.0}, ValueError, r"s must lie in \[1e-150, 1e\+150\]"),
+    ({"s": [1.0, 0.0, 1.0]}, ValueError, r"s must be > 0.*entry 1"),
+    ({"s": -1.0}, ValueError, r"s must be > 0"),
     ({"s": [1.0, np.inf, 1.0]}, ValueError, "s must be finite"),
     ({"s": [1.0, 1.0]}, ValueError, r"s must be a scalar or have shape \(3,\)"),
     ({"n_components": 0}, ValueError, "n_components must be an integer >= 1"),
@@ -545,5 +545,5 @@ def test_bad_input_posterior():
         gaussian_mixture_posterior([0.0], 1.0, {"weights": [1.0]})
     with pytest.raises(ValueError, match="dimension d=2"):
         gaussian_mixture_posterior([[0.0, 1.0]], 1.0, g)
-    with pytest.raises(ValueError, match=r"s must lie in \[1e-150"):
+    with pytest.raises(ValueError, match=r"s must be > 0"):
         gaussian_mixture_posterior([0.0], 0.0, g)

@@ -538,7 +538,7 @@ def test_binomial_posterior_and_loglik_by_bayes_rule():
 
 @pytest.mark.parametrize("x, s, kwargs, match", [
     ([0.0, np.nan], 1.0, {}, "x"),
-    ([0.0, 1.0], -1.0, {}, r"s must lie in \[1e-150, 1e\+150\]"),
+    ([0.0, 1.0], -1.0, {}, r"s must be > 0"),
     ([0.0, 1.0], [1.0, 1.0, 1.0], {}, r"s must be a scalar or have shape \(2,\)"),
     ([0.0, 1.0], [1.0, 2.0], {"bins": 10}, "bins needs homoskedastic"),
     ([0.0, 1.0], 1.0, {"bins": 1}, "bins"),

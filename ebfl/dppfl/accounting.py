@@ -55,12 +55,25 @@ from dp_accounting.privacy_accountant import NeighboringRelation
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from ebfl._validation import (
-    as_real_array,
     check_bool,
     check_choice,
     check_int_scalar,
     check_positive_scalar,
     check_real_scalar,
+)
+from ebfl.dppfl._checks import (
+    MAX_RELEASES,
+    NOISE_MULTIPLIER_RANGE,
+    VDI_RANGE,
+    as_output,
+    broadcast,
+    delta_iv,
+    noise_iv,
+    orders_iv,
+    positive_rate_iv,
+    releases_iv,
+    sampling_rate_iv,
+    vdi_iv,
 )
 from ebfl.privacy.accounting import DEFAULT_ORDERS, quiet_absl
 
@@ -75,12 +88,12 @@ __all__ = [
     "rigorous_epsilon",
 ]
 
-#: Largest number of releases (exact as a float).
-MAX_RELEASES = 2**53
-#: Accepted noise multipliers of the accountants.
-NOISE_MULTIPLIER_RANGE = (1e-3, 1e8)
-#: Accepted PLD discretization intervals, and the default.
-VDI_RANGE = (1e-6, 1.0)
+#: Largest number of releases of the PLD accountant. dp-accounting composes a
+#: small (sparse) privacy-loss distribution of s points by first computing the
+#: integer s**releases, whose cost grows with releases: 2 s at 10**6 releases,
+#: minutes at 10**7, beyond reach at 10**9. The RDP accountant has no limit.
+MAX_PLD_RELEASES = 10**6
+#: The default PLD discretization interval.
 DEFAULT_VDI = 1e-4
 #: Largest PLD grid accepted, in points (one release's, and the composed loss range):
 #: measured 200 to 420 bytes a point at the peak of dp-accounting's composition.
@@ -108,75 +121,6 @@ class CalibrationConditionWarning(RuntimeWarning):
     The numbers are still computed, but the paper's guarantee does not cover
     them.
     """
-
-
-# --------------------------------------------------------------------------- validation
-
-
-def _releases_iv(releases, name="releases"):
-    return check_int_scalar(releases, name, minimum=1, maximum=MAX_RELEASES)
-
-
-def _delta_iv(delta):
-    return check_real_scalar(delta, "delta", low=0.0, high=1.0, low_open=True, high_open=True)
-
-
-def _in_range_iv(x, name, lo, hi, what):
-    """``x`` as a float64 array of ndim 0 or 1, every entry in [lo, hi] (NaN refused)."""
-    x = _vector_iv(x, name)
-    outside = ~((x >= lo) & (x <= hi))   # NaN included
-    if np.any(outside):
-        bad = x.flat[int(np.flatnonzero(outside)[0])]
-        raise ValueError(f"{name} must lie in [{lo:g}, {hi:g}] ({what}), got {float(bad)!r}")
-    return x
-
-
-def _sampling_rate_iv(q):
-    return _in_range_iv(q, "sampling_rate", 0.0, 1.0,
-                        "q = n_iter/n_t, the fraction of records the local solver touches")
-
-
-def _noise_iv(sigma, name):
-    return _in_range_iv(sigma, name, *NOISE_MULTIPLIER_RANGE, "a noise multiplier")
-
-
-def _vector_iv(x, name):
-    arr = as_real_array(x, name)
-    if arr.ndim > 1:
-        raise ValueError(f"{name} must be a scalar or a 1-D array (one entry per device), "
-                         f"got shape {arr.shape}")
-    if arr.ndim == 1 and arr.size == 0:
-        raise ValueError(f"{name} must have at least one entry")
-    return arr
-
-
-def _broadcast(**arrays):
-    try:
-        return np.broadcast_arrays(*arrays.values())
-    except ValueError:
-        shapes = ", ".join(f"{k} {np.shape(v)}" for k, v in arrays.items())
-        raise ValueError(f"per-device arrays must have one common length: {shapes}") from None
-
-
-def _vdi_iv(vdi):
-    lo, hi = VDI_RANGE
-    return check_real_scalar(vdi, "value_discretization_interval", low=lo, high=hi)
-
-
-def _orders_iv(orders):
-    if orders is None:
-        return np.array(DEFAULT_ORDERS)
-    orders = as_real_array(orders, "orders")
-    if orders.ndim != 1 or orders.size == 0 or not np.all(np.isfinite(orders)):
-        raise ValueError("orders must be a non-empty 1-D array of finite Renyi orders > 1")
-    if np.any(orders <= 1.0):
-        raise ValueError(f"orders must all be > 1 (Renyi orders), smallest is "
-                         f"{float(orders.min())!r}")
-    return orders
-
-
-def _as_output(arr, scalar):
-    return float(arr) if scalar else arr
 
 
 # --------------------------------------------------------------------------- Theorem 5
@@ -298,7 +242,7 @@ def calibrate_theorem5(epsilon, delta, *, releases, sampling_rate, active_probab
         [1, 2**53]. For Algorithm 1 that is K H (:func:`releases_of`): the paper
         writes K, but every one of the K H inner iterations releases u_t.
     sampling_rate : float or array_like of shape (m,)
-        q = n_iter / n_t in [0, 1]: the fraction of a device's records its
+        q = n_iter / n_t in (0, 1]: the fraction of a device's records its
         local solver touches per iteration; one per device, or one for all.
     active_probability : float, default=1.0
         p in (0, 1], the probability that a device takes part in an
@@ -342,7 +286,9 @@ def calibrate_theorem5(epsilon, delta, *, releases, sampling_rate, active_probab
     * Corollary 4 needs q < 1/(16 sigma1), which the paper's setting (q about
       0.5, sigma1 about 60) violates by three orders of magnitude.
 
-    r = 0 (no budget for the upload, sigma2 infinite) is refused.
+    r = 0 (no budget for the upload, sigma2 infinite) is refused, and so are
+    settings whose budgets or noise multipliers overflow float64 (e.g. epsilon
+    near 1e-320).
 
     Examples
     --------
@@ -357,20 +303,26 @@ def calibrate_theorem5(epsilon, delta, *, releases, sampling_rate, active_probab
     ('q < 1/(16 sigma1) (Corollary 4)',)
     """
     epsilon = check_positive_scalar(epsilon, "epsilon")
-    delta = _delta_iv(delta)
-    releases = _releases_iv(releases)
-    q = _sampling_rate_iv(sampling_rate)
+    delta = delta_iv(delta)
+    releases = releases_iv(releases)
+    q = positive_rate_iv(sampling_rate)
     p = check_real_scalar(active_probability, "active_probability", low=0.0, high=1.0,
                           low_open=True)
     r = check_positive_scalar(ratio, "ratio")
     warn = check_bool(warn, "warn")
 
     eps_iter = epsilon / (p * math.sqrt(releases))
-    eps1 = eps_iter / np.hypot(q, r)
-    eps2 = r * eps1
     scale = math.sqrt(2.0 * math.log(1.25 / delta))
-    with np.errstate(over="ignore"):   # a tiny budget: an infinite multiplier is the answer
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        eps1 = eps_iter / np.hypot(q, r)
+        eps2 = r * eps1
         sigma1, sigma2 = scale / eps1, scale / eps2
+    if not all(np.all(np.isfinite(a) & (a > 0.0)) for a in (eps1, eps2, sigma1, sigma2)):
+        raise ValueError(f"epsilon={epsilon:g} with ratio={r:g} and sampling_rate down to "
+                         f"{float(np.min(q)):g} gives budgets or noise multipliers that "
+                         "float64 cannot hold (Theorem 5: sigma1 = sqrt(2 ln(1.25/delta)) p "
+                         "sqrt(K (q^2 + r^2)) / epsilon, sigma2 = sigma1 / r); use a less "
+                         "extreme epsilon or ratio")
     violated = _theorem5_violations(epsilon, releases, p, q, eps1, eps2, sigma1)
     if warn and violated:
         warnings.warn(f"calibrate_theorem5: the paper's conditions fail: {', '.join(violated)}; "
@@ -439,6 +391,10 @@ def _pld_refusal(q, sigma1, sigma2, releases, delta, vdi):
 
 
 def _pld_epsilon(q, sigma1, sigma2, releases, delta, vdi):
+    if releases > MAX_PLD_RELEASES:
+        raise ValueError(f"releases must be at most {MAX_PLD_RELEASES:g} with accountant='pld' "
+                         f"(its composition cost grows with the count), got {releases}; use "
+                         "accountant='rdp'")
     refusal = _pld_refusal(q, sigma1, sigma2, releases, delta, vdi)
     if refusal is not None:
         raise ValueError(refusal)
@@ -465,7 +421,8 @@ def rigorous_epsilon(sigma1, sigma2, sampling_rate, releases, delta, *, accounta
     sampling_rate : float or array_like of shape (m,)
         q in [0, 1]. The three arrays broadcast (one entry per device).
     releases : int
-        Iterations composed, in [1, 2**53] (K H for Algorithm 1).
+        Iterations composed, in [1, 2**53] (K H for Algorithm 1); at most
+        10**6 with ``accountant="pld"``.
     delta : float
         In (0, 1).
     accountant : {"rdp", "pld"}, default="rdp"
@@ -505,15 +462,15 @@ def rigorous_epsilon(sigma1, sigma2, sampling_rate, releases, delta, *, accounta
     [9.23, 9.07]
     """
     scalar = all(np.ndim(a) == 0 for a in (sigma1, sigma2, sampling_rate))
-    s1 = _noise_iv(sigma1, "sigma1")
-    s2 = _noise_iv(sigma2, "sigma2")
-    q = _sampling_rate_iv(sampling_rate)
-    releases = _releases_iv(releases)
-    delta = _delta_iv(delta)
+    s1 = noise_iv(sigma1, "sigma1")
+    s2 = noise_iv(sigma2, "sigma2")
+    q = sampling_rate_iv(sampling_rate)
+    releases = releases_iv(releases)
+    delta = delta_iv(delta)
     accountant = check_choice(accountant, "accountant", _ACCOUNTANTS)
-    orders = _orders_iv(orders)
-    vdi = _vdi_iv(value_discretization_interval)
-    q, s1, s2 = _broadcast(sampling_rate=q, sigma1=s1, sigma2=s2)
+    orders = orders_iv(orders)
+    vdi = vdi_iv(value_discretization_interval)
+    q, s1, s2 = broadcast(sampling_rate=q, sigma1=s1, sigma2=s2)
 
     def one(key):
         if accountant == "rdp":
@@ -527,7 +484,7 @@ def rigorous_epsilon(sigma1, sigma2, sampling_rate, releases, delta, *, accounta
         if key not in cache:
             cache[key] = one(key)
         out[i] = cache[key]
-    return _as_output(out, scalar)
+    return as_output(out, scalar)
 
 
 # --------------------------------------------------------------------------- Corollary 4
@@ -662,15 +619,15 @@ def corollary4_epsilon(sigma1, sigma2, sampling_rate, releases, delta, *, form="
     18.13
     """
     scalar = all(np.ndim(a) == 0 for a in (sigma1, sigma2, sampling_rate))
-    s1 = _noise_iv(sigma1, "sigma1")
-    s2 = _noise_iv(sigma2, "sigma2")
-    q = _sampling_rate_iv(sampling_rate)
-    releases = _releases_iv(releases)
-    delta = _delta_iv(delta)
+    s1 = noise_iv(sigma1, "sigma1")
+    s2 = noise_iv(sigma2, "sigma2")
+    q = sampling_rate_iv(sampling_rate)
+    releases = releases_iv(releases)
+    delta = delta_iv(delta)
     form = check_choice(form, "form", _FORMS)
     restrict = check_bool(restrict_order, "restrict_order")
     warn = check_bool(warn, "warn")
-    q, s1, s2 = _broadcast(sampling_rate=q, sigma1=s1, sigma2=s2)
+    q, s1, s2 = broadcast(sampling_rate=q, sigma1=s1, sigma2=s2)
 
     eps, _ = _corollary4_kernel(q, s1, s2, float(releases), -math.log(delta), form, restrict)
     problems = _corollary4_problems(q, s1, restrict)
@@ -679,7 +636,7 @@ def corollary4_epsilon(sigma1, sigma2, sampling_rate, releases, delta, *, form="
                if np.any(np.isnan(eps)) else "")
         warnings.warn(f"corollary4_epsilon: Corollary 4's conditions fail: "
                       f"{', '.join(problems)}{nan}", CalibrationConditionWarning, stacklevel=2)
-    return _as_output(eps, scalar)
+    return as_output(eps, scalar)
 
 
 # --------------------------------------------------------------------------- report
@@ -705,14 +662,23 @@ def dppfl_privacy_report(epsilon, delta, *, inner=2000, outer=10, drop_probabili
     delta : float
         In (0, 1) (the paper: 1e-3).
     inner, outer : int, default=2000, 10
-        K and H (the paper's values).
+        K and H (the paper's values), each >= 1; K H at most 10**6 (the limit
+        of the PLD accountant, ``MAX_PLD_RELEASES``).
     drop_probability : float, default=0.0
         P(theta = 1) in [0, 1) (Figure 4 of the paper: 0.2 at the optimum).
     sampling_rate : float or array_like of shape (m,)
-        q in [0, 1] (tau = 1 gives an expected 0.5 for the device with the
+        q in (0, 1] (tau = 1 gives an expected 0.5 for the device with the
         fewest samples).
     ratio : float, default=1.0
         r = epsilon2 / epsilon1 > 0.
+
+    Raises
+    ------
+    ValueError
+        Also when epsilon puts Theorem 5's sigma1 or sigma2 outside the
+        accountants' range [1e-3, 1e8] (sigma is proportional to 1 /
+        epsilon: the message gives the range of epsilon that works), or the
+        PLD grid would not fit in memory (epsilon too large).
 
     Returns
     -------
@@ -734,15 +700,24 @@ def dppfl_privacy_report(epsilon, delta, *, inner=2000, outer=10, drop_probabili
     inner = check_int_scalar(inner, "inner", minimum=1)
     outer = check_int_scalar(outer, "outer", minimum=1)
     releases = releases_of(inner, outer)
+    if releases > MAX_PLD_RELEASES:
+        raise ValueError(f"inner * outer must be at most {MAX_PLD_RELEASES:g} (K H releases, "
+                         f"the limit of the report's PLD accountant), got {inner} * {outer} = "
+                         f"{releases:g}")
     drop = check_real_scalar(drop_probability, "drop_probability", low=0.0, high=1.0,
                              high_open=True)
-    cal = calibrate_theorem5(epsilon, delta, releases=releases, sampling_rate=sampling_rate,
+    epsilon = check_positive_scalar(epsilon, "epsilon")
+    delta = delta_iv(delta)
+    ratio = check_positive_scalar(ratio, "ratio")
+    q = positive_rate_iv(sampling_rate)
+    _report_epsilon_iv(epsilon, delta, releases, q, 1.0 - drop, ratio)
+    cal = calibrate_theorem5(epsilon, delta, releases=releases, sampling_rate=q,
                              active_probability=1.0 - drop, ratio=ratio, warn=False)
-    q, s1, s2 = _broadcast(sampling_rate=cal.sampling_rate, sigma1=cal.sigma1,
+    q, s1, s2 = broadcast(sampling_rate=cal.sampling_rate, sigma1=cal.sigma1,
                            sigma2=cal.sigma2)
     args = (s1, s2, q, releases, cal.delta)
     rdp = rigorous_epsilon(*args, accountant="rdp")
-    vdi = _report_vdi(q, s1, s2, releases, cal.delta)
+    vdi = _report_vdi(q, s1, s2, releases, cal.delta, epsilon)
     pld = rigorous_epsilon(*args, accountant="pld", value_discretization_interval=vdi)
     cor4 = {
         "epsilon": corollary4_epsilon(*args, warn=False),
@@ -777,13 +752,40 @@ def _corrected(epsilon, delta, releases, q, ratio):
             "epsilon_rdp": rigorous_epsilon(z, z / ratio, q_max, releases, delta)}
 
 
-def _report_vdi(q, s1, s2, releases, delta):
+def _report_epsilon_iv(epsilon, delta, releases, q, p, r):
+    """Refuse an epsilon whose Theorem 5 noise leaves NOISE_MULTIPLIER_RANGE, giving the range.
+
+    sigma1 = c / epsilon with c = sqrt(2 ln(1.25/delta)) p sqrt(K (q^2 + r^2)), and
+    sigma2 = sigma1 / r, so the epsilons that keep every sigma in [lo, hi] form
+    the interval [max c / hi, min c / lo] (c over both sigmas and every device).
+    """
+    lo, hi = NOISE_MULTIPLIER_RANGE
+    with np.errstate(over="ignore"):
+        c1 = math.sqrt(2.0 * math.log(1.25 / delta)) * p * math.sqrt(releases) * np.hypot(q, r)
+        c = np.concatenate([np.ravel(c1), np.ravel(c1 / r)])
+    low, high = float(c.max()) / hi, float(c.min()) / lo
+    if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+        raise ValueError(f"ratio={r:g} admits no epsilon: sigma1 and sigma2 = sigma1 / ratio "
+                         f"cannot both lie in the accountants' range [{lo:g}, {hi:g}]")
+    if not low <= epsilon <= high:
+        raise ValueError(f"epsilon must lie in [{low * (1 + 1e-6):.6g}, {high * (1 - 1e-6):.6g}] "
+                         f"for these settings (Theorem 5's sigma1 and sigma2, proportional to "
+                         f"1 / epsilon, must lie in the accountants' range [{lo:g}, {hi:g}]), "
+                         f"got {epsilon:g}")
+
+
+def _report_vdi(q, s1, s2, releases, delta, epsilon):
     """The default PLD grid step, coarsened until every device's grid fits in memory."""
     settings = set(zip(q.ravel().tolist(), s1.ravel().tolist(), s2.ravel().tolist(),
                        strict=True))
     points = max(_pld_points(*key, releases, delta, DEFAULT_VDI) for key in settings)
     if points <= MAX_PLD_POINTS:
         return DEFAULT_VDI
+    if points * DEFAULT_VDI / VDI_RANGE[1] > MAX_PLD_POINTS:
+        raise ValueError(f"epsilon={epsilon:g} is too large for the report's PLD accountant: "
+                         f"even its coarsest grid would need about "
+                         f"{points * DEFAULT_VDI / VDI_RANGE[1]:.2g} points (at most "
+                         f"{MAX_PLD_POINTS:g}); use a smaller epsilon")
     # the grid shrinks as 1/step: this step brings the largest just under the limit
     return min(DEFAULT_VDI * points / MAX_PLD_POINTS * 1.01, VDI_RANGE[1])
 
@@ -813,8 +815,10 @@ def _calibrate_rdp_cached(epsilon, delta, releases, q, ratio):
     while eps_at(hi) > epsilon:  # epsilon decreases in z: bracket, then bisect in log z
         lo, hi = hi, hi * 4.0
         if hi > 1e8:
-            raise ValueError(f"no noise multiplier up to 1e8 gives epsilon {epsilon:g} for "
-                             f"{releases} releases at delta {delta:g}")
+            raise ValueError(f"epsilon={epsilon:g} is out of reach: no noise multiplier z up to "
+                             f"1e8 (sigma1 = z, sigma2 = z / ratio with ratio={ratio:g}) "
+                             f"certifies it for releases={releases} at delta={delta:g}; raise "
+                             "epsilon or lower releases")
     for _ in range(60):
         mid = math.sqrt(lo * hi)
         if eps_at(mid) > epsilon:
@@ -844,10 +848,15 @@ def calibrate_rdp(epsilon, delta, *, releases, sampling_rate, ratio=1.0):
     releases : int
         K H.
     sampling_rate : float
-        q in [0, 1]: the largest fraction of its records any device's local
+        q in (0, 1]: the largest fraction of its records any device's local
         solver touches in an iteration.
     ratio : float
         r > 0: sigma2 = sigma1 / r, Theorem 5's relation between the two.
+
+    Raises
+    ------
+    ValueError
+        Also when no z up to 1e8 meets the target.
 
     Returns
     -------
@@ -860,8 +869,15 @@ def calibrate_rdp(epsilon, delta, *, releases, sampling_rate, ratio=1.0):
     True
     """
     epsilon = check_positive_scalar(epsilon, "epsilon")
-    delta = _delta_iv(delta)
-    releases = _releases_iv(releases)
-    q = float(_sampling_rate_iv(sampling_rate))
+    delta = delta_iv(delta)
+    releases = releases_iv(releases)
+    q = positive_rate_iv(sampling_rate)
+    if q.ndim:
+        raise ValueError(f"sampling_rate must be a scalar (the largest q of any device), got "
+                         f"shape {q.shape}")
     ratio = check_positive_scalar(ratio, "ratio")
-    return _calibrate_rdp_cached(epsilon, delta, releases, q, ratio)
+    lo, hi = NOISE_MULTIPLIER_RANGE
+    if not lo / hi <= ratio <= hi / lo:
+        raise ValueError(f"ratio must lie in [{lo / hi:g}, {hi / lo:g}] (sigma1 = z and sigma2 = "
+                         f"z / ratio must both lie in [{lo:g}, {hi:g}]), got {ratio:g}")
+    return _calibrate_rdp_cached(epsilon, delta, releases, float(q), ratio)

@@ -27,13 +27,18 @@ from ebfl._validation import (
     check_real_scalar,
 )
 from ebfl.dppfl import _kernels
-from ebfl.dppfl.objective import (
-    LOSSES,
-    dual_objective,
-    duality_gap,
-    omega_step,
-    primal_objective,
+from ebfl.dppfl._checks import (
+    MAX_DEVICES,
+    MAX_ITERATIONS,
+    MAX_MODEL_ENTRIES,
+    check_devices,
+    check_lam,
+    check_models,
+    check_omega,
+    check_sizes,
+    refuse_overflow,
 )
+from ebfl.dppfl.objective import LOSSES, _dual, _gap, _omega_step, _primal
 
 __all__ = ["CALIBRATIONS", "DUAL_SENSITIVITIES", "DPPFLResult", "PrivacySetting",
            "classification_error", "dual_sensitivity", "exchangeable_omega", "fit_dppfl",
@@ -186,10 +191,23 @@ def exchangeable_omega(m, rho):
     rho = 0 makes the devices independent (local models), rho = 1 forces one
     global model; in between, w_t = w0 + e_t with a shared w0 (the empirical-Bayes
     prior of exchangeable devices).
+
+    Parameters
+    ----------
+    m : int
+        Devices, in [1, 10000] (the matrix is m x m).
+    rho : float
+        In [0, 1].
+
+    Returns
+    -------
+    ndarray, shape (m, m)
     """
-    m = check_int_scalar(m, "m", minimum=1)
+    m = check_devices(m)
     rho = check_real_scalar(rho, "rho", low=0.0, high=1.0)
-    return ((1.0 - rho) * np.eye(m) + rho * np.ones((m, m))) / m
+    out = np.full((m, m), rho / m)
+    out[np.diag_indices(m)] = 1.0 / m
+    return out
 
 
 def dual_sensitivity(lam, beta, sizes, kind="corollary2"):
@@ -199,11 +217,27 @@ def dual_sensitivity(lam, beta, sizes, kind="corollary2"):
     printed (it does not hold: see :class:`PrivacySetting`); ``"box"``:
     sqrt(n_t), valid for the hinge losses, whose dual variables lie in a box
     of width 1.
+
+    Parameters
+    ----------
+    lam, beta : float
+        lambda > 0 and beta > 0 (fit_dppfl's beta = xi m).
+    sizes : array_like of int, shape (m,)
+        The devices' training sizes n_t >= 1.
+    kind : {"corollary2", "box"}
+
+    Returns
+    -------
+    ndarray, shape (m,)
     """
-    sizes = np.asarray(sizes, dtype=np.float64)
+    lam = check_positive_scalar(lam, "lam")
+    beta = check_positive_scalar(beta, "beta")
+    sizes = check_sizes(sizes).astype(np.float64)
     if check_choice(kind, "kind", DUAL_SENSITIVITIES) == "box":
         return np.sqrt(sizes)
-    return (8.0 * lam + beta) / (beta * sizes)
+    with np.errstate(over="ignore"):
+        out = (8.0 * (lam / beta) + 1.0) / sizes
+    return refuse_overflow(out, "(8 lambda + beta) / (beta n_t)", ("lam", "beta"))
 
 
 def _low_iterations(n_min, tau):
@@ -214,10 +248,33 @@ def sampling_rates(sizes, n_min, tau):
     """Per device, the expected and the largest q = n_iter / n_t of the local solver.
 
     n_iter is uniform on the integers round((1 - tau) n_min)..n_min.
+
+    Parameters
+    ----------
+    sizes : array_like of int, shape (m,)
+        The devices' training sizes n_t >= 1.
+    n_min : int
+        The largest local iteration count, in [1, min(sizes)]: a sampling rate
+        n_iter / n_t is a probability.
+    tau : float
+        Device variability, in [0, 1].
+
+    Returns
+    -------
+    q_mean, q_max : ndarray, shape (m,)
+        In (0, 1].
     """
-    sizes = np.asarray(sizes, dtype=np.float64)
+    sizes = check_sizes(sizes)
+    n_min = _n_min_iv(n_min, sizes)
+    tau = check_real_scalar(tau, "tau", low=0.0, high=1.0)
+    sizes = sizes.astype(np.float64)
     low = _low_iterations(n_min, tau)
     return 0.5 * (low + n_min) / sizes, n_min / sizes
+
+
+def _n_min_iv(n_min, sizes):
+    """n_min in [1, min(sizes)]: n_min <= every n_t keeps every q = n_iter / n_t <= 1."""
+    return check_int_scalar(n_min, "n_min", minimum=1, maximum=int(sizes.min()))
 
 
 def classification_error(W, X, y, offsets):
@@ -233,7 +290,28 @@ def classification_error(W, X, y, offsets):
 
 
 def test_error(data, W):
-    """Pooled and per-device test error of the models W (NaN without a test split)."""
+    """Pooled and per-device test error of the models W (NaN without a test split).
+
+    Parameters
+    ----------
+    data : DeviceData
+    W : array_like, shape (m, d)
+        Finite models, one per device.
+
+    Returns
+    -------
+    error : float
+    per_device : ndarray, shape (m,)
+    """
+    from ebfl.dppfl.data import DeviceData
+
+    if not isinstance(data, DeviceData):
+        raise TypeError(f"data must be a DeviceData, got {type(data).__name__}")
+    W = check_models(W, data.n_clients, data.n_features)
+    return _test_error(data, W)
+
+
+def _test_error(data, W):
     if data.X_test is None:
         return float("nan"), np.full(data.n_clients, np.nan)
     return classification_error(W, data.X_test, data.y_test, data.test_offsets)
@@ -268,6 +346,7 @@ def noise_multipliers(privacy, sizes, n_min, tau, drop, releases):
         z = calibrate_rdp(privacy.epsilon, privacy.delta, releases=releases,
                           sampling_rate=float(q_max.max()), ratio=privacy.ratio)
         sigma1, sigma2 = np.full(m, z), np.full(m, z / privacy.ratio)
+        _noise_in_range(privacy, sigma1, sigma2)
         return sigma1, sigma2, {**record, "sigma1": sigma1.tolist(), "sigma2": sigma2.tolist(),
                                 "violated": []}
     per_iteration = privacy.calibration == "per_iteration"
@@ -277,18 +356,36 @@ def noise_multipliers(privacy, sizes, n_min, tau, drop, releases):
                              ratio=privacy.ratio, warn=not per_iteration)
     sigma1 = np.broadcast_to(np.asarray(cal.sigma1, dtype=np.float64), (m,)).copy()
     sigma2 = np.broadcast_to(np.asarray(cal.sigma2, dtype=np.float64), (m,)).copy()
+    _noise_in_range(privacy, sigma1, sigma2)
     return sigma1, sigma2, {**cal.to_dict(), **record}
+
+
+def _noise_in_range(privacy, sigma1, sigma2):
+    """Refuse noise multipliers above the accountants' range (1e8), naming privacy.epsilon.
+
+    Beyond it the models of a run overflow float64 (and no accountant checks the
+    result); every multiplier is proportional to 1 / epsilon, which gives the
+    smallest epsilon that works.
+    """
+    from ebfl.dppfl.accounting import NOISE_MULTIPLIER_RANGE
+
+    top = NOISE_MULTIPLIER_RANGE[1]
+    worst = float(max(sigma1.max(), sigma2.max()))
+    if worst <= top:
+        return
+    raise ValueError(f"privacy.epsilon={privacy.epsilon:g} is too small for this run: the "
+                     f"{privacy.calibration!r} calibration gives noise multipliers up to "
+                     f"{worst:.3g}, above {top:g}; with this delta, ratio and number of "
+                     f"iterations privacy.epsilon must be at least about "
+                     f"{privacy.epsilon * worst / top:.3g}")
 
 
 def _omega_iv(omega, m):
     if omega is None or (isinstance(omega, str) and omega == "learn"):
         return None
-    om = np.asarray(omega, dtype=np.float64)
-    if om.shape != (m, m) or not np.all(np.isfinite(om)):
-        raise ValueError(f"omega must be 'learn' or a finite ({m}, {m}) matrix, got shape "
-                         f"{om.shape}")
-    if not np.allclose(om, om.T, atol=1e-12) or np.linalg.eigvalsh(om).min() < -1e-10:
-        raise ValueError("omega must be symmetric positive semidefinite")
+    if isinstance(omega, str | bytes):
+        raise ValueError(f"omega must be 'learn' or a ({m}, {m}) matrix, got {omega!r}")
+    om = check_omega(omega, m)
     if abs(np.trace(om) - 1.0) > 1e-9:
         raise ValueError(f"omega must have trace 1, got {np.trace(om):.6g}")
     return om.copy()
@@ -302,13 +399,15 @@ def fit_dppfl(data, *, lam, xi=0.5, inner=2000, outer=10, loss="hinge", gamma=1.
     Parameters
     ----------
     data : DeviceData
-        Every row of l2 norm <= 1 (the privacy analysis needs it).
+        Every row of l2 norm <= 1 (the privacy analysis needs it); at most
+        10,000 devices (Omega is m x m) and 10**8 model entries m d.
     lam : float
-        lambda > 0 of problem (1).
+        lambda of problem (1), in [1e-100, 1e100].
     xi : float
         The aggregation parameter in (0, 1]; beta = xi m (Lemma 1's choice).
     inner, outer : int
-        K global iterations per Omega-step, H Omega-steps (the paper: 2000, 10).
+        K global iterations per Omega-step, H Omega-steps (the paper: 2000, 10),
+        each >= 1, with K H at most 10**7 (beyond it a run would take hours).
     loss : {"hinge", "smoothed_hinge", "squared"}
         The paper's experiments use the hinge loss (linear SVM).
     gamma : float
@@ -337,8 +436,8 @@ def fit_dppfl(data, *, lam, xi=0.5, inner=2000, outer=10, loss="hinge", gamma=1.
         Record the objective and test error every this many iterations
         (default K; always after each Omega-step and at the end).
     n_min : int, optional
-        The largest local iteration count, at most the smallest training size
-        (the default).
+        The largest local iteration count, in [1, smallest training size]
+        (default: the smallest training size).
     parallel : bool
         Devices in parallel threads (Numba); False for running many fits side
         by side.
@@ -348,6 +447,13 @@ def fit_dppfl(data, *, lam, xi=0.5, inner=2000, outer=10, loss="hinge", gamma=1.
     Returns
     -------
     DPPFLResult
+
+    Raises
+    ------
+    ValueError
+        Also when ``privacy.epsilon`` is so small that a noise multiplier
+        exceeds 1e8, or the models overflow float64 during the run (lambda
+        too small for the noise).
 
     Examples
     --------
@@ -365,10 +471,10 @@ def fit_dppfl(data, *, lam, xi=0.5, inner=2000, outer=10, loss="hinge", gamma=1.
     if not isinstance(data, DeviceData):
         raise TypeError(f"data must be a DeviceData, got {type(data).__name__}")
     m, d = data.n_clients, data.n_features
-    lam = check_positive_scalar(lam, "lam")
+    _size_iv(m, d, "data", "its features")
+    lam = check_lam(lam)
     xi = check_real_scalar(xi, "xi", low=0.0, high=1.0, low_open=True)
-    inner = check_int_scalar(inner, "inner", minimum=1)
-    outer = check_int_scalar(outer, "outer", minimum=1)
+    inner, outer = _iterations_iv(inner, outer)
     loss = check_choice(loss, "loss", LOSSES)
     gamma = check_positive_scalar(gamma, "gamma")
     tau = check_real_scalar(tau, "tau", low=0.0, high=1.0)
@@ -387,9 +493,7 @@ def fit_dppfl(data, *, lam, xi=0.5, inner=2000, outer=10, loss="hinge", gamma=1.
     record_every = inner if record_every is None else check_int_scalar(
         record_every, "record_every", minimum=1)
     sizes = data.sizes
-    # n_min <= every n_t keeps the sampling rate q = n_iter / n_t of every device <= 1
-    n_min = int(sizes.min()) if n_min is None else check_int_scalar(
-        n_min, "n_min", minimum=0, maximum=int(sizes.min()))
+    n_min = int(sizes.min()) if n_min is None else _n_min_iv(n_min, sizes)
     parallel, progress = check_bool(parallel, "parallel"), check_bool(progress, "progress")
 
     beta = xi * m
@@ -415,17 +519,14 @@ def fit_dppfl(data, *, lam, xi=0.5, inner=2000, outer=10, loss="hinge", gamma=1.
               "seed": seed, "n_min": n_min, "n_clients": m, "n_features": d}
 
     def record(it):
-        W = omega_now @ V / (2.0 * lam)
+        W = _models(omega_now, V, lam, privacy, it)
         row = {"iteration": it,
-               "primal": primal_objective(data.X, data.y, data.offsets, W, omega_now, lam, loss,
-                                          gamma)}
+               "primal": _primal(data.X, data.y, data.offsets, W, omega_now, lam, loss, gamma)}
         if data.X_test is not None:
-            row["test_error"] = test_error(data, W)[0]
+            row["test_error"] = _test_error(data, W)[0]
         if privacy is None:
-            row["dual"] = dual_objective(data.X, data.y, data.offsets, alpha, omega_now, lam,
-                                         loss, gamma)
-            row["gap"] = duality_gap(data.X, data.y, data.offsets, alpha, omega_now, lam, loss,
-                                     gamma)
+            row["dual"] = _dual(data.X, data.y, data.offsets, alpha, omega_now, lam, loss, gamma)
+            row["gap"] = _gap(data.X, data.y, data.offsets, alpha, omega_now, lam, loss, gamma)
         history.append(row)
 
     history = []
@@ -451,13 +552,43 @@ def fit_dppfl(data, *, lam, xi=0.5, inner=2000, outer=10, loss="hinge", gamma=1.
             if it < stop_outer:
                 record(it)
         if fixed_omega is None:  # line 13: the Omega-step on the most recent W
-            omega_now = omega_step(omega_now @ V / (2.0 * lam), previous=omega_now)
+            omega_now = _omega_step(_models(omega_now, V, lam, privacy, it), omega_now)
         record(it)
     if bar is not None:
         bar.close()
-    W = omega_now @ V / (2.0 * lam)
+    W = _models(omega_now, V, lam, privacy, it)
     mean_s2 = np.divide(s2_sum, active, out=np.zeros(m), where=active > 0)
     return DPPFLResult(W=W, omega=omega_now, alpha=alpha, V=V, history=history, active=active,
                        mean_upload_sensitivity=mean_s2 if privacy is not None else None,
                        calibration=calibration, config=config,
                        seconds=time.perf_counter() - t0)
+
+
+def _size_iv(m, d, devices, features):
+    """m devices and m d model entries within the limits (checked before allocating)."""
+    if m > MAX_DEVICES:
+        raise ValueError(f"{devices} must have at most {MAX_DEVICES} devices (Omega is m x m), "
+                         f"got {m}")
+    if m * d > MAX_MODEL_ENTRIES:
+        raise ValueError(f"{devices} and {features}: the models would have m d = {m} x {d} "
+                         f"entries, more than the limit {MAX_MODEL_ENTRIES:g}")
+
+
+def _iterations_iv(inner, outer):
+    inner = check_int_scalar(inner, "inner", minimum=1)
+    outer = check_int_scalar(outer, "outer", minimum=1)
+    if inner * outer > MAX_ITERATIONS:
+        raise ValueError(f"inner * outer (K H global iterations) must be at most "
+                         f"{MAX_ITERATIONS:g}, got {inner} * {outer} = {inner * outer:g}")
+    return inner, outer
+
+
+def _models(omega, V, lam, privacy, it):
+    """W = Omega V / (2 lambda), refused by name if the run has overflowed float64."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        W = omega @ V / (2.0 * lam)
+    if np.all(np.isfinite(W)):
+        return W
+    noise = "" if privacy is None else f" or privacy.epsilon={privacy.epsilon:g} too small"
+    raise ValueError(f"the models overflowed float64 after {it} iterations: lam={lam:g} is too "
+                     f"small for this data{noise}")

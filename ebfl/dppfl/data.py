@@ -126,8 +126,8 @@ def _check_labels(y, name, n):
     return y
 
 
-def _check_offsets(offsets, name, n, m=None):
-    """Offsets (m + 1,) of non-empty devices: 0 = o_0 < o_1 < ... < o_m = n."""
+def _check_offsets(offsets, name, n, m=None, rows="X"):
+    """Offsets (m + 1,) of non-empty devices: 0 = o_0 < ... < o_m = n, the rows of ``rows``."""
     arr = real_dtype_array(offsets, name)
     if arr.ndim != 1 or arr.size < 2:
         raise ValueError(f"{name} must be 1-D with at least 2 entries (one device), got shape "
@@ -139,7 +139,7 @@ def _check_offsets(offsets, name, n, m=None):
                          f"{arr.size}")
     if arr[0] != 0 or arr[-1] != n:
         raise ValueError(f"{name} must start at 0 and end at the number of rows {n}, got "
-                         f"{arr[0]} and {arr[-1]}")
+                         f"{arr[0]} and {arr[-1]} ({rows} has {n} rows)")
     if np.any(np.diff(arr) <= 0):
         t = int(np.flatnonzero(np.diff(arr) <= 0)[0])
         raise ValueError(f"{name} must increase strictly (every device needs at least one "
@@ -226,7 +226,8 @@ class DeviceData:
             raise ValueError("X_test, y_test and test_offsets must be given together (or none)")
         if self.X_test is not None:
             X_test = _check_matrix(self.X_test, "X_test", d)
-            test_offsets = _check_offsets(self.test_offsets, "test_offsets", X_test.shape[0], m)
+            test_offsets = _check_offsets(self.test_offsets, "test_offsets", X_test.shape[0], m,
+                                          "X_test")
             y_test = _check_labels(self.y_test, "y_test", X_test.shape[0])
             _check_device_norms(X_test, test_offsets, "X_test")
             test = (_frozen(np.array(X_test, order="C")), _frozen(y_test.copy()),

@@ -38,18 +38,20 @@ import numpy as np
 from ebfl._validation import (
     check_bool,
     check_choice,
-    check_counts,
     check_int_scalar,
     check_positive_scalar,
     check_probability,
     check_real_scalar,
 )
 from ebfl.dppfl import _kernels
+from ebfl.dppfl._checks import check_lam, check_sizes
 from ebfl.dppfl.algorithm import (
     _LOSS_CODES,
     _S2_MODES,
     PrivacySetting,
+    _n_min_iv,
     _omega_iv,
+    _size_iv,
     dual_sensitivity,
     noise_multipliers,
 )
@@ -77,11 +79,11 @@ class DPPFL(FederatedAlgorithm):
     sizes : array_like of int, shape (m,)
         Every device's number of training rows n_t >= 1 (the data's
         ``sizes``): they set the default n_min, the width of the dual-variable
-        state and each device's noise.
+        state and each device's noise. At most 10,000 devices.
     n_features : int
-        d >= 1, the length of each model.
+        d >= 1, the length of each model; m d at most 10**8.
     lam : float
-        lambda > 0 of problem (1).
+        lambda of problem (1), in [1e-100, 1e100].
     xi : float
         The aggregation parameter in (0, 1]; beta = xi m (Lemma 1's choice).
     inner : int
@@ -105,7 +107,8 @@ class DPPFL(FederatedAlgorithm):
         Update alpha_t with the noisy Delta alpha_t (Algorithm 1 as printed
         adds the clean one).
     n_min : int, optional
-        The largest local iteration count, >= 0 (default: the smallest size).
+        The largest local iteration count, in [1, min(sizes)] (default: the
+        smallest size).
 
     Notes
     -----
@@ -152,12 +155,11 @@ class DPPFL(FederatedAlgorithm):
     def __init__(self, sizes, n_features, *, lam, xi=0.5, inner=2000, loss="hinge", gamma=1.0,
                  tau=0.0, drop_probability=0.0, privacy=None, omega="learn", noisy_alpha=False,
                  n_min=None):
-        self.sizes = check_counts(sizes, "sizes", minimum=1)
-        if self.sizes.size == 0:
-            raise ValueError("sizes must hold at least one device")
+        self.sizes = check_sizes(sizes)
         m = self.sizes.size
         self.n_features = check_int_scalar(n_features, "n_features", minimum=1)
-        self.lam = check_positive_scalar(lam, "lam")
+        _size_iv(m, self.n_features, "sizes", "n_features")
+        self.lam = check_lam(lam)
         self.xi = check_real_scalar(xi, "xi", low=0.0, high=1.0, low_open=True)
         self.inner = check_int_scalar(inner, "inner", minimum=1)
         self.loss = check_choice(loss, "loss", LOSSES)
@@ -175,9 +177,7 @@ class DPPFL(FederatedAlgorithm):
         self.privacy = privacy
         self.fixed_omega = _omega_iv(omega, m)
         self.noisy_alpha = check_bool(noisy_alpha, "noisy_alpha")
-        self.n_min = (int(self.sizes.min()) if n_min is None
-                      else check_int_scalar(n_min, "n_min", minimum=0,
-                                            maximum=int(self.sizes.min())))
+        self.n_min = int(self.sizes.min()) if n_min is None else _n_min_iv(n_min, self.sizes)
         self.beta = self.xi * m  # Lemma 1's choice, as fit_dppfl
 
     @classmethod
@@ -229,7 +229,11 @@ class DPPFL(FederatedAlgorithm):
         ``clients`` is the client state of all m devices in id order (e.g.
         ``run(...).clients``).
         """
-        alpha = np.asarray(clients["alpha"], dtype=np.float64)
+        try:
+            alpha = np.asarray(clients["alpha"], dtype=np.float64)
+        except (TypeError, KeyError, IndexError, ValueError) as exc:
+            raise TypeError("clients must be the client state of a run (a mapping with the "
+                            "devices' 'alpha')") from exc
         if alpha.shape != (self.n_clients, int(self.sizes.max())):
             raise ValueError(f"clients['alpha'] must have shape "
                              f"({self.n_clients}, {int(self.sizes.max())}) (every device), got "

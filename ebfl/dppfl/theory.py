@@ -66,6 +66,13 @@ from ebfl._validation import (
     check_real_scalar,
 )
 from ebfl.dppfl import _kernels
+from ebfl.dppfl._checks import (
+    MAX_DEVICES,
+    check_devices,
+    check_offsets,
+    check_omega,
+    refuse_overflow,
+)
 from ebfl.dppfl.objective import (
     LOSSES,
     conjugate,
@@ -73,6 +80,7 @@ from ebfl.dppfl.objective import (
     dual_objective,
     duality_gap,
     omega_step,
+    primal_dual_map,
     primal_objective,
     regularizer,
 )
@@ -149,30 +157,14 @@ def _local_args(X_t, y_t, alpha_t, w_t, omega_tt, lam, beta, loss, gamma):
     beta = check_positive_scalar(beta, "beta")
     loss, gamma = _loss_args(loss, gamma)
     _feasible_duals(alpha_t, y_t, loss, "alpha_t")
+    refuse_overflow(beta * (omega_tt / (2.0 * lam)), "the curvature beta omega_tt / (2 lam)",
+                    ("beta", "omega_tt", "lam"))
     return X_t, y_t, alpha_t, w_t, omega_tt, lam, beta, loss, gamma
 
 
-def _offsets(offsets, n):
-    offsets = np.asarray(offsets)
-    if offsets.ndim != 1 or offsets.size < 2 or not np.issubdtype(offsets.dtype, np.integer):
-        raise ValueError("offsets must be a 1-D integer array of m + 1 >= 2 row offsets")
-    offsets = offsets.astype(np.int64)
-    if offsets[0] != 0 or offsets[-1] != n or np.any(np.diff(offsets) < 0):
-        raise ValueError(f"offsets must rise from 0 to n = {n} (device t's rows at "
-                         "offsets[t]:offsets[t + 1])")
-    return offsets
-
-
-def _omega(omega, m):
-    omega = check_finite_array(omega, "omega", ndim=2)
-    if omega.shape != (m, m):
-        raise ValueError(f"omega must have shape ({m}, {m}) (one row per device), got "
-                         f"{omega.shape}")
-    if not np.allclose(omega, omega.T, rtol=0.0, atol=1e-12):
-        raise ValueError("omega must be symmetric")
-    if np.linalg.eigvalsh(omega).min() < -1e-10 * max(1.0, float(np.abs(omega).max())):
-        raise ValueError("omega must be positive semidefinite")
-    return omega
+_offsets, _omega = check_offsets, check_omega  # integers 0..n; symmetric PSD (m, m)
+#: Largest number of sweeps of an exact solve, and of iterations of exact_local_run.
+MAX_SWEEPS, MAX_EXACT_ITERATIONS = 10**7, 10**6
 
 
 def _global_args(X, y, offsets, omega, *, unit=False):
@@ -435,7 +427,9 @@ def _local_qp(X_t, y_t, alpha_t, w_t, c, loss, gamma):
     """
     Z = X_t * y_t[:, None]
     kappa = {"hinge": 0.0, "smoothed_hinge": gamma, "squared": 1.0}[loss]
-    H = c * (Z @ Z.T) + kappa * np.eye(y_t.size)
+    with np.errstate(over="ignore", invalid="ignore"):
+        H = c * (Z @ Z.T) + kappa * np.eye(y_t.size)
+    refuse_overflow(H, "the Hessian of (7)", ("beta", "omega_tt", "lam"))
     p = -1.0 + Z @ (w_t - c * (X_t.T @ alpha_t))
     box = (0.0, 1.0) if loss != "squared" else (-np.inf, np.inf)
     return H, p, np.full(y_t.size, box[0]), np.full(y_t.size, box[1])
@@ -465,6 +459,9 @@ def _determined(X_t, y_t, s, slope, p):
 
 #: Coordinate-descent sweeps that warm-start the active-set method.
 _WARM_SWEEPS = 300
+#: Rounds that do not lower the KKT residual before a solve gives up: tol lies below
+#: what rounding allows at this scale (e.g. lambda = 1e-200), and more rounds repeat them.
+_STALLS = 3
 
 
 def _solve_local(X_t, y_t, alpha_t, w_t, c, loss, gamma, tol, max_sweeps):
@@ -473,8 +470,8 @@ def _solve_local(X_t, y_t, alpha_t, w_t, c, loss, gamma, tol, max_sweeps):
     a = alpha_t.copy()
     code = _LOSS_CODES[loss]
     H, p, lo, hi = _local_qp(X_t, y_t, alpha_t, w_t, c, loss, gamma)
-    sweeps, residual = 0, math.inf
-    while sweeps < max_sweeps:
+    sweeps, residual, best, stalls = 0, math.inf, math.inf, 0
+    while sweeps < max_sweeps and stalls < _STALLS:
         # coordinate descent gets close, the active-set method finishes; KKT decides
         sweeps += _local_sweeps(X_t, y_t, sqnorm, alpha_t, a, w_t, c, code, gamma, 0.01 * tol,
                                 min(_WARM_SWEEPS if sweeps == 0 else 5000, max_sweeps - sweeps))
@@ -485,6 +482,7 @@ def _solve_local(X_t, y_t, alpha_t, w_t, c, loss, gamma, tol, max_sweeps):
         if residual <= tol:
             a = candidate
             break
+        stalls, best = (stalls + 1 if residual >= best else 0), min(best, residual)
     dalpha = a - alpha_t
     grad = _conjugate_slope(a, y_t, loss, gamma) + X_t @ (w_t + c * (X_t.T @ dalpha))
     residual = _kkt_residual(a, y_t, grad, loss)
@@ -519,7 +517,7 @@ def solve_local_exactly(X_t, y_t, alpha_t, w_t, omega_tt, lam, beta, loss="hinge
     tol : float
         Largest accepted KKT residual, > 0.
     max_sweeps : int
-        Sweeps allowed, >= 1; a RuntimeWarning is issued (and ``converged``
+        Sweeps allowed, in [1, 10**7]; a RuntimeWarning is issued (and ``converged``
         is False) when the residual is still above ``tol``.
 
     Returns
@@ -536,7 +534,7 @@ def solve_local_exactly(X_t, y_t, alpha_t, w_t, omega_tt, lam, beta, loss="hinge
     X_t, y_t, alpha_t, w_t, omega_tt, lam, beta, loss, gamma = _local_args(
         X_t, y_t, alpha_t, w_t, omega_tt, lam, beta, loss, gamma)
     tol = check_positive_scalar(tol, "tol")
-    max_sweeps = check_int_scalar(max_sweeps, "max_sweeps", minimum=1)
+    max_sweeps = check_int_scalar(max_sweeps, "max_sweeps", minimum=1, maximum=MAX_SWEEPS)
     return _solve_local(X_t, y_t, alpha_t, w_t, beta * omega_tt / (2.0 * lam), loss, gamma,
                         tol, max_sweeps)
 
@@ -620,8 +618,9 @@ def local_strong_convexity(X_t, omega_tt, lam, beta, loss="hinge", gamma=1.0):
     loss, gamma = _loss_args(loss, gamma)
     curvature = {"hinge": 0.0, "smoothed_hinge": gamma, "squared": 1.0}[loss]
     smallest = float(np.linalg.eigvalsh(X_t @ X_t.T)[0])
-    modulus = curvature + beta * omega_tt / (2.0 * lam) * max(smallest, 0.0)
-    return modulus, beta * X_t.shape[0] / (2.0 * lam)
+    out = (curvature + beta * (omega_tt / (2.0 * lam)) * max(smallest, 0.0),
+           beta * (X_t.shape[0] / (2.0 * lam)))
+    return refuse_overflow(out, "the modulus", ("beta", "omega_tt", "lam"))
 
 
 # ------------------------------------------------------------------ the dual (5)
@@ -675,7 +674,7 @@ def solve_dual_exactly(X, y, offsets, omega, lam, loss="hinge", gamma=1.0, *, to
     tol : float
         Largest accepted KKT residual, > 0.
     max_sweeps : int
-        A RuntimeWarning is issued when they do not suffice.
+        In [1, 10**7]; a RuntimeWarning is issued when they do not suffice.
 
     Returns
     -------
@@ -693,13 +692,15 @@ def solve_dual_exactly(X, y, offsets, omega, lam, loss="hinge", gamma=1.0, *, to
     lam = check_positive_scalar(lam, "lam")
     loss, gamma = _loss_args(loss, gamma)
     tol = check_positive_scalar(tol, "tol")
-    max_sweeps = check_int_scalar(max_sweeps, "max_sweeps", minimum=1)
+    max_sweeps = check_int_scalar(max_sweeps, "max_sweeps", minimum=1, maximum=MAX_SWEEPS)
     sqnorm = np.einsum("ij,ij->i", X, X)
     rows = np.repeat(np.arange(offsets.size - 1), np.diff(offsets))
     # (5) in s = y alpha: H = kappa I + (Omega_{t(i) t(j)} y_i y_j x_i^T x_j) / (2 lambda), p = -1
     Z = X * y[:, None]
     kappa = {"hinge": 0.0, "smoothed_hinge": gamma, "squared": 1.0}[loss]
-    H = omega[np.ix_(rows, rows)] * (Z @ Z.T) / (2.0 * lam) + kappa * np.eye(y.size)
+    with np.errstate(over="ignore", invalid="ignore"):
+        H = omega[np.ix_(rows, rows)] * (Z @ Z.T) / (2.0 * lam) + kappa * np.eye(y.size)
+    refuse_overflow(H, "the Hessian of (5)", ("X", "omega", "lam"))
     box = (0.0, 1.0) if loss != "squared" else (-np.inf, np.inf)
     lo, hi = np.full(y.size, box[0]), np.full(y.size, box[1])
 
@@ -709,8 +710,8 @@ def solve_dual_exactly(X, y, offsets, omega, lam, loss="hinge", gamma=1.0, *, to
         return _kkt_residual(a, y, grad, loss)
 
     a = np.zeros(X.shape[0])
-    sweeps, residual = 0, math.inf
-    while sweeps < max_sweeps:
+    sweeps, residual, best, stalls = 0, math.inf, math.inf, 0
+    while sweeps < max_sweeps and stalls < _STALLS:
         # coordinate descent gets close, the active-set method finishes; KKT decides
         sweeps += _dual_sweeps(X, y, sqnorm, offsets, omega, lam, a, _LOSS_CODES[loss], gamma,
                                0.01 * tol, min(_WARM_SWEEPS if sweeps == 0 else 5000,
@@ -720,6 +721,7 @@ def solve_dual_exactly(X, y, offsets, omega, lam, loss="hinge", gamma=1.0, *, to
         if residual <= tol:
             a = candidate
             break
+        stalls, best = (stalls + 1 if residual >= best else 0), min(best, residual)
         residual = kkt(a)
         if residual <= tol:
             break
@@ -977,9 +979,12 @@ def corollary2_difference(X_t, y_t, alpha_t, w_t, omega_tt, lam, beta, j, x_new,
     diff = first.dalpha - second.dalpha
     both = first.determined & second.determined
     certified = float(np.linalg.norm(diff[both]))
-    bound = (8.0 * lam + beta) / (beta * n_t)
-    return Corollary2Result(float(np.linalg.norm(diff)), certified, float(abs(diff[j])), bound,
-                            certified / bound, first, second)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        bound = (8.0 * np.float64(lam) + beta) / (beta * n_t)
+        ratio = certified / bound
+    refuse_overflow((bound, ratio, 1.0 / bound), "the bound", ("lam", "beta"))
+    return Corollary2Result(float(np.linalg.norm(diff)), certified, float(abs(diff[j])),
+                            float(bound), float(ratio), first, second)
 
 
 def corollary3_difference(X_t, dalpha_t, xi, j, x_new):
@@ -1113,10 +1118,10 @@ def random_feasible_omega(m, rng=None, *, rank=None):
     Parameters
     ----------
     m : int
-        Devices, >= 1.
+        Devices, in [1, 10000].
     rng : None, int, SeedSequence or Generator
     rank : int, optional
-        Columns of A, >= 1 (default m: positive definite almost surely).
+        Columns of A, in [1, 10000] (default m: positive definite almost surely).
 
     Returns
     -------
@@ -1129,8 +1134,8 @@ def random_feasible_omega(m, rng=None, *, rank=None):
     >>> round(float(np.trace(omega)), 12), bool(np.linalg.eigvalsh(omega).min() > 0)
     (1.0, True)
     """
-    m = check_int_scalar(m, "m", minimum=1)
-    rank = m if rank is None else check_int_scalar(rank, "rank", minimum=1)
+    m = check_devices(m)
+    rank = m if rank is None else check_int_scalar(rank, "rank", minimum=1, maximum=MAX_DEVICES)
     A = as_generator(rng).standard_normal((m, rank))
     omega = A @ A.T
     omega = 0.5 * (omega + omega.T)
@@ -1209,7 +1214,7 @@ def theorem3_iterations(n, eps_G, xi, theta, s):
     speed = (1.0 - xi) * xi * (1.0 - theta) * s
     if speed == 0.0:
         return math.inf
-    return max(math.log(n / eps_G), 0.0) / speed
+    return max(math.log(n) - math.log(eps_G), 0.0) / speed  # n / eps_G may overflow
 
 
 def theorem3_s(X, offsets, omega, lam, beta, mu):
@@ -1354,17 +1359,25 @@ def theorem4_iterations(sizes, lam, eps_G, xi, theta=0.0, *, L=1.0, initial_gap=
     form = check_choice(form, "form", ("printed", "proof"))
     squares = float(np.sum(sizes.astype(np.float64) ** 2))
     eta = (1.0 - xi) * (1.0 - theta)
-    if form == "printed":
-        A = m * L**2 * squares / (lam * n**2)
-        log_scale, log_mult = A / 2.0, eta
-        step0 = 2.0 / eta * (4.0 * A / eps_G - 1.0) if eta else math.inf
-        step = max(1.0, 2.0 * A / eps_G) / eta if eta else math.inf
-    else:
-        B = 2.0 * L**2 * beta * squares / (lam * n**2)
-        log_scale, log_mult = B, xi * eta
-        step0 = 2.0 / (xi * eta) * (2.0 * B / eps_G - 1.0) if eta else math.inf
-        step = B / (xi * eta * eps_G) if eta else math.inf
-    log_term = math.log(initial_gap / log_scale) if initial_gap > 0 else -math.inf
+    # the scale of k0's log (A / 2 or B) in float64, where it may overflow or underflow,
+    # and its log computed from logs (finite whatever the magnitudes)
+    factor = m / 2.0 if form == "printed" else 2.0 * beta
+    log_scale = (math.log(factor) + 2.0 * math.log(L) + math.log(squares) - math.log(lam)
+                 - 2.0 * math.log(n))
+    with np.errstate(over="ignore", under="ignore"):
+        scale = np.float64(factor) * np.float64(L) ** 2 * squares / (np.float64(lam) * n**2)
+        if form == "printed":
+            A, log_mult = 2.0 * scale, eta
+            step0 = 2.0 / eta * (4.0 * A / eps_G - 1.0) if eta else math.inf
+            step = max(1.0, 2.0 * A / eps_G) / eta if eta else math.inf
+        else:
+            B, log_mult = scale, xi * eta
+            step0 = 2.0 / (xi * eta) * (2.0 * B / eps_G - 1.0) if eta else math.inf
+            step = B / (xi * eta * eps_G) if eta else math.inf
+    if eta:
+        refuse_overflow((step0, step), "Theorem 4's iteration counts",
+                        ("sizes", "lam", "eps_G", "L") + (("beta",) if form == "proof" else ()))
+    log_term = math.log(initial_gap) - log_scale if initial_gap > 0 else -math.inf
     k0 = float(max(0, math.ceil(log_mult * log_term))) if log_term > -math.inf else 0.0
     K0 = k0 + max(math.ceil(step0), 0) if math.isfinite(step0) else math.inf
     K = K0 + math.ceil(step) if math.isfinite(step) else math.inf
@@ -1416,7 +1429,7 @@ def exact_local_run(X, y, offsets, omega, lam, xi, iterations, loss="hinge", gam
     xi : float
         In (0, 1].
     iterations : int
-        >= 1.
+        In [1, 10**6].
     loss, gamma
         As in :func:`local_objective`.
     beta : float, optional
@@ -1442,7 +1455,8 @@ def exact_local_run(X, y, offsets, omega, lam, xi, iterations, loss="hinge", gam
     X, y, offsets, omega = _global_args(X, y, offsets, omega)
     lam = check_positive_scalar(lam, "lam")
     xi = check_real_scalar(xi, "xi", low=0.0, high=1.0, low_open=True)
-    iterations = check_int_scalar(iterations, "iterations", minimum=1)
+    iterations = check_int_scalar(iterations, "iterations", minimum=1,
+                                  maximum=MAX_EXACT_ITERATIONS)
     loss, gamma = _loss_args(loss, gamma)
     m = offsets.size - 1
     beta = xi * m if beta is None else check_positive_scalar(beta, "beta")
@@ -1455,15 +1469,16 @@ def exact_local_run(X, y, offsets, omega, lam, xi, iterations, loss="hinge", gam
     history, worst = [], 0.0
 
     def record(k):
-        W = omega @ device_sums(X, alpha, offsets) / (2.0 * lam)
+        W = primal_dual_map(X, alpha, offsets, omega, lam)
         dual = dual_objective(X, y, offsets, alpha, omega, lam, loss, gamma)
         primal = primal_objective(X, y, offsets, W, omega, lam, loss, gamma)
         history.append({"iteration": k, "primal": primal, "dual": dual,
                         "gap": duality_gap(X, y, offsets, alpha, omega, lam, loss, gamma)})
 
+    refuse_overflow(beta * (np.diag(omega) / (2.0 * lam)), "the curvature", ("beta", "lam"))
     record(0)
     for k in range(1, iterations + 1):
-        W = omega @ device_sums(X, alpha, offsets) / (2.0 * lam)
+        W = primal_dual_map(X, alpha, offsets, omega, lam)
         step = np.zeros_like(alpha)
         for t in range(m):
             lo, hi = offsets[t], offsets[t + 1]
@@ -1540,6 +1555,7 @@ def linear_rate(history, *, value="dual", optimum=None, rtol=1e-9):
     (0.5, 0.5)
     """
     value = check_choice(value, "value", ("dual", "gap"))
+    optimum = None if optimum is None else check_real_scalar(optimum, "optimum")
     rtol = check_real_scalar(rtol, "rtol", low=0.0, high=1.0, low_open=True, high_open=True)
     try:
         rows = list(history)
@@ -1551,7 +1567,7 @@ def linear_rate(history, *, value="dual", optimum=None, rtol=1e-9):
     if value == "dual":
         if optimum is None:
             raise ValueError("optimum (D*) is required for value='dual'")
-        v = v - check_real_scalar(optimum, "optimum")
+        v = v - optimum
     if k.size < 3 or not np.all(np.diff(k) > 0) or not np.all(np.isfinite(v)):
         raise ValueError("history must have >= 3 rows with finite values in increasing "
                          "iteration order")

@@ -55,6 +55,10 @@ MAX_ABS = 1e150
 #: Largest distance, in standard errors, from an observation to its nearest grid
 #: point: z^2 / 2 overflows beyond ~1.3e154.
 MAX_Z = 1e150
+#: The most grid points and equal-width bins: finer adds nothing a user can see, and
+#: the arrays they need would no longer fit in memory.
+MAX_GRID = 10**6
+MAX_BINS = 10**7
 #: Warm start: ratio of neighbouring classes of s and the kkt to which the coarse
 #: problem is solved (a start, not an answer: it needs no certificate).
 WARM_CLASS_RATIO = 1.25
@@ -176,14 +180,15 @@ def npmle_normal(x, s, *, grid=None, n_grid=300, bins=None, bin_error=BIN_ERROR,
     s : float or array_like, shape (n,)
         Their standard errors, in [1e-150, 1e150] (heteroskedastic allowed).
     grid : array_like, shape (K,), optional
-        Support points, each ``|u_k| <= 1e150``; every x_i must lie within 1e150
-        s_i of one. Default: ``n_grid`` equally spaced points from min(x) to
-        max(x) (the NPMLE's support lies in that range).
+        Strictly increasing support points (at most 10^6), each
+        ``|u_k| <= 1e150``; every x_i must lie within 1e150 s_i of one.
+        Default: ``n_grid`` equally spaced points from min(x) to max(x) (the
+        NPMLE's support lies in that range).
     n_grid : int
-        Size of the default grid, >= 2.
+        Size of the default grid, 2 to 10^6.
     bins : None, int or "auto"
         None: fit the n observations exactly (n x K likelihood matrix).
-        An int (homoskedastic data only: scalar or constant ``s``): replace the
+        An int in [2, 10^7] (homoskedastic data only: scalar or constant ``s``): replace the
         observations by the midpoints of ``bins`` equal-width bins on
         [min(x), max(x)] with their counts. ``"auto"``: replace them by cells of
         (x, s) chosen so that no observation's log-likelihood moves by more than
@@ -305,10 +310,10 @@ def npmle_binomial(successes, trials, *, grid=None, n_grid=300, tol=1e-8,
     successes, trials : array_like of int, shape (m,)
         z_i and n_i >= 1 with z_i <= n_i.
     grid : array_like, shape (K,), optional
-        Support points in [0, 1]. Default: ``n_grid`` equally spaced points
-        from 0 to 1.
+        Strictly increasing support points in [0, 1] (at most 10^6). Default:
+        ``n_grid`` equally spaced points from 0 to 1.
     n_grid : int
-        Size of the default grid, >= 2.
+        Size of the default grid, 2 to 10^6.
     tol, max_iter
         As in :func:`npmle_normal`.
 
@@ -360,9 +365,19 @@ def npmle_binomial(successes, trials, *, grid=None, n_grid=300, tol=1e-8,
 
 def _grid_iv(grid, n_grid, low, high):
     if grid is not None:
-        return check_finite_array(grid, "grid", ndim=1, max_abs=MAX_ABS).astype(np.float64,
+        grid = check_finite_array(grid, "grid", ndim=1, max_abs=MAX_ABS).astype(np.float64,
                                                                                 copy=True)
-    n_grid = check_int_scalar(n_grid, "n_grid", minimum=2, maximum=INT64_MAX)
+        # The fit's weights, support() and prior_cdf() are reported in grid order: a grid
+        # out of order (or with a repeated point) is almost always a mistake in building it.
+        if grid.size > MAX_GRID:
+            raise ValueError(f"grid must have at most {MAX_GRID} points, got {grid.size}")
+        steps = np.diff(grid)
+        if np.any(steps <= 0):
+            k = int(np.argmax(steps <= 0))
+            raise ValueError(f"grid must be strictly increasing; grid[{k + 1}] = "
+                             f"{grid[k + 1]!r} follows grid[{k}] = {grid[k]!r}")
+        return grid
+    n_grid = check_int_scalar(n_grid, "n_grid", minimum=2, maximum=MAX_GRID)
     return np.linspace(low, high, n_grid)
 
 
@@ -371,7 +386,7 @@ def _bins_iv(bins, s):
         return bins
     if isinstance(bins, str):
         raise ValueError(f"bins must be None, an int >= 2 or 'auto', got {bins!r}")
-    bins = check_int_scalar(bins, "bins", minimum=2)
+    bins = check_int_scalar(bins, "bins", minimum=2, maximum=MAX_BINS)
     if np.ptp(s) != 0:
         raise ValueError("bins needs homoskedastic data (one value of s); got standard "
                          "errors that differ (use bins='auto')")

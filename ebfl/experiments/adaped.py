@@ -136,8 +136,8 @@ def load_clients(dataset, *, seed=0, femnist_root=None, test_fraction=0.2,
     classes_per_client : int
         Classes of each client's images, 1 to 10 (MNIST-like datasets; the paper: 3).
     samples_per_client : int, optional
-        Keep this many of each client's training images, drawn stratified by its
-        classes (all it has if fewer); None keeps all (about 1,100 with 50 clients of
+        Keep this many (2 to 70,000) of each client's training images, drawn
+        stratified by its classes (all it has if fewer); None keeps all (about 1,100 with 50 clients of
         3 classes). The test images are not affected. MNIST-like datasets only: the
         paper does not state this number.
     validation : bool
@@ -241,8 +241,9 @@ def _protocol_iv(dataset, classes_per_client, samples_per_client):
     classes_per_client = check_int_scalar(classes_per_client, "classes_per_client",
                                           minimum=1, maximum=10)
     if samples_per_client is not None:
+        # MNIST and Fashion-MNIST hold 70,000 images in all: a larger "at most" is a typo.
         samples_per_client = check_int_scalar(samples_per_client, "samples_per_client",
-                                              minimum=2)
+                                              minimum=2, maximum=70_000)
     if dataset not in ("mnist", "fashion-mnist") and (
             classes_per_client != 3 or samples_per_client is not None):
         raise ValueError("classes_per_client and samples_per_client apply to mnist and "

@@ -30,7 +30,9 @@ z = 1.5, q = 0.05, 500 rounds): 3.608 at delta = 1e-4, the paper's 3.6. The
 paper's Algorithm 2 divides each group's noisy sum by the round's realized
 count N_i^t, which depends on who took part; the accountant's epsilon is a
 proof for the variant with expected counts (``denominator="expected"``), which
-this module runs on request.
+this module runs on request. Every run record and table row carries
+``guarantee`` (``"proof"`` or ``"conditional"``), ``in_model`` and
+``condition`` beside its epsilon (:func:`ebfl.privacy.guarantee.dp_fedavg_guarantee`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ebfl._validation import check_bool, check_choice, check_int_scalar
+from ebfl.privacy.guarantee import DENOMINATORS, dp_fedavg_guarantee
 
 __all__ = [
     "ALGORITHMS",
@@ -117,6 +120,11 @@ class FedHDPRun:
         The private group's epsilon (inf when nothing is private).
     seconds : float
     history : list of dict
+    privacy : dict
+        What ``epsilon`` is a proof for: ``sampling``, ``denominator``,
+        ``neighboring_relation``, ``accountant_model``, ``in_model``,
+        ``guarantee`` (``"proof"`` or ``"conditional"``) and ``condition``
+        (:func:`ebfl.privacy.guarantee.dp_fedavg_guarantee`).
     """
 
     algorithm: str
@@ -127,10 +135,13 @@ class FedHDPRun:
     epsilon: float
     seconds: float
     history: list = field(default_factory=list)
+    privacy: dict = field(default_factory=dict)
 
     def to_dict(self):
+        """The metrics, the epsilon with its conditions (no model text), and the time."""
+        terms = {k: v for k, v in self.privacy.items() if k != "accountant_model"}
         return {"algorithm": self.algorithm, "r": self.r, "lambda": self.lam, "seed": self.seed,
-                **self.metrics, "epsilon": self.epsilon, "seconds": self.seconds}
+                **self.metrics, "epsilon": self.epsilon, **terms, "seconds": self.seconds}
 
 
 def _mean_var(acc):
@@ -243,6 +254,7 @@ def run_fedhdp(fed, algorithm, *, r=None, lam=0.005, protocol=MNIST_PROTOCOL, ro
     from ebfl.learning.torch.functional import check_device, client_forward
 
     algorithm = check_choice(algorithm, "algorithm", ALGORITHMS)
+    denominator = check_choice(denominator, "denominator", DENOMINATORS)
     device = check_device(device)
     p = dict(protocol)
     for key, value in (("rounds", rounds), ("local_epochs", local_epochs),
@@ -285,8 +297,11 @@ def run_fedhdp(fed, algorithm, *, r=None, lam=0.005, protocol=MNIST_PROTOCOL, ro
         epsilon = float(dp_fedavg_epsilon(sampling_rate=k / fed.n_clients,
                                           noise_multiplier=p["noise_multiplier"],
                                           rounds=p["rounds"], delta=p["delta"]).epsilon)
+    # the run samples by Poisson (train above); whether it divides by the expected count
+    # decides whether the epsilon is a proof for it
+    terms = dp_fedavg_guarantee(sampling="poisson", denominator=alg.denominator)
     return FedHDPRun(algorithm, r, lam, seed, metrics, epsilon, time.perf_counter() - t0,
-                     res.history)
+                     res.history, terms)
 
 
 def load_federation(dataset, *, quick=False, seed=0, directory=None, download=True):
@@ -339,8 +354,11 @@ def reproduce_fedhdp(dataset="mnist", *, table="3", lam=0.005, ratios=None, seed
     Returns
     -------
     dict
-        ``rows`` (ours, mean and sd over seeds, beside the paper's values),
-        ``runs`` (every run), ``federation``, ``protocol``, ``seconds``.
+        ``rows`` (ours, mean and sd over seeds, beside the paper's values,
+        with ``epsilon`` and its ``guarantee``, ``in_model``, ``condition``),
+        ``runs`` (every run), ``privacy`` (what the epsilon is a proof for:
+        ``guarantee="conditional"`` for ``denominator="realized"``),
+        ``federation``, ``protocol``, ``seconds``.
     """
     from pathlib import Path
 
@@ -350,6 +368,7 @@ def reproduce_fedhdp(dataset="mnist", *, table="3", lam=0.005, ratios=None, seed
     dataset = check_choice(dataset, "dataset", tuple(DATASETS))
     device = check_device(device)  # before any data is loaded
     table = check_choice(str(table), "table", ("3", "sweep"))
+    denominator = check_choice(denominator, "denominator", DENOMINATORS)
     quick = check_bool(quick, "quick")
     seeds = [check_int_scalar(s, "seeds", minimum=0) for s in np.atleast_1d(seeds).tolist()]
     if not seeds:
@@ -390,11 +409,14 @@ def reproduce_fedhdp(dataset="mnist", *, table="3", lam=0.005, ratios=None, seed
             row[key] = float(values.mean())
             row[f"{key}_sd"] = float(values.std(ddof=1)) if values.size > 1 else math.nan
         row["epsilon"] = mine[0].epsilon
+        row.update({k: mine[0].privacy[k] for k in ("in_model", "guarantee", "condition")})
         row["seconds"] = float(sum(x.seconds for x in mine))
         row["paper"] = _paper_row(paper, algorithm, r, lam_)
         rows.append(row)
     return {"dataset": dataset, "table": table, "quick": quick, "seeds": seeds,
-            "protocol": protocol, "denominator": denominator, "federation": fed.to_dict(),
+            "protocol": protocol, "denominator": denominator,
+            "privacy": dp_fedavg_guarantee(sampling="poisson", denominator=denominator),
+            "federation": fed.to_dict(),
             "rows": rows, "runs": [x.to_dict() for x in runs],
             "seconds": time.perf_counter() - t0}
 

@@ -29,22 +29,44 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import time
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
 
-from ebfl._validation import check_bool, check_choice, check_int_scalar
+from ebfl._validation import (
+    check_bool,
+    check_choice,
+    check_int_scalar,
+    check_nonnegative_scalar,
+    check_positive_scalar,
+    check_real_scalar,
+)
 from ebfl.privacy.accounting import quiet_absl
 
 __all__ = ["FULL", "QUICK", "PerAdaProtocol", "TABLE1_METHODS", "plot_perada", "reproduce_perada",
            "run_method"]
 
 
+#: Most seeds (runs per setting) of one reproduction, and most rounds of a run.
+MAX_SEEDS = 10_000
+MAX_ROUNDS = 10**6
+#: Largest seed: the torch streams take seeds below 2^63.
+MAX_SEED = 2**63 - 1
+
+
 @dataclass(frozen=True)
 class PerAdaProtocol:
-    """One reproduction's settings (``FULL`` and ``QUICK`` below)."""
+    """One reproduction's settings (``FULL`` and ``QUICK`` below); checked when built.
+
+    Counts are integers (``rounds`` at most 10^6, ``clients_per_round`` at most
+    ``n_clients``), rates and the clip > 0, ``lam`` >= 0, ``dropout`` in [0, 1),
+    ``delta`` in (0, 1); ``dp_epsilons``, ``lambdas`` and ``kd_step_grid`` are
+    non-empty sequences of such values.
+    """
 
     n_clients: int = 20
     alpha: float = 0.1
@@ -71,6 +93,55 @@ class PerAdaProtocol:
     dp_clip: float = 1.0
     lambdas: tuple = (0.02, 0.2, 2.0, 20.0, 200.0)
     kd_step_grid: tuple = (0, 10, 40)
+
+    def __post_init__(self):
+        # ebfl.learning.torch.perada's MAX_KD_STEPS (10**6), not imported: FULL and QUICK
+        # are built on import, and this module must import without torch.
+        MAX_KD_STEPS = 10**6  # noqa: N806
+        from ebfl.learning.partition import MAX_ALPHA
+
+        def count(name, minimum, maximum=None):
+            return check_int_scalar(getattr(self, name), name, minimum=minimum,
+                                    maximum=maximum)
+
+        def grid(name, check):
+            values = getattr(self, name)
+            if isinstance(values, str) or not hasattr(values, "__iter__"):
+                raise TypeError(f"{name} must be a sequence of numbers, got {values!r}")
+            values = tuple(check(v, f"{name}[{i}]") for i, v in enumerate(values))
+            if not values:
+                raise ValueError(f"{name} must hold at least one value")
+            return values
+
+        checked = {
+            "n_clients": count("n_clients", 1, 10**6),
+            "alpha": check_real_scalar(self.alpha, "alpha", low=0.0, high=MAX_ALPHA,
+                                       low_open=True),
+            **{n: count(n, 1, 10**6) for n in ("n_train", "n_test", "n_ood")},
+            "n_aux": count("n_aux", 0, 10**6), "rounds": count("rounds", 1, MAX_ROUNDS),
+            **{n: count(n, 1, 2**31 - 1) for n in ("local_steps", "batch_size",
+                                                   "kd_batch_size")},
+            "kd_steps": count("kd_steps", 0, MAX_KD_STEPS),
+            "kd_optimizer": check_choice(self.kd_optimizer, "kd_optimizer", ("sgd", "adam")),
+            "kd_rounds": None if self.kd_rounds is None else count("kd_rounds", 0),
+            "dropout": check_real_scalar(self.dropout, "dropout", low=0.0, high=1.0,
+                                         high_open=True),
+            "pretrain_epochs": count("pretrain_epochs", 1, 10**6),
+            "pretrain_n_train": (None if self.pretrain_n_train is None
+                                 else count("pretrain_n_train", 1)),
+            **{n: check_positive_scalar(getattr(self, n), n) for n in ("lr", "kd_lr",
+                                                                        "dp_clip")},
+            "lam": check_nonnegative_scalar(self.lam, "lam"),
+            "delta": check_real_scalar(self.delta, "delta", low=0.0, high=1.0, low_open=True,
+                                       high_open=True),
+            "dp_epsilons": grid("dp_epsilons", check_positive_scalar),
+            "lambdas": grid("lambdas", check_nonnegative_scalar),
+            "kd_step_grid": grid("kd_step_grid", lambda v, n: check_int_scalar(
+                v, n, minimum=0, maximum=MAX_KD_STEPS)),
+        }
+        checked["clients_per_round"] = count("clients_per_round", 1, checked["n_clients"])
+        for f in fields(self):
+            object.__setattr__(self, f.name, checked[f.name])
 
 
 #: The CPU-scale reproduction.
@@ -107,6 +178,8 @@ TABLE1_METHODS = (
     ("PerAda w/o KD", "Adapter"),
     ("PerAda", "Adapter"),
 )
+#: Every method :func:`run_method` trains: Table 1's rows and FedDF (Table 2).
+METHODS = (*(m for m, _ in TABLE1_METHODS), "FedDF")
 #: The partial-personalization rows (Pillutla et al.'s split of the model).
 PARTIAL = ("FedBN", "LG-FedAvg", "FedRep", "FedAlt (input)", "FedSim (input)",
            "FedAlt (output)", "FedSim (output)", "FedAlt (adapter)", "FedSim (adapter)")
@@ -122,25 +195,74 @@ PARTS = ("table1", "table2", "figure4", "figure7", "table4")
 
 # --- building blocks ---------------------------------------------------------------------------
 
+def _check_backbone_weights(arch, weights, *, names=None):
+    """Check the pair (architecture, backbone weights) and read the weights.
+
+    ``arch="resnet18"`` needs ``weights``: a torchvision-format ResNet-18
+    state dict, or the path of a file holding one; it is read (``torch.load``
+    with ``weights_only=True``) and checked (keys, shapes, finite values). The
+    small architecture pretrains its own backbone, so weights are refused with
+    it rather than ignored.
+
+    Parameters
+    ----------
+    arch : {"small", "resnet18"}
+    weights : path-like, dict name -> Tensor, or None
+    names : dict, optional
+        How the messages call ``arch``, ``backbone_weights`` and ``cache_dir``
+        (e.g. the command line's ``--arch``); default: these names.
+
+    Returns
+    -------
+    SimpleNamespace or None
+        The ResNet-18 backbone (``state``, ``config``, ``test_accuracy``,
+        ``seconds``) for ``"resnet18"``, None for ``"small"``.
+
+    Raises
+    ------
+    ValueError
+        A missing, unreadable, truncated or foreign file, the state dict of
+        another architecture or with NaN/inf values, weights with ``"small"``,
+        no weights with ``"resnet18"``; the message names the argument.
+    """
+    from types import SimpleNamespace
+
+    names = {"arch": "arch", "backbone_weights": "backbone_weights", "cache_dir": "cache_dir",
+             **(names or {})}
+    arch_name, name = names["arch"], names["backbone_weights"]
+    arch = check_choice(arch, arch_name, ("small", "resnet18"))
+    if weights is None:
+        if arch == "resnet18":
+            raise ValueError(f"{arch_name} 'resnet18' needs {name}: a torchvision-format "
+                             "ResNet-18 state_dict file (ImageNet weights)")
+        return None
+    if arch == "small":
+        raise ValueError(f"{name} is only used with {arch_name} 'resnet18': the 'small' "
+                         f"backbone is pretrained by ebfl (on Fashion-MNIST, cached in "
+                         f"{names['cache_dir']}) and no weights file replaces it; drop {name} "
+                         f"or use {arch_name} 'resnet18'")
+    if not isinstance(weights, str | os.PathLike | Mapping):
+        raise TypeError(f"{name} must be the path of a ResNet-18 state_dict file (or a state "
+                        f"dict), got {type(weights).__name__}")
+    from ebfl.learning.torch.adapters import ResNet18Adapters, _copy_backbone, _weights_iv
+    from ebfl.learning.torch.functional import model_state
+
+    t0 = time.perf_counter()
+    state = _weights_iv(weights, name)  # an unreadable file fails before the model is built
+    net = ResNet18Adapters(1000, 3, adapters=False)
+    _copy_backbone(net, state, name)
+    source = (f"ImageNet weights from {os.fspath(weights)}"
+              if isinstance(weights, str | os.PathLike) else "ImageNet weights (a state dict)")
+    return SimpleNamespace(state=model_state(net), test_accuracy=None,
+                           config={"dataset": source}, seconds=time.perf_counter() - t0)
+
+
 def _backbone(protocol, *, dataset, arch="small", weights=None, cache_dir=None,
               progress=False):
     """The pretrained backbone: ebfl's small ResNet pretrained on Fashion-MNIST (for the
     MNIST target), or ResNet-18 with the user's ImageNet weights; None on synthetic data."""
-    from types import SimpleNamespace
-
     if arch == "resnet18":
-        from ebfl.learning.torch.adapters import ResNet18Adapters, load_torchvision_weights
-        from ebfl.learning.torch.functional import model_state
-
-        if weights is None:
-            raise ValueError("arch 'resnet18' needs backbone_weights: a torchvision-format "
-                             "ResNet-18 state_dict file (ImageNet weights)")
-        net = ResNet18Adapters(1000, 3, adapters=False)
-        t0 = time.perf_counter()
-        load_torchvision_weights(net, weights)
-        return SimpleNamespace(state=model_state(net), test_accuracy=None,
-                               config={"dataset": f"ImageNet weights from {weights}"},
-                               seconds=time.perf_counter() - t0)
+        return _check_backbone_weights(arch, weights)
     if dataset == "synthetic":
         return None
     from ebfl.learning.torch.pretrain import pretrained_backbone
@@ -247,11 +369,25 @@ def run_method(name, data, protocol, backbone, *, seed=0, progress=False, cache=
     ``device``: where the model trains and is evaluated ("cpu", "cuda", "cuda:N";
     see :func:`ebfl.learning.torch.train`).
     """
+    from ebfl.experiments.perada_data import PerAdaData
     from ebfl.learning.torch.engine import run_config, train
     from ebfl.learning.torch.functional import check_device
     from ebfl.learning.torch.generalization import generalization_report
 
     device = check_device(device)
+    name = check_choice(name, "name", METHODS)
+    if not isinstance(data, PerAdaData):
+        raise TypeError(f"data must be a PerAdaData (ebfl.experiments.perada_data), got "
+                        f"{type(data).__name__}")
+    if not isinstance(protocol, PerAdaProtocol):
+        raise TypeError(f"protocol must be a PerAdaProtocol, got {type(protocol).__name__}")
+    if backbone is not None and not isinstance(getattr(backbone, "state", None), Mapping):
+        raise TypeError("backbone must be None or a pretrained backbone with a state dict "
+                        f"(a PretrainedBackbone), got {type(backbone).__name__}")
+    seed = check_int_scalar(seed, "seed", minimum=0, maximum=MAX_SEED)
+    progress = check_bool(progress, "progress")
+    if cache is not None and not isinstance(cache, str | os.PathLike):
+        raise TypeError(f"cache must be a path, got {type(cache).__name__}")
 
     if cache is not None and Path(cache).is_file():
         return json.loads(Path(cache).read_text())
@@ -414,8 +550,9 @@ def reproduce_perada(*, dataset="mnist", quick=False, parts=PARTS, seeds=(0,), r
     parts : sequence of {"table1", "table2", "figure4", "figure7", "table4"}
         Run in the order given.
     seeds : sequence of int
+        At most 10,000 seeds, each in [0, 2^63 - 1].
     rounds : int, optional
-        Override the protocol's rounds.
+        Override the protocol's rounds, in [1, 10^6].
     checkpoint_dir : path-like, optional
         One JSON per finished run: an interrupted reproduction resumes run by run.
     directory : path-like, optional
@@ -427,7 +564,9 @@ def reproduce_perada(*, dataset="mnist", quick=False, parts=PARTS, seeds=(0,), r
         with the official code's CIFAR-10 settings (a GPU-scale job; ``quick``
         shrinks it to a shape check).
     backbone_weights : path-like, optional
-        The torchvision-format ImageNet state_dict of ResNet-18, for ``arch="resnet18"``.
+        The torchvision-format ImageNet state_dict of ResNet-18, for
+        ``arch="resnet18"`` (required there, refused with ``"small"``, whose
+        backbone ebfl pretrains); read and checked before any data is loaded.
     device : None, str or torch.device
         Where the federated runs train and are evaluated: "cpu" (None), "cuda"
         or "cuda:N" (see :func:`ebfl.learning.torch.train`). The backbone's
@@ -442,23 +581,45 @@ def reproduce_perada(*, dataset="mnist", quick=False, parts=PARTS, seeds=(0,), r
     """
     from ebfl.learning.torch.functional import check_device
 
+    # every argument is checked here, before the backbone is pretrained or data loaded
     dataset = check_choice(dataset, "dataset", DATASETS)
     quick = check_bool(quick, "quick")
-    device = check_device(device)  # before the backbone is pretrained or data loaded
+    progress = check_bool(progress, "progress")
+    device = check_device(device)
+    if isinstance(parts, str):
+        parts = [parts]
     parts = list(dict.fromkeys(check_choice(p, "parts", PARTS) for p in parts))
-    seeds = [check_int_scalar(s, "seeds", minimum=0) for s in np.atleast_1d(seeds).tolist()]
+    if not parts:
+        raise ValueError(f"parts must name at least one of {list(PARTS)}")
+    if isinstance(seeds, np.ndarray):
+        seeds = seeds.tolist() if seeds.ndim == 1 else [seeds.item()] if seeds.ndim == 0 else None
+    if seeds is None or isinstance(seeds, str | bytes | Mapping):
+        raise TypeError("seeds must be a seed or a sequence of seeds (integers >= 0)")
+    if not hasattr(seeds, "__len__"):
+        seeds = [seeds]  # one seed
+    if len(seeds) > MAX_SEEDS:  # counted before a range(...) of seeds is expanded
+        raise ValueError(f"seeds must hold at most {MAX_SEEDS} seeds, got {len(seeds)}")
+    seeds = [check_int_scalar(s, "seeds", minimum=0, maximum=MAX_SEED) for s in seeds]
     if not seeds:
         raise ValueError("seeds must name at least one seed")
     arch = check_choice(arch, "arch", ("small", "resnet18"))
     if arch == "resnet18" and dataset != "cifar10":
         raise ValueError(f"arch 'resnet18' runs on dataset 'cifar10' (3-channel images), got "
                          f"{dataset!r}")
+    for name, path in (("checkpoint_dir", checkpoint_dir), ("directory", directory),
+                       ("cache_dir", cache_dir)):
+        if path is not None and not isinstance(path, str | os.PathLike):
+            raise TypeError(f"{name} must be a path, got {type(path).__name__}")
+        if path is not None and Path(path).exists() and not Path(path).is_dir():
+            raise ValueError(f"{name} must be a folder, got the file {os.fspath(path)}")
     protocol = QUICK if quick else (PAPER if arch == "resnet18" else FULL)
     if rounds is not None:
-        protocol = replace(protocol, rounds=check_int_scalar(rounds, "rounds", minimum=1))
+        protocol = replace(protocol, rounds=check_int_scalar(rounds, "rounds", minimum=1,
+                                                             maximum=MAX_ROUNDS))
+    resnet18 = _check_backbone_weights(arch, backbone_weights)  # read before any data
     t0 = time.perf_counter()
-    backbone = _backbone(protocol, dataset=dataset, arch=arch, weights=backbone_weights,
-                         cache_dir=cache_dir, progress=progress)
+    backbone = resnet18 or _backbone(protocol, dataset=dataset, arch=arch, cache_dir=cache_dir,
+                                     progress=progress)
     data = load_data(dataset, protocol, seed=0, directory=directory)
     ckdir = None if checkpoint_dir is None else Path(checkpoint_dir)
     # the protocol's digest in every file name: a changed setting never reuses a stale run
@@ -633,6 +794,11 @@ def plot_perada(result, path):
     str
         The path written.
     """
+    if not isinstance(result, Mapping):
+        raise TypeError(f"result must be the dict of reproduce_perada, got "
+                        f"{type(result).__name__}")
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"path must be a path, got {type(path).__name__}")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -175,6 +175,18 @@ def _common_iv(n_clients, alpha, least_per_class, server_fraction, seed):
     return n_clients, alpha, least, server_fraction, seed
 
 
+def _directory_iv(directory):
+    """The data home given as ``directory`` (None: the default one)."""
+    import os
+    from pathlib import Path
+
+    if directory is None:
+        return None
+    if not isinstance(directory, str | os.PathLike):
+        raise TypeError(f"directory must be a path, got {type(directory).__name__}")
+    return Path(directory).expanduser()
+
+
 def _size_iv(value, name, available, *, minimum=1):
     """A subset size in [minimum, available]; None means all."""
     if value is None:
@@ -334,7 +346,6 @@ def perada_mnist(*, n_clients=20, alpha=0.1, n_train=12000, n_test=2000, server_
     >>> data = perada_mnist(seed=0)  # doctest: +SKIP
     >>> print(data.describe())  # doctest: +SKIP
     """
-    from pathlib import Path
 
     from ebfl.datasets import load_fashion_mnist, load_mnist
 
@@ -345,7 +356,7 @@ def perada_mnist(*, n_clients=20, alpha=0.1, n_train=12000, n_test=2000, server_
     n_aux = check_int_scalar(n_aux, "n_aux", minimum=0, maximum=10000)
     names, severities = _corruptions_iv(corruptions, severities)
     download = check_bool(download, "download")
-    root = None if directory is None else Path(directory).expanduser()
+    root = _directory_iv(directory)
     folder = (lambda sub: None if root is None else root / sub)  # noqa: E731
     train = load_mnist("train", directory=folder("mnist"), download=download)
     test = load_mnist("test", directory=folder("mnist"), download=download)
@@ -547,7 +558,6 @@ def perada_cifar10(*, directory=None, n_clients=20, alpha=0.1, aux="cifar100", n
     >>> sorted(data.ood)  # doctest: +SKIP
     ['cifar10-c/fog', 'cifar10.1']
     """
-    from pathlib import Path
 
     from ebfl.datasets.cifar import (
         CIFAR10_C_CORRUPTIONS,
@@ -569,7 +579,7 @@ def perada_cifar10(*, directory=None, n_clients=20, alpha=0.1, aux="cifar100", n
     if n_ood is not None:
         n_ood = check_int_scalar(n_ood, "n_ood", minimum=1, maximum=10**6)
     download = check_bool(download, "download")
-    root = None if directory is None else Path(directory).expanduser()
+    root = _directory_iv(directory)
     folder = (lambda sub: None if root is None else root / sub)  # noqa: E731
     train = load_cifar10("train", directory=folder("cifar10"), download=download)
     test = load_cifar10("test", directory=folder("cifar10"), download=download)

@@ -22,7 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from ebfl._validation import INT64_MAX, check_bool, check_positive_scalar
+from ebfl.federated.faults import check_failures, parse_failures
 from ebfl.federated.jobs import LEARNING, settings_of
+from ebfl.federated.protocol import RunConfig
 
 __all__ = ["APP_MODULE", "CONNECTION", "FLOWER_OPTIONS", "connection_toml", "write_app"]
 
@@ -54,8 +56,8 @@ def write_app(directory, settings, *, superlink="127.0.0.1:9093", overwrite=Fals
     Parameters
     ----------
     directory : str or path-like
-        Where the app goes; created if missing. It must be empty unless
-        ``overwrite``.
+        Where the app goes; created if missing (in an existing folder: missing
+        parents are not created). It must be empty unless ``overwrite``.
     settings : dict
         The job (keys of :func:`ebfl.federated.jobs.build_job`, e.g.
         ``algorithm``, ``clients``, ``rounds``, ``seed``, ``clients-per-round``,
@@ -205,6 +207,12 @@ def _run_config(settings):
         if not isinstance(options[key], str | Path):
             raise TypeError(f"{key} must be a string, got {options[key]!r}")
         options[key] = str(options[key])
+    # The form here, and the rounds and clients where the settings fix them (the
+    # ServerApp checks the rest, against the job it builds, before its first round).
+    parse_failures(options["failures"])
+    if job["clients"] is not None and options["failures"].strip():
+        check_failures(options["failures"], RunConfig(n_clients=job["clients"],
+                                                      rounds=job["rounds"]), everyone=True)
     ordered = {"algorithm": job.pop("algorithm"), **job}
     return {**{k: _toml_scalar(k, v) for k, v in ordered.items()}, **options}
 
@@ -235,10 +243,15 @@ def _prepare_directory(directory, overwrite):
         raise TypeError(f"directory must be a path, got {directory!r}") from None
     if path.exists() and not path.is_dir():
         raise ValueError(f"directory {str(path)!r} exists and is not a directory")
+    parent = path.parent
+    if not path.exists() and not parent.is_dir():  # a typo in a parent is not created
+        state = "is a file, not a folder" if parent.exists() else "does not exist"
+        raise ValueError(f"directory {str(path)!r}: its parent folder {str(parent)!r} {state}"
+                         f"{'' if parent.exists() else '; create it first'}")
     if path.is_dir() and any(path.iterdir()) and not overwrite:
         raise ValueError(f"directory {str(path)!r} is not empty; pass overwrite=True to "
                          "write the app into it anyway")
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(exist_ok=True)
     return path
 
 

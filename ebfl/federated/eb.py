@@ -34,8 +34,8 @@ replied: a failed client computes its posterior from the prior it receives in
 the next round, with its own data (for the leave-one-out estimators its
 "others" are then all the clients of the fit). A client that fails in round 1
 computes its posterior in the next round it runs (its state keeps NaN until
-then). When fewer clients reply than the fit needs, the server warns and asks
-again in the next round; clients that released before send their stored
+then). When fewer clients reply than the fit needs (none at all included), the
+server warns and asks again in the next round; clients that released before send their stored
 release again, never a fresh noisy one.
 
 Messages (float64 arrays)
@@ -173,6 +173,8 @@ class _EmpiricalBayes(FederatedAlgorithm):
     _has_variance = True
     #: Fewest replies the fit needs.
     min_clients = 2
+    #: A fitting round without any reply is reported (warned), as one with too few.
+    aggregate_empty = True
 
     # ---- server half
     def init_server(self, run):
@@ -184,9 +186,9 @@ class _EmpiricalBayes(FederatedAlgorithm):
         return {"request": _scalar(rc.round)}
 
     def aggregate(self, server, replies, weights, rc):
-        if "prior" in server or not replies:
+        if "prior" in server:
             return server
-        k = len(rc.clients)
+        k = 0 if replies is None else len(rc.clients)
         if k < self.min_clients:
             warnings.warn(f"{self.name}: {k} client(s) replied in round {rc.round}; the prior "
                           f"needs at least {self.min_clients}, so the server asks again next "

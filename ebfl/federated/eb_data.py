@@ -17,6 +17,8 @@ import numpy as np
 
 from ebfl._kernels import _client_mean_ssd
 from ebfl._validation import (
+    INT64_MAX,
+    as_generator,
     check_choice,
     check_counts,
     check_finite_array,
@@ -25,6 +27,7 @@ from ebfl._validation import (
     check_standard_errors,
 )
 from ebfl.eb.beta_binomial import _counts_iv, bernoulli_counts
+from ebfl.federated.protocol import client_ids
 from ebfl.models import BetaBernoulliPopulation, GaussianPopulation
 from ebfl.ragged import Ragged
 
@@ -39,6 +42,12 @@ __all__ = [
 
 #: Largest |mean| of a Gaussian client (squares stay finite), as in :func:`ebfl.gaussian_eb`.
 MAX_ABS_MEAN = 1e150
+#: Most raw observations a simulated dataset draws (sum of n over the clients): every
+#: one is drawn before the clients' summaries are taken (about 2.4 GB of working memory
+#: at this bound), so a larger request is refused before anything is allocated.
+MAX_OBSERVATIONS = 10**8
+#: Largest |mean|, sigma_theta and sigma_x of :func:`simulated_means` (see there).
+MAX_SIMULATED_SCALE = 1e148
 
 
 # --------------------------------------------------------------------------- client data
@@ -69,8 +78,10 @@ def _labels_iv(labels, m):
     return _optional_column(labels, "labels", m, lambda v: np.asarray(v, dtype=str))
 
 
-def _rows(ids):
-    return np.asarray(ids, dtype=np.int64).reshape(-1)
+def _rows(ids, m):
+    """Client positions: integers in [0, m - 1] (a float or negative id is refused, never
+    truncated or counted from the end)."""
+    return client_ids(ids, "ids", m)
 
 
 def _take(arr, rows):
@@ -133,7 +144,7 @@ class ClientCounts:
 
     def subset(self, ids):
         """The clients ``ids`` (positions in this object), in that order."""
-        rows = _rows(ids)
+        rows = _rows(ids, self.n_clients)
         return ClientCounts(self.successes[rows], self.trials[rows], _take(self.truth, rows),
                             _take(self.labels, rows))
 
@@ -247,13 +258,35 @@ class ClientMeans:
 
     def subset(self, ids):
         """The clients ``ids`` (positions in this object), in that order."""
-        rows = _rows(ids)
+        rows = _rows(ids, self.n_clients)
         return ClientMeans(self.mean[rows], _take(self.count, rows), _take(self.ssd, rows),
                            _take(self.se, rows), _take(self.truth, rows),
                            _take(self.labels, rows))
 
 
 # --------------------------------------------------------------------------- datasets
+
+
+def _draw_iv(n_clients, n, seed):
+    """Check the size of a simulated draw before anything is allocated; the generator of
+    ``seed`` (named ``seed`` in errors, not the population's ``rng``)."""
+    m = check_int_scalar(n_clients, "n_clients", minimum=1, maximum=MAX_OBSERVATIONS)
+    try:
+        scalar = np.ndim(n) == 0
+    except (TypeError, ValueError):  # ragged: the population's check says so
+        scalar = None
+    if scalar:
+        value = n.item() if isinstance(n, np.ndarray) else n
+        total = m * check_int_scalar(value, "n", minimum=1, maximum=INT64_MAX)
+    elif scalar is False:
+        total = float(check_counts(n, "n", minimum=1).sum(dtype=np.float64))
+    else:
+        total = 0
+    if total > MAX_OBSERVATIONS:
+        raise ValueError(f"n_clients and n: the simulation draws every raw observation (the "
+                         f"sum of n over the clients), at most {MAX_OBSERVATIONS}; "
+                         f"n_clients={m} and n ask for {total:.6g}")
+    return as_generator(seed, "seed")
 
 
 def simulated_counts(n_clients=500, n=14, *, alpha=2.0, beta=2.0, seed=0):
@@ -267,11 +300,12 @@ def simulated_counts(n_clients=500, n=14, *, alpha=2.0, beta=2.0, seed=0):
     n_clients : int
         m >= 1.
     n : int or array_like of int
-        Observations per client, >= 1.
+        Observations per client, >= 1. At most 10^8 observations in all
+        (``n_clients * n``), drawn one by one.
     alpha, beta : float
         The population prior, in (0, 1e300].
     seed : int
-        Seed of the draw.
+        Seed of the draw (>= 0).
 
     Returns
     -------
@@ -284,7 +318,8 @@ def simulated_counts(n_clients=500, n=14, *, alpha=2.0, beta=2.0, seed=0):
     >>> data.n_clients, int(data.trials[0])
     (100, 14)
     """
-    sample = BetaBernoulliPopulation(alpha, beta).sample(n_clients, n, rng=seed)
+    population = BetaBernoulliPopulation(alpha, beta)
+    sample = population.sample(n_clients, n, rng=_draw_iv(n_clients, n, seed))
     return ClientCounts.from_bernoulli(sample.data, truth=sample.theta)
 
 
@@ -304,10 +339,12 @@ def simulated_means(n_clients=500, n=SIMULATED_N, *, mean=0.0, sigma_theta=SIMUL
     n_clients, n, seed
         As in :func:`simulated_counts`.
     mean : float
-        Population mean mu.
+        Population mean mu, in [-1e148, 1e148].
     sigma_theta, sigma_x : float
         Population and observation standard deviations (see
-        :class:`ebfl.GaussianPopulation`).
+        :class:`ebfl.GaussianPopulation`), in [0, 1e148] and (0, 1e148]: the
+        simulated client means then stay inside :class:`ClientMeans`' range
+        [-1e150, 1e150].
 
     Returns
     -------
@@ -320,8 +357,15 @@ def simulated_means(n_clients=500, n=SIMULATED_N, *, mean=0.0, sigma_theta=SIMUL
     >>> data.n_clients, int(data.count[0])
     (50, 15)
     """
-    mean = check_real_scalar(mean, "mean", low=-1e300, high=1e300)
-    sample = GaussianPopulation(mean, sigma_theta, sigma_x).sample(n_clients, n, rng=seed)
+    # mean + sigma_theta z + sigma_x z' with |z| < 40 (numpy's normal draws stay far
+    # inside): below 1e150 whatever the draw, so a bad scale is named here, not as "mean"
+    mean = check_real_scalar(mean, "mean", low=-MAX_SIMULATED_SCALE, high=MAX_SIMULATED_SCALE)
+    sigma_theta = check_real_scalar(sigma_theta, "sigma_theta", low=0.0,
+                                    high=MAX_SIMULATED_SCALE)
+    sigma_x = check_real_scalar(sigma_x, "sigma_x", low=0.0, high=MAX_SIMULATED_SCALE,
+                                low_open=True)
+    population = GaussianPopulation(mean, sigma_theta, sigma_x)
+    sample = population.sample(n_clients, n, rng=_draw_iv(n_clients, n, seed))
     return ClientMeans.from_samples(sample.data, truth=sample.theta)
 
 
@@ -337,6 +381,8 @@ def _election_split(matrix, held_out, path):
         matrix = election_matrix(load_county_returns(path))
     elif not isinstance(matrix, ElectionMatrix):
         raise TypeError(f"matrix must be an ElectionMatrix, got {type(matrix).__name__}")
+    elif path is not None:  # it would be ignored
+        raise ValueError("give matrix or path (the returns file to build it from), not both")
     folds = len(matrix.years)
     if folds < 2:
         raise ValueError(f"matrix must hold at least 2 elections (one held out), got {folds}")

@@ -62,11 +62,14 @@ import numpy as np
 #: no dependency installs at run time, Ray's usage statistics off, and Ray on one
 #: machine only: with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 every Ray server listens on
 #: 127.0.0.1 (by default Ray 2.55 binds the machine's network address and wildcards).
+#: Ray's workers, which run every ClientApp, at the ordinary priority: Ray's default
+#: niceness 15 lets any other busy process on the machine starve them (beside two
+#: CPU-burning processes on 2 cores, a 6-client simulation's start-up took over 120 s).
 FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
               "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
               "RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_DOCKER_CPU_WARNING": "1",
               "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
-              "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+              "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_worker_niceness": "0"}
 
 
 def apply_flower_env():
@@ -91,6 +94,7 @@ from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.common.logger import log  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
+from ebfl.federated.faults import check_failures, parse_failures  # noqa: E402
 from ebfl.federated.jobs import build_job  # noqa: E402
 from ebfl.federated.protocol import RoundContext, sample_clients  # noqa: E402
 from ebfl.federated.runtime import RunResult, history_row  # noqa: E402
@@ -141,19 +145,6 @@ def _job_settings(run_config):
     return {k: v for k, v in run_config.items() if k not in FLOWER_KEYS}
 
 
-def parse_failures(text):
-    """``"1:0,2:3"`` (round:client pairs, 0-based) as {round: {clients}}."""
-    out = {}
-    for item in filter(None, (t.strip() for t in str(text or "").split(","))):
-        try:
-            r, c = (int(v) for v in item.split(":"))
-        except ValueError:
-            raise ValueError(f"failures must be round:client pairs like '1:0,2:3', got "
-                             f"{item!r}") from None
-        out.setdefault(r, set()).add(c)
-    return out
-
-
 # ------------------------------------------------------------------ client half
 
 def client_app(settings=None):
@@ -197,7 +188,8 @@ def client_app(settings=None):
             raise SimulatedFailure(f"client {cid} told to fail in round {r}")
         client = _load_state(context, f"{STATE_KEY}-{head['job']}", alg, cfg, data, cid)
         message = decode(msg.content["payload"], alg.array_api)
-        rc = RoundContext(cfg, r, np.array([cid]))
+        # the round's context for the client half ("collect" carries no round: -1)
+        rc = RoundContext(cfg, r, np.array([cid])) if phase in ("train", "idle") else None
         reply = {}
         with _numerics(alg):  # denormals flushed for torch, as the in-process engine does
             if phase == "train":
@@ -292,6 +284,8 @@ def run_server(grid, run_config, *, job=0):
     """
     built = build_job(_job_settings(run_config))
     alg, cfg = built.algorithm, built.config
+    # failures the clients would apply: checked against the run before any round starts
+    check_failures(run_config.get("failures", ""), cfg, everyone=alg.all_clients_train)
     timeout = float(run_config.get("round-timeout", 120.0))
     _msg = functools.partial(_message, job=job)
     node_of, weights = _hello(grid, cfg.n_clients, float(run_config.get("hello-timeout", 120.0)),
@@ -438,7 +432,8 @@ def simulate(settings, *, failures=None, collect_states=True, round_timeout=600.
     collect_states : bool
         Collect every client's final persistent state into the result.
     round_timeout : float
-        Seconds the server waits for a round's replies.
+        Seconds the server waits for a round's replies, and for every node's first
+        reply at the start.
     verbose : bool
         Flower's and Ray's logs.
 
@@ -448,14 +443,19 @@ def simulate(settings, *, failures=None, collect_states=True, round_timeout=600.
     """
     from flwr.simulation import run_simulation
 
-    if isinstance(failures, dict):
-        failures = ",".join(f"{r}:{c}" for r, cs in sorted(failures.items()) for c in sorted(cs))
     jobs = [build_job(_job_settings(s)) for s in _as_list(settings)]
     sizes = {job.config.n_clients for job in jobs}
     if len(sizes) != 1:
         raise ValueError(f"jobs simulated together need the same number of clients, got "
                          f"{sorted(sizes)}")
+    for job in jobs:  # refused here, before Ray starts, as run() refuses them
+        checked = check_failures(failures, job.config, everyone=job.algorithm.all_clients_train)
+    failures = ",".join(f"{r}:{c}" for r, cs in sorted(checked.items()) for c in sorted(cs))
+    # In simulation no node can be lost on the way: a reply is late only because the
+    # machine is busy (each task starts a ClientApp; on 2 loaded cores the first ones take
+    # minutes), so the start-up waits as long as a round does.
     full = [{**s, "failures": failures or "", "round-timeout": float(round_timeout),
+             "hello-timeout": float(round_timeout),
              "collect-states": "true" if collect_states else "false"}
             for s in _as_list(settings)]
     got = []
@@ -490,8 +490,8 @@ def compare_runtimes(settings, *, failures=None, compare=True, verbose=False):
     """
     from ebfl.federated.runtime import run
 
-    failures = parse_failures(failures) if isinstance(failures, str) else (failures or {})
     job = build_job(_job_settings(settings))
+    failures = check_failures(failures, job.config, everyone=job.algorithm.all_clients_train)
     flower = simulate(settings, failures=failures, collect_states=compare, verbose=verbose)
     payload = {"settings": job.settings, "config": job.config.to_dict(),
                "failures": {str(r): sorted(c) for r, c in sorted(failures.items())},

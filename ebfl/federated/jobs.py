@@ -61,7 +61,14 @@ from ebfl._validation import (
     check_positive_scalar,
     check_probability,
 )
-from ebfl.federated.protocol import MAX_SEED, RunConfig
+from ebfl.federated.protocol import (
+    MAX_BATCH_SIZE,
+    MAX_CLIENTS,
+    MAX_LOCAL_STEPS,
+    MAX_ROUNDS,
+    MAX_SEED,
+    RunConfig,
+)
 
 __all__ = ["ALGORITHMS", "DATASETS", "Job", "build_job", "digits_federation"]
 
@@ -146,6 +153,9 @@ def settings_of(settings):
 #: Integer settings and their smallest values; the others below are positive reals.
 INTEGERS = {"clients": 1, "rounds": 1, "seed": 0, "clients-per-round": 1, "local-steps": 1,
             "batch-size": 1, "eval-every": 1, "inner": 1}
+#: Their largest values: those of RunConfig, named here by the setting (default: int64).
+MAXIMA = {"clients": MAX_CLIENTS, "clients-per-round": MAX_CLIENTS, "rounds": MAX_ROUNDS,
+          "seed": MAX_SEED, "local-steps": MAX_LOCAL_STEPS, "batch-size": MAX_BATCH_SIZE}
 POSITIVE = ("lr", "clip", "epsilon")
 
 
@@ -155,7 +165,7 @@ def _typed(out):
     for key, low in INTEGERS.items():
         if out[key] is not None:
             out[key] = check_int_scalar(_number(out[key], key), key, minimum=low,
-                                        maximum=MAX_SEED if key == "seed" else INT64_MAX)
+                                        maximum=MAXIMA.get(key, INT64_MAX))
     for key in POSITIVE:
         if out[key] is not None:
             out[key] = check_positive_scalar(_number(out[key], key), key)

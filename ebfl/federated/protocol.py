@@ -45,13 +45,25 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ebfl._validation import check_int_scalar, check_real_scalar
-from ebfl.federated.streams import SERVER, stream_seed
+from ebfl._validation import (
+    INT64_MAX,
+    check_bool,
+    check_choice,
+    check_int_scalar,
+    check_real_scalar,
+)
+from ebfl.federated.streams import MAX_SEED, SERVER, stream_seed
 
 __all__ = ["FederatedAlgorithm", "RoundContext", "RunConfig", "sample_clients"]
 
-#: Seeds lie in [0, 2^64 - 1] (a torch.Generator's range).
-MAX_SEED = 2**64 - 1
+#: Upper bounds of a run's sizes. Far beyond any run that can finish (ten million
+#: rounds, a hundred million clients), yet small enough that the arrays of a round
+#: (a permutation of the client ids, a K x batch_size draw) can be allocated: a
+#: larger value is a typo, refused before anything starts.
+MAX_ROUNDS = 10**7
+MAX_CLIENTS = 10**8
+MAX_LOCAL_STEPS = 10**7
+MAX_BATCH_SIZE = 10**7
 #: How the server samples the clients of a round (see :func:`sample_clients`).
 SAMPLING = ("fixed", "poisson")
 
@@ -63,19 +75,21 @@ class RunConfig:
     Attributes
     ----------
     n_clients : int
-        m.
+        m, in [1, 10^8].
     rounds : int
+        In [0, 10^7]; rounds are numbered 0 to ``rounds - 1``.
     seed : int
-        Keys every random stream of the run.
+        Keys every random stream of the run, in [0, 2^64 - 1].
     clients_per_round : int
         K sampled per round (m: everyone); with Poisson sampling, the expected
         number, each client taking part with probability q = K / m.
     local_steps : int
-        tau, local iterations per round (learning algorithms).
+        tau, local iterations per round (learning algorithms), in [1, 10^7].
     batch_size : int
-        Minibatch per client and local iteration (learning algorithms).
+        Minibatch per client and local iteration (learning algorithms), in
+        [1, 10^7].
     iters_per_epoch : int
-        The learning-rate decay applies once per this many iterations.
+        The learning-rate decay applies once per this many iterations, >= 1.
     lr_decay : float
         Learning-rate factor per epoch, in (0, 1].
     eval_every : int
@@ -98,21 +112,21 @@ class RunConfig:
     sampling: str = "fixed"
 
     def __post_init__(self):
-        m = check_int_scalar(self.n_clients, "n_clients", minimum=1)
+        m = check_int_scalar(self.n_clients, "n_clients", minimum=1, maximum=MAX_CLIENTS)
         k = m if self.clients_per_round is None else self.clients_per_round
         object.__setattr__(self, "n_clients", m)
         object.__setattr__(self, "clients_per_round",
                            check_int_scalar(k, "clients_per_round", minimum=1, maximum=m))
-        for name, low in (("rounds", 0), ("local_steps", 1), ("batch_size", 1),
-                          ("iters_per_epoch", 1), ("eval_every", 1)):
+        for name, low, high in (("rounds", 0, MAX_ROUNDS), ("local_steps", 1, MAX_LOCAL_STEPS),
+                                ("batch_size", 1, MAX_BATCH_SIZE),
+                                ("iters_per_epoch", 1, INT64_MAX), ("eval_every", 1, INT64_MAX)):
             object.__setattr__(self, name, check_int_scalar(getattr(self, name), name,
-                                                            minimum=low))
+                                                            minimum=low, maximum=high))
         object.__setattr__(self, "seed", check_int_scalar(self.seed, "seed", minimum=0,
                                                           maximum=MAX_SEED))
         object.__setattr__(self, "lr_decay", check_real_scalar(
             self.lr_decay, "lr_decay", low=0.0, high=1.0, low_open=True))
-        if self.sampling not in SAMPLING:
-            raise ValueError(f"sampling must be one of {SAMPLING}, got {self.sampling!r}")
+        check_choice(self.sampling, "sampling", SAMPLING)
 
     @property
     def sampling_rate(self):
@@ -141,6 +155,14 @@ class RoundContext:
     round: int
     clients: np.ndarray
 
+    def __post_init__(self):
+        if not isinstance(self.config, RunConfig):
+            raise TypeError(f"config must be a RunConfig, got {type(self.config).__name__}")
+        object.__setattr__(self, "round", check_int_scalar(self.round, "round", minimum=0,
+                                                           maximum=MAX_ROUNDS))
+        object.__setattr__(self, "clients", client_ids(self.clients, "clients",
+                                                       self.config.n_clients))
+
     def seeds(self, purpose="round"):
         """The 64-bit seed of each client's stream of this round (see :mod:`.streams`)."""
         return [stream_seed(self.config.seed, self.round, int(c), purpose) for c in self.clients]
@@ -151,6 +173,28 @@ class RoundContext:
         return c.lr_decay ** ((self.round * c.local_steps + step) // c.iters_per_epoch)
 
 
+def client_ids(ids, name, m):
+    """``ids`` as a 1-D int64 array of client ids in [0, m - 1] (no copy of an int64 array).
+
+    Positions must be integers: ``np.asarray(ids, dtype=np.int64)`` would truncate
+    0.7 to client 0, and a negative id would silently count from the end.
+    """
+    try:
+        arr = np.asarray(ids)
+    except (TypeError, ValueError):  # ragged nested sequences
+        raise TypeError(f"{name} must be a 1-D array of client ids") from None
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array of client ids, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if arr.dtype == bool or arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integer client ids, got dtype {arr.dtype}")
+    if arr.min() < 0 or arr.max() > m - 1:
+        bad = arr.min() if arr.min() < 0 else arr.max()
+        raise ValueError(f"{name} must hold client ids in [0, {m - 1}], got {bad}")
+    return arr.astype(np.int64, copy=False)
+
+
 def sample_clients(config, round_, *, everyone=False):
     """The sorted ids of the clients sampled in round ``round_``.
 
@@ -158,7 +202,19 @@ def sample_clients(config, round_, *, everyone=False):
     ``config.sampling == "poisson"``, each client with probability K / m: the
     result may be empty), drawn from the server's stream of the round; all m
     when K = m or ``everyone``.
+
+    Parameters
+    ----------
+    config : RunConfig
+    round_ : int
+        0-based, in [0, 10^7] (a round past ``config.rounds`` is allowed: a run
+        may be extended).
+    everyone : bool
     """
+    if not isinstance(config, RunConfig):
+        raise TypeError(f"config must be a RunConfig, got {type(config).__name__}")
+    round_ = check_int_scalar(round_, "round_", minimum=0, maximum=MAX_ROUNDS)
+    everyone = check_bool(everyone, "everyone")
     m, k = config.n_clients, config.clients_per_round
     if everyone or k == m:
         return np.arange(m)

@@ -9,16 +9,20 @@ aggregate replies in client-id order.
 
 from __future__ import annotations
 
-import os
-import pickle
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from ebfl._validation import check_bool, check_int_scalar
+from ebfl._validation import INT64_MAX, check_bool, check_int_scalar
+from ebfl.federated.checkpoint import (
+    check_checkpoint_path,
+    check_resumable,
+    data_digest,
+    load_checkpoint,
+    save_checkpoint,
+)
+from ebfl.federated.faults import check_failures
 from ebfl.federated.protocol import FederatedAlgorithm, RoundContext, RunConfig, sample_clients
 from ebfl.federated.tree import _is_torch, tree_cat, tree_nbytes, tree_put, tree_take
 
@@ -71,16 +75,6 @@ def history_row(config, done, metrics, summary, traffic):
     return {**row, **summary, **traffic}
 
 
-def _failures_iv(failures, m):
-    if failures is None:
-        return {}
-    if not isinstance(failures, Mapping):
-        raise TypeError("failures must be a dict round -> client ids that fail in that round")
-    return {check_int_scalar(r, "failures round", minimum=0):
-            {check_int_scalar(c, "failures client", minimum=0, maximum=m - 1) for c in clients}
-            for r, clients in failures.items()}
-
-
 def run(algorithm, data, config, *, failures=None, checkpoint=None, checkpoint_every=None,
         progress=False):
     """Run ``config.rounds`` rounds of ``algorithm`` on ``data`` in this process.
@@ -95,13 +89,24 @@ def run(algorithm, data, config, *, failures=None, checkpoint=None, checkpoint_e
     failures : dict round -> iterable of client ids, optional
         Clients that fail in a round (for studying faults): they are sampled
         but neither update their state nor reply, exactly as a client that
-        crashes on Flower; the server aggregates the others.
+        crashes on Flower; the server aggregates the others. Rounds are
+        0-based, in [0, ``config.rounds`` - 1], clients in [0, m - 1]. A round
+        may lose every client it sampled (the server keeps its state), but not
+        every round of the run: such a run would aggregate nothing and is
+        refused (ValueError).
     checkpoint : path-like, optional
-        Saved every ``checkpoint_every`` rounds (default ``config.eval_every``)
-        and at the end; if the file exists the run resumes from it, to the same
-        result as an uninterrupted run (also with more ``rounds`` than the run that
-        wrote it). Tensors are saved on the CPU and placed by the algorithm's
-        ``restore_state`` on resuming, so a run resumes on another device.
+        A file, saved every ``checkpoint_every`` rounds (default
+        ``config.eval_every``) and at the end; if it exists the run resumes from
+        it, to the same result as an uninterrupted run (also with more
+        ``rounds`` than the run that wrote it). Tensors are saved on the CPU and
+        placed by the algorithm's ``restore_state`` on resuming, so a run
+        resumes on another device. The file records the configuration, a
+        SHA-256 digest of the clients' data (computed once per run, from every
+        array's bytes) and a checksum of its content: a checkpoint of another
+        configuration, of other data or with more rounds than ``config.rounds``,
+        and a damaged or truncated file, are refused with a ValueError that says
+        why (delete the file, or pass another path, to start afresh). A folder is
+        refused before the run starts.
     progress : bool
         A progress bar.
 
@@ -117,26 +122,26 @@ def run(algorithm, data, config, *, failures=None, checkpoint=None, checkpoint_e
     if getattr(data, "n_clients", None) != config.n_clients:
         raise ValueError(f"data has {getattr(data, 'n_clients', None)} clients, config.n_clients "
                          f"is {config.n_clients}")
-    failures = _failures_iv(failures, config.n_clients)
+    failures = check_failures(failures, config, everyone=algorithm.all_clients_train)
     progress = check_bool(progress, "progress")
-    if checkpoint is not None and not isinstance(checkpoint, str | os.PathLike):
-        raise TypeError(f"checkpoint must be a path, got {type(checkpoint).__name__}")
+    if checkpoint is not None:
+        checkpoint = check_checkpoint_path(checkpoint)
     checkpoint_every = (config.eval_every if checkpoint_every is None else
-                        check_int_scalar(checkpoint_every, "checkpoint_every", minimum=1))
+                        check_int_scalar(checkpoint_every, "checkpoint_every", minimum=1,
+                                         maximum=INT64_MAX))
     # What a checkpoint must agree on to be continued: everything but the length of the
     # run and its evaluation schedule (a run may be extended from a shorter one; the
-    # shorter run's final evaluation then stays in the history).
+    # shorter run's final evaluation then stays in the history), and failures only in
+    # the rounds it has done.
     run_identity = {k: v for k, v in config.to_dict().items() if k not in ("rounds", "eval_every")}
     identity = {"algorithm": algorithm.config(), "run": run_identity,
                 "failures": {r: sorted(c) for r, c in sorted(failures.items())}}
     m = config.n_clients
     everyone = np.arange(m)
-    checkpoint = None if checkpoint is None else Path(checkpoint)
+    digest = None if checkpoint is None else data_digest(data)
     if checkpoint is not None and checkpoint.is_file():
-        saved = _load(checkpoint)
-        if saved["identity"] != identity:
-            raise ValueError(f"checkpoint {checkpoint} was written by another configuration: "
-                             f"{saved['identity']} != {identity}")
+        saved = load_checkpoint(checkpoint)
+        check_resumable(checkpoint, saved, identity, digest, config.rounds)
         server, clients, start = (algorithm.restore_state(saved["server"]),
                                   algorithm.restore_state(saved["clients"]), saved["round"])
         history, metrics = saved["history"], saved["metrics"]
@@ -187,9 +192,10 @@ def run(algorithm, data, config, *, failures=None, checkpoint=None, checkpoint_e
             if bar is not None and "accuracy" in metrics:
                 bar.set_postfix(acc=f"{history[-1]['accuracy']:.4f}")
         if checkpoint is not None and (done % checkpoint_every == 0 or done == config.rounds):
-            _save(checkpoint, {"identity": identity, "server": _on_cpu(server),
-                               "clients": _on_cpu(clients), "round": done, "history": history,
-                               "metrics": metrics})
+            save_checkpoint(checkpoint, {"identity": identity, "data": digest,
+                                         "server": _on_cpu(server), "clients": _on_cpu(clients),
+                                         "round": done, "history": history,
+                                         "metrics": metrics})
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -202,6 +208,11 @@ def run(algorithm, data, config, *, failures=None, checkpoint=None, checkpoint_e
 
 def evaluate(algorithm, server, clients, data):
     """Every client's metrics (name -> ndarray (m,)) under the current server state."""
+    if not isinstance(algorithm, FederatedAlgorithm):
+        raise TypeError(f"algorithm must be a FederatedAlgorithm, got "
+                        f"{type(algorithm).__name__}")
+    if not isinstance(getattr(data, "n_clients", None), int | np.integer):
+        raise TypeError(f"data must have n_clients and subset(ids), got {type(data).__name__}")
     message = algorithm.evaluation_message(server)
     out = algorithm.client_evaluate(message, clients, data.subset(np.arange(data.n_clients)))
     return {k: _to_numpy(v) for k, v in out.items()}
@@ -224,20 +235,3 @@ def _on_cpu(tree):
     if isinstance(tree, dict):
         return {k: _on_cpu(v) for k, v in tree.items()}
     return tree.cpu() if _is_torch(tree) else tree
-
-
-def _save(path, payload):
-    """Write atomically: a crash mid-write never leaves a truncated checkpoint."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "wb") as fh:
-        pickle.dump(payload, fh, protocol=pickle.HIGHEST_PROTOCOL)
-    tmp.replace(path)
-
-
-def _load(path):
-    try:
-        with open(path, "rb") as fh:
-            return pickle.load(fh)
-    except (OSError, pickle.UnpicklingError, EOFError) as exc:
-        raise ValueError(f"checkpoint {path} cannot be read: {exc}") from None

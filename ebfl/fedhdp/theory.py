@@ -965,9 +965,10 @@ def two_level_matching_lambdas(group, counts, alpha2, tau2, gammas2):
     big_s = n1 + n2 * r
     n, m, i_j = (n2, n1 - 1, 1.0) if g == 0 else (n2 - 1, n1, r)
     d = n * s1 + m * s2
-    sc, a = model.alpha2 + model.tau2, model.alpha2
-    lam1 = _divide(big_s * a * d, big_s * (model.tau2 * d + s1 * s2) - i_j * (sc * d + s1 * s2))
-    lam2 = _divide(big_s * a * s2, sc * d + s1 * s2 - big_s * a * s2)
+    a, core = model.alpha2, i_j * model.v[g] + model.tau2 * big_s
+    # The denominators of (52) and (54) expand to d * core and s2 * core; as printed they
+    # subtract terms of size s^2 down to one of size tau^2 s (lambda = -7e16 at alpha2 = 1e100)
+    lam1, lam2 = _divide(big_s * a * d, d * core), _divide(big_s * a * s2, s2 * core)
     return lam1, lam2, lam2
 
 

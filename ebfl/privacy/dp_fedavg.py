@@ -14,7 +14,7 @@ accounting with dp-accounting:
   RDP -> (epsilon, delta) conversion) or by privacy-loss distributions
   (``accountant="pld"``, tighter);
 * :func:`dp_fedavg_noise_multiplier`: the smallest z that reaches a target
-  epsilon;
+  epsilon (with ``accountant="pld"``, the smaller of the PLD and RDP answers);
 * :func:`adaptive_clipping_noise` and :func:`adaptive_clipping_effective_noise`:
   the split of z between the update and the clip count under adaptive
   clipping (Andrew et al. 2019, Theorem 1);
@@ -22,7 +22,10 @@ accounting with dp-accounting:
 
 The neighbouring relation is client level, add or remove one client's whole
 dataset (what Poisson sampling is analysed under): the L2 sensitivity of a
-round's sum is S and z is the noise standard deviation over S.
+round's sum is S and z is the noise standard deviation over S. The epsilon is
+a proof for a run only inside that model (Poisson sampling, each sum divided
+by a constant such as the expected count): see :mod:`ebfl.privacy.guarantee`,
+whose keys every result here carries.
 
 With T = 500 rounds and delta = 1e-4 the RDP accountant gives the paper's
 Table 7 guarantees: (q, z) = (0.05, 1.5) -> 3.608 (the paper's 3.6),
@@ -36,8 +39,8 @@ import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from dp_accounting import dp_event
-from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.pld import common as pld_common
+from dp_accounting.pld import pld_pmf, privacy_loss_distribution
 from dp_accounting.privacy_accountant import NeighboringRelation
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import optimize
@@ -50,6 +53,8 @@ from ebfl._validation import (
     check_positive_scalar,
     check_real_scalar,
 )
+from ebfl.privacy.fractional_rdp import _rdp as _round_rdp
+from ebfl.privacy.guarantee import ACCOUNTANT_MODEL
 
 __all__ = [
     "TFP_ORDERS",
@@ -73,14 +78,22 @@ NOISE_MULTIPLIER_RANGE = (1e-3, 1e6)
 MAX_ROUNDS = 2**53
 #: Largest Renyi order accepted.
 MAX_ORDER = 1e6
+#: Most Renyi orders in one call (fractional ones below 2 cost a quadrature each).
+MAX_N_ORDERS = 1000
+#: Most privacy groups of :func:`fedhdp_group_epsilons` (one accountant call each).
+MAX_GROUPS = 1000
 #: Accepted PLD value discretization intervals.
 VDI_RANGE = (1e-6, 0.1)
 #: The default PLD discretization: results stable to about 1e-5 in epsilon (measured
 #: against 1e-5 on the paper's three settings), a fraction of a second per call.
 DEFAULT_VDI = 1e-4
-#: PLD refusals (memory): the per-round grid, and the composed loss range in grid steps.
+#: PLD refusals (memory and time): the per-round grid; the composed loss range in grid
+#: steps (a quick check by the RDP epsilon, before any PLD is built); and the composed
+#: grid, the length of the FFT that dp-accounting's self-composition allocates (1e7:
+#: about 1 GB and 15 s).
 MAX_PLD_ROUND_POINTS = 2e6
 MAX_PLD_EPSILON_STEPS = 1e7
+MAX_PLD_COMPOSED_POINTS = 1e7
 
 _ACCOUNTANTS = ("rdp", "pld")
 _CONVERSIONS = ("improved", "classic")
@@ -112,6 +125,10 @@ class DPFedAvgPrivacy:
         The Renyi orders (RDP accountant).
     value_discretization_interval : float or None
         The PLD grid step (PLD accountant).
+    sampling, denominator, neighboring_relation, accountant_model : str
+        The model the epsilon is a proof for (``"poisson"``, ``"expected"``,
+        ``"add_or_remove_one"``): a run is covered only if it samples and
+        normalizes so (see :func:`ebfl.privacy.guarantee.dp_fedavg_guarantee`).
     """
 
     epsilon: float
@@ -124,6 +141,10 @@ class DPFedAvgPrivacy:
     rounds: int
     orders: tuple | None = None
     value_discretization_interval: float | None = None
+    sampling: str = "poisson"
+    denominator: str = "expected"
+    neighboring_relation: str = "add_or_remove_one"
+    accountant_model: str = ACCOUNTANT_MODEL
 
     def to_dict(self):
         """A JSON-able dict of every field (``orders`` as a list)."""
@@ -147,12 +168,20 @@ class NoiseCalibration:
     sampling_rate : float
     rounds : int
     accountant : str
+        The accountant asked for.
     converged : bool
         Whether z is the smallest multiplier reaching the target, to ``rtol``.
     at_bound : bool
         Whether the search stopped at an end of its range (then not converged).
     evaluations : int
         Accountant calls made.
+    certified_by : str
+        The accountant whose epsilon at z is ``epsilon`` (<= the target when
+        converged): ``"rdp"`` or ``"pld"``. With ``accountant="pld"`` it is
+        ``"rdp"`` where the RDP accountant needs less noise (PLD's
+        discretization error grows with the number of rounds).
+    sampling, denominator, neighboring_relation : str
+        The model the guarantee holds in (as :class:`DPFedAvgPrivacy`).
     """
 
     noise_multiplier: float
@@ -165,8 +194,13 @@ class NoiseCalibration:
     converged: bool
     at_bound: bool
     evaluations: int
+    certified_by: str = "rdp"
+    sampling: str = "poisson"
+    denominator: str = "expected"
+    neighboring_relation: str = "add_or_remove_one"
 
     def to_dict(self):
+        """A JSON-able dict of every field."""
         return asdict(self)
 
 
@@ -197,6 +231,8 @@ def _orders_iv(orders):
     if orders is None:
         return np.array(TFP_ORDERS)
     orders = check_finite_array(orders, "orders", ndim=1)
+    if orders.size > MAX_N_ORDERS:
+        raise ValueError(f"orders must have at most {MAX_N_ORDERS} entries, got {orders.size}")
     if np.any(orders <= 1.0) or np.any(orders > MAX_ORDER):
         raise ValueError(f"orders must all lie in (1, {MAX_ORDER:g}] (Renyi orders), got "
                          f"values from {float(orders.min())!r} to {float(orders.max())!r}")
@@ -215,16 +251,10 @@ def _vdi_iv(vdi):
 # --------------------------------------------------------------------------- kernels
 
 
-def _rounds_event(q, z, rounds):
-    """T self-composed rounds of the Poisson-sampled Gaussian (dp-accounting's events)."""
-    round_event = dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(z))
-    return dp_event.SelfComposedDpEvent(round_event, rounds)
-
-
 def _rdp_curve(q, z, rounds, orders):
-    acc = rdp_privacy_accountant.RdpAccountant(orders, _RELATION)
-    acc.compose(_rounds_event(q, z, rounds))
-    return acc.rdp
+    """T RDP_a: rounds compose by adding their RDP (fractional orders below 2 exactly, see
+    :func:`ebfl.privacy.fractional_rdp.poisson_gaussian_rdp`)."""
+    return rounds * _round_rdp(q, z, orders)
 
 
 def _rdp_epsilon(orders, rdp, delta, conversion):
@@ -249,32 +279,79 @@ def _rdp_epsilon(orders, rdp, delta, conversion):
 
 
 def _check_pld_size(q, z, rounds, delta, vdi):
-    """Refuse a PLD computation that would take gigabytes (dp-accounting would try).
+    """Refuse a PLD computation too large for memory, before anything is built.
 
-    Two sizes: one round's grid, about (2 t + 1/z)/z points over the grid step
-    (the Gaussian's privacy loss is linear over t = 10 standard deviations each
-    side); and the composed loss, whose range grows with epsilon (the RDP
-    epsilon, cheap, bounds it): measured 1 GB at 8.7e6 grid steps.
+    One round's grid is about (2 t + 1/z)/z points over the grid step (the
+    Gaussian's privacy loss is linear over t = 10 standard deviations each
+    side); the composed loss reaches about epsilon (the RDP epsilon, cheap,
+    bounds PLD's).
     """
     points = (2.0 * 10.0 + 1.0 / z) / z / vdi
     if points > MAX_PLD_ROUND_POINTS:
         raise ValueError(f"accountant='pld' would need about {points:.2g} grid points per round "
                          f"at noise_multiplier={z:g} (at most {MAX_PLD_ROUND_POINTS:g}): raise "
                          f"value_discretization_interval (now {vdi:g}) or use accountant='rdp'")
-    eps = _rdp_epsilon(np.array(TFP_ORDERS), _rdp_curve(q, z, rounds, TFP_ORDERS), delta,
+    orders = np.array(TFP_ORDERS)
+    eps = _rdp_epsilon(orders, _rdp_curve(q, z, rounds, orders), delta,
                        "improved")[0]
     if eps / vdi > MAX_PLD_EPSILON_STEPS:
         raise ValueError(f"accountant='pld' would compose a privacy loss of range about "
-                         f"{eps:.3g} on a grid of step {vdi:g} (more than "
-                         f"{MAX_PLD_EPSILON_STEPS:g} points): raise "
+                         f"{eps:.3g} (rounds={rounds}, noise_multiplier={z:g}) on a grid of "
+                         f"step {vdi:g} (more than {MAX_PLD_EPSILON_STEPS:g} points): raise "
                          "value_discretization_interval or use accountant='rdp'")
+
+
+def _composed_points(pld, rounds):
+    """The FFT length of ``pld.self_compose(rounds)``: dp-accounting's own Chernoff bounds
+    on the composed support (1e-15 tail mass, its default), evaluated before it allocates.
+
+    Its bounds use orders of at most 20 over the round's grid length, so they are loose
+    for many rounds: 4e8 points at (q, z, T) = (0.01, 10, 1e9).
+    """
+    sizes = []
+    pmfs = {id(p): p for p in (pld._pmf_remove, pld._pmf_add)}  # no public accessor
+    for pmf in pmfs.values():
+        lo, hi = pld_common.compute_self_convolve_bounds(pmf.to_dense_pmf()._probs, rounds,
+                                                         1e-15)
+        sizes.append(hi - lo + 1)
+    return max(sizes)
 
 
 def _pld_epsilon(q, z, rounds, delta, vdi):
     _check_pld_size(q, z, rounds, delta, vdi)
-    acc = pld_privacy_accountant.PLDAccountant(_RELATION, value_discretization_interval=vdi)
-    acc.compose(_rounds_event(q, z, rounds))
-    return float(acc.get_epsilon(delta))
+    # one round's PLD, as dp-accounting's PLDAccountant builds it for the event
+    one = privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=z, value_discretization_interval=vdi, sampling_prob=q,
+        neighboring_relation=_RELATION)
+    points = _composed_points(one, rounds)
+    if points > MAX_PLD_COMPOSED_POINTS:
+        raise ValueError(f"accountant='pld' would compose rounds={rounds} on a grid of about "
+                         f"{points:.2g} points at noise_multiplier={z:g} (at most "
+                         f"{MAX_PLD_COMPOSED_POINTS:g}): raise value_discretization_interval "
+                         f"(now {vdi:g}) or use accountant='rdp'")
+    # as PLDAccountant.compose: the identity composed with the T-fold self-composition
+    composed = privacy_loss_distribution.identity(value_discretization_interval=vdi)
+    return float(composed.compose(_self_compose(one, rounds)).get_epsilon_for_delta(delta))
+
+
+def _self_compose(pld, rounds):
+    """``pld.self_compose(rounds)`` without its ``size ** rounds`` for a sparse PMF.
+
+    dp-accounting decides whether a sparse PMF must become dense from the integer
+    ``size ** rounds``, a number of ``rounds`` digits (minutes at 1e9 rounds), and then
+    densifies it; a PMF it would densify is densified here first, so the result is the
+    same.
+    """
+    sparse_limit = math.log(pld_pmf._MAX_PMF_SPARSE_SIZE)
+    pmfs = []
+    for pmf in (pld._pmf_remove, pld._pmf_add):
+        if (isinstance(pmf, pld_pmf.SparsePLDPmf) and pmf.size > 1
+                and rounds * math.log(pmf.size) > sparse_limit):
+            pmf = pmf.to_dense_pmf()
+        pmfs.append(pmf)
+    remove, add = pmfs
+    return privacy_loss_distribution.PrivacyLossDistribution(
+        remove, None if pld._symmetric else add).self_compose(rounds)
 
 
 def _epsilon(q, z, rounds, delta, accountant, orders, conversion, vdi):
@@ -298,23 +375,28 @@ def dp_fedavg_rdp(*, sampling_rate, noise_multiplier, rounds, orders=None):
     rounds : int
         T >= 1.
     orders : array_like, optional
-        Renyi orders in (1, 1e6]; default :data:`TFP_ORDERS`.
+        Renyi orders in (1, 1e6], at most 1000 of them; default :data:`TFP_ORDERS`.
 
     Returns
     -------
     orders, rdp : ndarray (n_orders,)
-        The orders and the composed RDP at each (+inf where dp-accounting's
-        series does not converge).
+        The orders and the composed RDP at each (finite for q < 1 at every
+        order below 2).
 
     Notes
     -----
-    dp-accounting computes integer orders exactly (the binomial expansion of
-    Mironov, Talwar and Zhang 2019) and fractional orders from their series,
-    summing the absolute values of its alternating tail: an upper bound, 18%
-    above the exact value at (q, z, a) = (0.05, 1, 1.5) and, for large z, never
-    below about 3.4e-5 per round at q = 0.05. It is conservative, and it is what
-    TensorFlow Privacy computes; on the paper's settings it moves epsilon by
-    less than 3e-4.
+    dp-accounting computes integer orders from the binomial expansion of
+    Mironov, Talwar and Zhang (2019) and fractional orders from a series whose
+    absolute values it sums: an upper bound, 18% above the exact value at (q,
+    z, a) = (0.05, 1, 1.5), twice it at (0.05, 5, 1.1), and +inf where the
+    series does not converge (e.g. q = 0.3, z = 0.7, every order below 1.9).
+    Orders below 2 are where many rounds are converted, so here
+    (:func:`ebfl.privacy.fractional_rdp.poisson_gaussian_rdp`) they are
+    computed by quadrature, to about 1e-9 relative error and rounded up;
+    integer orders by the binomial sum without its cancelling terms (exact
+    also for tiny RDP); the other fractional orders by dp-accounting's series,
+    capped by the next integer order (RDP does not decrease with the order).
+    On the paper's settings this moves epsilon by less than 3e-4.
 
     Examples
     --------
@@ -414,6 +496,13 @@ def dp_fedavg_noise_multiplier(*, sampling_rate, rounds, delta, epsilon, account
     [1e-3, 1e6]); the answer is the smallest z evaluated whose epsilon is
     <= the target, so the guarantee holds at the returned z.
 
+    With ``accountant="pld"`` the RDP answer is found first and the PLD search
+    starts from it: both accountants give valid upper bounds on epsilon, so
+    the smaller z that either certifies is valid, and the result never needs
+    more noise than the RDP accountant (PLD's pessimistic discretization adds
+    error with every composition: at 1e6 rounds it can exceed the target
+    itself). ``certified_by`` says which one certified z.
+
     Parameters
     ----------
     sampling_rate, rounds, delta, accountant, orders, conversion, value_discretization_interval
@@ -429,6 +518,12 @@ def dp_fedavg_noise_multiplier(*, sampling_rate, rounds, delta, epsilon, account
         ``converged`` False, ``at_bound`` True and a RuntimeWarning when the
         target is not reached within the range (z = 1e6 still above it), or is
         reached already at the smallest z the accountant accepts.
+
+    Raises
+    ------
+    ValueError
+        For arguments out of range (named). A PLD evaluation that would need
+        too much memory ends the PLD search there; the RDP answer stands.
 
     Examples
     --------
@@ -450,22 +545,37 @@ def dp_fedavg_noise_multiplier(*, sampling_rate, rounds, delta, epsilon, account
     orders = _orders_iv(orders)
     vdi = _vdi_iv(value_discretization_interval)
     rtol = check_real_scalar(rtol, "rtol", low=1e-12, high=0.1)
-    search = _NoiseSearch(lambda z: _epsilon(q, z, rounds, delta, accountant, orders,
-                                             conversion, vdi)[0], target)
+    search = _NoiseSearch(lambda z: _epsilon(q, z, rounds, delta, "rdp", orders, conversion,
+                                             vdi)[0], target)
     z, converged, at_bound = search.solve(rtol)
+    certified_by, evaluations = "rdp", search.evaluations
+    if accountant == "pld" and search.epsilon(z) <= target and z > search.lowest:
+        # Both accountants bound epsilon from above, so the smaller z that either certifies
+        # is valid. PLD can only do better below the RDP answer: search down from it.
+        pld = _NoiseSearch(lambda z: _epsilon(q, z, rounds, delta, "pld", orders,
+                                              conversion, vdi)[0], target)
+        if pld.reachable(z) and pld.epsilon(z) <= target:
+            found = pld.solve(rtol, start=z)
+            if found[0] < z or pld.epsilon(z) < search.epsilon(z):
+                search, (z, converged, at_bound), certified_by = pld, found, "pld"
+        evaluations += pld.evaluations
+    _warn_search(search, z, target, rtol, converged, at_bound)
+    return NoiseCalibration(z, search.epsilon(z), target, delta, q, rounds, accountant,
+                            converged, at_bound, evaluations, certified_by)
+
+
+def _warn_search(search, z, target, rtol, converged, at_bound):
     if at_bound:
         where = ("is not reached at the largest noise multiplier" if search.epsilon(z) > target
                  else "is reached already at the smallest noise multiplier searched")
         warnings.warn(f"dp_fedavg_noise_multiplier: the target epsilon {target:g} {where}, "
                       f"z = {z:g} (epsilon {search.epsilon(z):g}); the search range is "
                       f"[{search.lowest:g}, {NOISE_MULTIPLIER_RANGE[1]:g}]", RuntimeWarning,
-                      stacklevel=2)
+                      stacklevel=3)
     elif not converged:
         warnings.warn(f"dp_fedavg_noise_multiplier: z = {z:g} is not within rtol={rtol:g} of "
                       "the smallest noise multiplier reaching the target", RuntimeWarning,
-                      stacklevel=2)
-    return NoiseCalibration(z, search.epsilon(z), target, delta, q, rounds, accountant,
-                            converged, at_bound, search.evaluations)
+                      stacklevel=3)
 
 
 class _NoiseSearch:
@@ -489,7 +599,7 @@ class _NoiseSearch:
             self.evaluated[z] = self._epsilon_of(z)
         return self.evaluated[z]
 
-    def _reachable(self, z):
+    def reachable(self, z):
         try:
             self.epsilon(z)
         except ValueError:  # the PLD accountant refuses this z: the range ends above it
@@ -497,12 +607,12 @@ class _NoiseSearch:
             return False
         return True
 
-    def _bracket(self):
+    def _bracket(self, start):
         """(lo, hi) with epsilon(lo) > target >= epsilon(hi); lo None (hi None) when even
         the top (the bottom) of the range is above (below) the target."""
         lo_end, hi_end = NOISE_MULTIPLIER_RANGE
-        z = 1.0
-        while not self._reachable(z):
+        z = start
+        while not self.reachable(z):
             z *= 2.0
             if z > hi_end:
                 raise ValueError("the PLD accountant refuses every noise multiplier up to "
@@ -516,14 +626,16 @@ class _NoiseSearch:
             return lo, z
         while self.epsilon(z) <= self.target:
             down = max(z / 2.0, lo_end)
-            if z <= lo_end or not self._reachable(down):
+            if z <= lo_end or not self.reachable(down):
                 return z, None
             hi, z = z, down
         return z, hi
 
-    def solve(self, rtol):
-        """(z, converged, at_bound): z the smallest evaluated with epsilon <= target."""
-        lo, hi = self._bracket()
+    def solve(self, rtol, start=1.0):
+        """(z, converged, at_bound): z the smallest evaluated with epsilon <= target.
+
+        The bracketing starts at ``start`` and moves by factors of 2."""
+        lo, hi = self._bracket(start)
         if lo is None or hi is None:
             return (hi if lo is None else lo), False, True
         optimize.brentq(lambda t: self.epsilon(math.exp(t)) - self.target, math.log(lo),
@@ -572,11 +684,17 @@ def adaptive_clipping_noise(noise_multiplier, count_noise):
     sigma_b = check_positive_scalar(count_noise, "count_noise")
     if z == 0.0:
         return 0.0
-    if 2.0 * sigma_b <= z:
+    ratio = (z / 2.0) / sigma_b  # z / (2 sigma_b), without overflowing 2 sigma_b
+    if ratio >= 1.0:
         raise ValueError(f"count_noise must be > noise_multiplier / 2 = {z / 2:g} (with "
                          f"2 sigma_b <= z the count alone spends the budget), got {sigma_b:g}")
-    # in units of z: (1 - (z / 2 sigma_b)^2)^(-1/2) z, no overflow for tiny z
-    return z / math.sqrt(1.0 - (z / (2.0 * sigma_b)) ** 2)
+    # in units of z: z / sqrt((1 - r)(1 + r)), r = z / (2 sigma_b): no overflow for tiny z,
+    # and 1 - r kept exact when sigma_b is just above z / 2
+    out = z / math.sqrt((1.0 - ratio) * (1.0 + ratio))
+    if not math.isfinite(out):
+        raise ValueError(f"count_noise={sigma_b:g} is so close to noise_multiplier / 2 = "
+                         f"{z / 2:g} that the update's multiplier overflows float64")
+    return out
 
 
 def adaptive_clipping_effective_noise(update_noise_multiplier, count_noise):
@@ -604,7 +722,9 @@ def adaptive_clipping_effective_noise(update_noise_multiplier, count_noise):
     sigma_b = check_positive_scalar(count_noise, "count_noise")
     if z_delta == 0.0:
         return 0.0
-    return 1.0 / math.hypot(1.0 / z_delta, 1.0 / (2.0 * sigma_b))
+    # 1 / hypot(1/a, 1/b) = min / hypot(1, min / max): no overflow of 1/a for a tiny a
+    a, b = sorted((z_delta, 2.0 * sigma_b))  # 2 sigma_b = inf for huge sigma_b: then z_delta
+    return a / math.hypot(1.0, a / b)
 
 
 def fedhdp_group_epsilons(sampling_rate, noise_multipliers, rounds, delta, *, accountant="rdp",
@@ -623,7 +743,7 @@ def fedhdp_group_epsilons(sampling_rate, noise_multipliers, rounds, delta, *, ac
         q in (0, 1], for every group or one per group.
     noise_multipliers : array_like (l,)
         z_i per group; 0 for a non-private group (its epsilon is +inf), else in
-        [1e-3, 1e6].
+        [1e-3, 1e6]; at most 1000 groups.
     rounds : int
     delta : float
     accountant, orders, value_discretization_interval
@@ -636,10 +756,13 @@ def fedhdp_group_epsilons(sampling_rate, noise_multipliers, rounds, delta, *, ac
 
     Notes
     -----
-    The accounting is that of the group's noisy *sum*. Algorithm 2 divides it
-    by the realized group size N_i^t; that count is taken as public (McMahan et
-    al. 2018 divide by the fixed expected size qN_i instead, which needs no such
-    assumption).
+    The accounting is that of the group's noisy *sum* under Poisson sampling.
+    Algorithm 2 divides it by the realized group size N_i^t, which depends on
+    who took part: for such a run the epsilon is not a proof. Dividing by the
+    expected size q M_i instead (McMahan et al. 2018; ``denominator="expected"``
+    of :class:`~ebfl.learning.torch.fedhdp.FedHDP`) needs no assumption;
+    :meth:`FedHDP.privacy <ebfl.learning.torch.fedhdp.FedHDP.privacy>` records
+    which case a run is in (:mod:`ebfl.privacy.guarantee`).
 
     Examples
     --------
@@ -648,23 +771,35 @@ def fedhdp_group_epsilons(sampling_rate, noise_multipliers, rounds, delta, *, ac
     >>> fedhdp_group_epsilons(0.03, [0.0, 1.0], 500, 1e-4).round(3).tolist()
     [inf, 4.122]
     """
+    rounds, delta = _rounds_iv(rounds), _delta_iv(delta)
+    accountant = check_choice(accountant, "accountant", _ACCOUNTANTS)
+    orders = _orders_iv(orders)
+    vdi = _vdi_iv(value_discretization_interval)
     z = check_finite_array(noise_multipliers, "noise_multipliers", ndim=1)
-    q = check_finite_array(np.atleast_1d(sampling_rate), "sampling_rate", ndim=1)
-    if q.size == 1:
-        q = np.full(z.size, q[0])
-    if q.shape != z.shape:
-        raise ValueError(f"sampling_rate must be a scalar or have one entry per group "
-                         f"({z.size}), got shape {q.shape}")
-    out = np.empty(z.size)
-    for i, (qi, zi) in enumerate(zip(q, z, strict=True)):
-        if zi < 0:
-            raise ValueError(f"noise_multipliers must be >= 0 (0: non-private), got {zi!r} for "
-                             f"group {i}")
-        _sampling_rate_iv(float(qi), f"sampling_rate[{i}]")
-        out[i] = math.inf if zi == 0 else dp_fedavg_epsilon(
-            sampling_rate=float(qi), noise_multiplier=float(zi), rounds=rounds, delta=delta,
-            accountant=accountant, orders=orders,
-            value_discretization_interval=value_discretization_interval).epsilon
-    if np.all(z == 0):  # still check the shared arguments
-        _rounds_iv(rounds), _delta_iv(delta)
+    if z.size > MAX_GROUPS:
+        raise ValueError(f"noise_multipliers must have at most {MAX_GROUPS} entries (privacy "
+                         f"groups), got {z.size}")
+    if not isinstance(sampling_rate, list | tuple | np.ndarray):  # one rate for every group
+        q = np.full(z.size, _sampling_rate_iv(sampling_rate))
+    else:
+        q = check_finite_array(sampling_rate, "sampling_rate", ndim=(0, 1))
+        q = np.full(z.size, float(q)) if q.ndim == 0 else q
+        if q.shape != z.shape:
+            raise ValueError(f"sampling_rate must be a scalar or have one entry per group "
+                             f"({z.size}), got shape {q.shape}")
+    for i, (qi, zi) in enumerate(zip(q.tolist(), z.tolist(), strict=True)):
+        _sampling_rate_iv(qi, f"sampling_rate[{i}]")
+        if zi < 0.0:
+            raise ValueError(f"noise_multipliers must be >= 0 (0: non-private), got {zi!r} "
+                             f"for group {i}")
+        if zi != 0.0:
+            _noise_iv(zi, f"noise_multipliers[{i}]")
+    out = np.full(z.size, math.inf)
+    done = {}  # groups with the same (q, z) share one accountant call
+    for i, (qi, zi) in enumerate(zip(q.tolist(), z.tolist(), strict=True)):
+        if zi != 0.0:
+            if (qi, zi) not in done:
+                done[qi, zi] = _epsilon(qi, zi, rounds, delta, accountant, orders, "improved",
+                                        vdi)[0]
+            out[i] = done[qi, zi]
     return out

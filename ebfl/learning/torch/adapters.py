@@ -46,6 +46,11 @@ __all__ = ["AdapterBlock", "LoadReport", "ResNet18Adapters", "SmallResNet",
 #: Largest number of channels accepted (a 1x1 conv of MAX_WIDTH^2 floats is 4 TB).
 MAX_WIDTH = 2**20
 
+#: Largest model accepted, in floats (parameters and buffers): 4 GiB of float32. The
+#: count is checked before any layer is allocated, so that widths which each fit
+#: MAX_WIDTH but together ask for terabytes are refused by name, not by MemoryError.
+MAX_FLOATS = 2**30
+
 #: Standard deviation of the adapters' 1x1 conv weights at initialization: the
 #: block starts within ~1e-4 of the identity (PerAda's official code).
 ADAPTER_INIT_STD = 1e-4
@@ -153,6 +158,37 @@ def _dropout_iv(value):
     return check_real_scalar(value, "dropout", low=0.0, high=1.0, high_open=True)
 
 
+def _size_iv(floats, names):
+    """Refuse a model of more than MAX_FLOATS floats before building it; ``names`` are the
+    arguments that set its size, as the user passed them."""
+    if floats > MAX_FLOATS:
+        raise ValueError(f"{names}: a model of {floats:,} floats ({floats * 4 / 2**30:.3g} GiB "
+                         f"of float32), more than the {MAX_FLOATS:,} accepted")
+
+
+def _bn_floats(c):
+    return 4 * c  # weight, bias, running mean and variance
+
+
+def _adapter_floats(c):
+    return _bn_floats(c) + c * c
+
+
+def _resnet_floats(in_channels, stem, stem_kernel, plan, n_classes, adapters):
+    """Floats (parameters and buffers) of an _AdapterResNet, computed without building it."""
+    total = stem * in_channels * stem_kernel**2 + _bn_floats(stem)
+    c_in = stem
+    for planes, n_blocks, stride in plan:
+        for j in range(n_blocks):
+            total += planes * c_in * 9 + planes * planes * 9 + 2 * _bn_floats(planes)
+            if (stride if j == 0 else 1) != 1 or c_in != planes:
+                total += planes * c_in + _bn_floats(planes)
+            if adapters:
+                total += 2 * _adapter_floats(planes)
+            c_in = planes
+    return total + n_classes * (c_in + 1) + (1 if adapters else 0)
+
+
 class AdapterBlock(nn.Module):
     """A residual adapter: ``x + Conv1x1(Dropout_p(BatchNorm2d(x)))``.
 
@@ -186,6 +222,7 @@ class AdapterBlock(nn.Module):
     def __init__(self, channels, dropout=0.3, *, salt=0):
         super().__init__()
         channels = _channels_iv(channels, "channels")
+        _size_iv(_adapter_floats(channels), f"channels={channels}")
         self.p = _dropout_iv(dropout)
         self.salt = check_int_scalar(salt, "salt", minimum=0, maximum=_PRIME - 1)
         self.bn = _BatchNorm2d(channels)
@@ -329,12 +366,14 @@ class ResNet18Adapters(_AdapterResNet):
         in_channels = _channels_iv(in_channels, "in_channels")
         adapters = _bool_iv(adapters, "adapters")
         dropout = _dropout_iv(dropout)
+        plan = [(64, 2, 1), (128, 2, 2), (256, 2, 2), (512, 2, 2)]
+        _size_iv(_resnet_floats(in_channels, 64, 7, plan, n_classes, adapters),
+                 f"n_classes={n_classes} and in_channels={in_channels}")
         self.conv1 = _Conv2d(in_channels, 64, 7, stride=2)
         self.bn1 = _BatchNorm2d(64)
         self.relu = nn.ReLU()
         self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-        width = self._build_layers(64, [(64, 2, 1), (128, 2, 2), (256, 2, 2), (512, 2, 2)],
-                                   adapters=adapters, dropout=dropout)
+        width = self._build_layers(64, plan, adapters=adapters, dropout=dropout)
         self.fc = nn.Linear(width, n_classes)
 
     def _stem(self, x):
@@ -386,11 +425,13 @@ class SmallResNet(_AdapterResNet):
         widths = _widths_iv(widths)
         adapters = _bool_iv(adapters, "adapters")
         dropout = _dropout_iv(dropout)
+        plan = [(w, 1, 1 if i == 0 else 2) for i, w in enumerate(widths)]
+        _size_iv(_resnet_floats(in_channels, widths[0], 3, plan, n_classes, adapters),
+                 f"widths={widths}, n_classes={n_classes} and in_channels={in_channels}")
         self.widths = widths
         self.conv1 = _Conv2d(in_channels, widths[0], 3, stride=2)
         self.bn1 = _BatchNorm2d(widths[0])
         self.relu = nn.ReLU()
-        plan = [(w, 1, 1 if i == 0 else 2) for i, w in enumerate(widths)]
         width = self._build_layers(widths[0], plan, adapters=adapters, dropout=dropout)
         self.fc = nn.Linear(width, n_classes)
 
@@ -558,6 +599,10 @@ def split_state(model, names):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if isinstance(names, str) or not hasattr(names, "__iter__"):
         raise TypeError(f"names must be a list of state names, got {names!r}")
+    names = list(names)
+    wrong = [n for n in names if not isinstance(n, str)]
+    if wrong:
+        raise TypeError(f"names must hold state names (strings), got {wrong[0]!r}")
     state = dict(model.named_parameters())
     state.update((name, b) for name, b in model.named_buffers() if b.is_floating_point())
     order = [name for name in model.state_dict() if name in state]
@@ -603,16 +648,48 @@ def _backbone_names(model):
     return [n for n in model.state_dict() if n not in adapters]
 
 
+def _read_checkpoint(path, name):
+    """The object stored in the torch checkpoint at ``path``, loaded on the CPU.
+
+    Loading uses ``torch.load(..., weights_only=True)``, so no code in the file
+    runs. A missing, unreadable, empty, truncated, corrupted or foreign file
+    fails in many ways inside torch (``UnpicklingError``, ``PytorchStreamReader``
+    errors, ``EOFError``, ``IndexError``, ``KeyError``, ...); each becomes one
+    ValueError naming ``name`` (the argument or option the path came from).
+    """
+    shown = os.fspath(path)
+    if not os.path.exists(shown):
+        raise ValueError(f"{name}: {shown} does not exist")
+    if not os.path.isfile(shown):
+        raise ValueError(f"{name}: {shown} is not a file")
+    try:
+        return torch.load(shown, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - every failure of a bad file means the same
+        detail = " ".join(str(exc).split())
+        detail = f"{type(exc).__name__}: {detail.split('. ')[0][:160]}".rstrip(": ")
+        raise ValueError(f"{name}: cannot read {shown} as a torch checkpoint of tensors "
+                         f"(truncated, corrupted or not a torch state dict: {detail})") from None
+
+
 def _weights_iv(weights, name):
     """A state dict (name -> tensor) from a mapping or the path of a ``.pth`` file."""
     if isinstance(weights, str | os.PathLike):
-        weights = torch.load(os.fspath(weights), map_location="cpu", weights_only=True)
-        if isinstance(weights, Mapping) and "state_dict" in weights and not any(
-                isinstance(v, torch.Tensor) for v in weights.values()):
-            weights = weights["state_dict"]
+        weights = _read_checkpoint(weights, name)
+        # a checkpoint wrapping its state dict: torchvision-style {"state_dict": ...}, or the
+        # cache record of ebfl.learning.torch.pretrain {"state": ..., "config": ...}
+        for key in ("state_dict", "state"):
+            if isinstance(weights, Mapping) and key in weights and not any(
+                    isinstance(v, torch.Tensor) for v in weights.values()):
+                weights = weights[key]
+        if not isinstance(weights, Mapping):
+            raise ValueError(f"{name}: the checkpoint holds a {type(weights).__name__}, not a "
+                             "state dict (name -> tensor)")
     if not isinstance(weights, Mapping):
         raise TypeError(f"{name} must be a state dict (name -> tensor) or the path of a "
                         f"torch checkpoint holding one, got {type(weights).__name__}")
+    bad = [k for k, v in weights.items() if not isinstance(k, str)]
+    if bad:
+        raise TypeError(f"{name} must map names (strings) to tensors; not strings: {bad[:10]}")
     bad = [k for k, v in weights.items() if not isinstance(v, torch.Tensor)]
     if bad:
         raise TypeError(f"{name} must map names to tensors; not tensors: {bad[:10]}")
@@ -633,10 +710,13 @@ def _copy_backbone(model, weights, name):
     unknown = sorted(set(weights) - set(expected) - counters)
     missing = [k for k in expected if k not in weights]
     if unknown or missing:
-        raise ValueError(f"{name} must hold exactly the backbone's tensors; "
-                         + (f"unknown keys: {unknown[:10]}" if unknown else "")
+        hint = (" (the state dict of another architecture?)"
+                if len(unknown) + len(missing) > 2 else "")
+        label = "ResNet-18" if isinstance(model, ResNet18Adapters) else type(model).__name__
+        raise ValueError(f"{name} must hold exactly the tensors of a {label} backbone{hint}; "
+                         + (f"{len(unknown)} unknown keys: {unknown[:10]}" if unknown else "")
                          + ("; " if unknown and missing else "")
-                         + (f"missing keys: {missing[:10]}" if missing else ""))
+                         + (f"{len(missing)} missing keys: {missing[:10]}" if missing else ""))
     skipped = {k: "integer counter, not kept by ebfl's BatchNorm" for k in sorted(counters)}
     head = [k for k in expected if k.startswith("fc.")]
     if any(weights[k].shape != state[k].shape for k in head):
@@ -647,8 +727,13 @@ def _copy_backbone(model, weights, name):
         if weights[k].shape != state[k].shape:
             raise ValueError(f"{name}[{k!r}] has shape {tuple(weights[k].shape)}, the model "
                              f"expects {tuple(state[k].shape)}")
-        if not weights[k].is_floating_point() or not torch.isfinite(weights[k]).all():
-            raise ValueError(f"{name}[{k!r}] must be a finite floating-point tensor")
+        if not weights[k].is_floating_point():
+            raise ValueError(f"{name}[{k!r}] must be a floating-point tensor, got dtype "
+                             f"{weights[k].dtype}")
+        bad = int(weights[k].numel() - torch.isfinite(weights[k]).sum())
+        if bad:
+            raise ValueError(f"{name}[{k!r}] must be finite; it has {bad} NaN or infinite "
+                             "value(s)")
     with torch.no_grad():
         for k in to_copy:
             state[k].copy_(weights[k])  # state_dict tensors share storage with the model
@@ -685,7 +770,8 @@ def load_torchvision_weights(model, weights):
     ValueError
         A key the model does not have, a backbone tensor missing, a shape that
         differs (other than the head's) or a non-finite tensor; the message
-        names the keys, and nothing is copied.
+        names the keys, and nothing is copied. A file that is missing or cannot
+        be read as a torch checkpoint of tensors (truncated, corrupted, foreign).
     TypeError
         ``model`` is not a ResNet18Adapters, or ``weights`` is not a state dict.
 

@@ -52,6 +52,7 @@ from ebfl._validation import (
     check_nonnegative_scalar,
     check_positive_scalar,
     check_probability,
+    check_real_scalar,
 )
 from ebfl.federated.streams import SERVER, stream_seed
 from ebfl.fedhdp.aggregation import group_weights, noisy_unclipped_fraction, update_clip_norm
@@ -365,18 +366,45 @@ class FedHDP(Strategy):
             acc.append(_test_accuracy(logits, part))
         return {**out, "global_accuracy": torch.cat(acc)}
 
-    def privacy(self, delta, *, rounds, sampling_rate, accountant="rdp"):
-        """Each privacy group's epsilon after ``rounds`` rounds (inf for a group with z = 0).
+    def privacy(self, delta, *, rounds, sampling_rate, accountant="rdp", sampling=None):
+        """Each privacy group's epsilon after ``rounds`` rounds, with what it is a proof for.
 
         Accounts each group separately, as the paper (parallel composition): the
         Poisson-sampled Gaussian at the group's z, which covers the update and
-        the unclipped count together (see ``noise_multiplier``).
+        the unclipped count together (see ``noise_multiplier``). The epsilon is
+        a proof only for a run inside that model: Poisson sampling and
+        ``denominator="expected"``; otherwise the record says
+        ``guarantee="conditional"`` and why (``condition``).
+
+        Parameters
+        ----------
+        delta : float
+            In (0, 1).
+        rounds : int
+        sampling_rate : float
+            q in (0, 1], the probability that a client takes part in a round.
+        accountant : {"rdp", "pld"}
+        sampling : {"poisson", "fixed"} or None
+            The run's client sampling (``train(..., sampling=)``); None: not
+            known, and the epsilon is conditional on it being Poisson.
+
+        Returns
+        -------
+        ebfl.privacy.guarantee.FedHDPPrivacy
+            ``epsilon`` per group (inf for a group with z = 0), ``in_model``,
+            ``guarantee`` and ``condition``.
         """
         from ebfl.privacy.dp_fedavg import fedhdp_group_epsilons
+        from ebfl.privacy.guarantee import FedHDPPrivacy, dp_fedavg_guarantee
 
-        return fedhdp_group_epsilons(sampling_rate=sampling_rate,
-                                     noise_multipliers=self.noise_multiplier.tolist(),
-                                     rounds=rounds, delta=delta, accountant=accountant)
+        terms = dp_fedavg_guarantee(sampling=sampling, denominator=self.denominator)
+        sampling_rate = check_real_scalar(sampling_rate, "sampling_rate", low=0.0, high=1.0,
+                                          low_open=True)
+        eps = fedhdp_group_epsilons(sampling_rate=sampling_rate,
+                                    noise_multipliers=self.noise_multiplier.tolist(),
+                                    rounds=rounds, delta=delta, accountant=accountant)
+        return FedHDPPrivacy(eps, float(delta), int(rounds), sampling_rate,
+                             tuple(self.noise_multiplier.tolist()), accountant, **terms)
 
 
 def _rows(mask, like):

@@ -23,10 +23,13 @@ probability vectors, so a failure is a bug).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 from torch.func import functional_call
 
+from ebfl._validation import check_int_scalar, check_nonnegative_scalar
 from ebfl.learning.torch.functional import eval_mode
 
 __all__ = ["InequalityViolation", "check_inequalities", "ensemble_distance",
@@ -40,36 +43,74 @@ class InequalityViolation(AssertionError):
     """One of the exact inequalities behind PerAda's Theorems 1-2 failed on a sample."""
 
 
-def _probs_iv(p, name):
+def _probs_iv(p, name, ndim=None, shape=None):
+    """Probabilities, classes along the last axis: finite, in [0, 1].
+
+    Their sums are not checked: :func:`check_inequalities` is a bug detector,
+    which reports vectors that are not probability vectors by their violation.
+    ``ndim``: the number of axes required (None: at least 2); ``shape``: the
+    trailing (n, k) they must have.
+    """
     if not isinstance(p, torch.Tensor) or not p.is_floating_point():
         raise TypeError(f"{name} must be a floating-point Tensor of probabilities")
-    if p.dim() < 2:
-        raise ValueError(f"{name} must have a class axis last, got shape {tuple(p.shape)}")
+    if p.dim() < 2 or (ndim is not None and p.dim() != ndim):
+        want = f"{ndim} axes" if ndim is not None else "a sample and a class axis"
+        raise ValueError(f"{name} must have {want} (classes last), got shape {tuple(p.shape)}")
+    if p.shape[-1] < 1 or p.shape[-2] < 1:
+        raise ValueError(f"{name} must hold at least one sample and one class, got shape "
+                         f"{tuple(p.shape)}")
+    if shape is not None and tuple(p.shape[-2:]) != tuple(shape):
+        raise ValueError(f"{name} must have (n, k) = {tuple(shape)} as its last axes, got "
+                         f"shape {tuple(p.shape)}")
+    if not bool(torch.isfinite(p).all()):
+        raise ValueError(f"{name} must be finite; it has NaN or infinite values")
+    if bool((p < 0).any()) or bool((p > 1).any()):
+        raise ValueError(f"{name} must hold probabilities in [0, 1], got values from "
+                         f"{float(p.min())} to {float(p.max())}")
     return p
+
+
+def _labels_iv(y, name, n, k):
+    """Integer labels (n,) in [0, k)."""
+    if not isinstance(y, torch.Tensor) or y.is_floating_point() or y.is_complex() or (
+            y.dtype == torch.bool):
+        raise TypeError(f"{name} must be a Tensor of integer class labels")
+    if tuple(y.shape) != (n,):
+        raise ValueError(f"{name} must have shape ({n},) (one label per sample), got "
+                         f"{tuple(y.shape)}")
+    lo, hi = int(y.min()), int(y.max())
+    if lo < 0 or hi >= k:
+        raise ValueError(f"{name} must hold labels in [0, {k - 1}] ({k} classes), got values "
+                         f"from {lo} to {hi}")
+    return y.long()
 
 
 def soft_error(probs, y):
     """Mean over samples of ``1 - p(x)_y`` (PerAda's ERR); probs (..., n, k), y (n,)."""
     probs = _probs_iv(probs, "probs")
+    y = _labels_iv(y, "y", *probs.shape[-2:])
     return (1 - probs.gather(-1, y.expand(*probs.shape[:-1]).unsqueeze(-1)).squeeze(-1)).mean(-1)
 
 
 def zero_one_error(probs, y):
-    """Mean over samples of ``1[argmax p(x) != y]``."""
+    """Mean over samples of ``1[argmax p(x) != y]``; probs (..., n, k), y (n,)."""
     probs = _probs_iv(probs, "probs")
+    y = _labels_iv(y, "y", *probs.shape[-2:])
     return (probs.argmax(-1) != y).float().mean(-1)
 
 
 def ensemble_distance(member_probs, global_probs):
     """Phi: mean over samples of ``|g(x) - mean_m h_m(x)|_1``; members (M, n, k), g (n, k)."""
-    member_probs = _probs_iv(member_probs, "member_probs")
-    global_probs = _probs_iv(global_probs, "global_probs")
+    global_probs = _probs_iv(global_probs, "global_probs", ndim=2)
+    member_probs = _probs_iv(member_probs, "member_probs", ndim=3, shape=global_probs.shape)
     return float((global_probs - member_probs.mean(0)).abs().sum(-1).mean())
 
 
 def prediction_distance(personal_probs, global_probs):
     """Per model: mean over samples of ``min(1, |p(x) - g(x)|_1)``; p (M, n, k) -> (M,)."""
-    personal_probs = _probs_iv(personal_probs, "personal_probs")
+    global_probs = _probs_iv(global_probs, "global_probs", ndim=2)
+    personal_probs = _probs_iv(personal_probs, "personal_probs", ndim=3,
+                               shape=global_probs.shape)
     return (personal_probs - global_probs).abs().sum(-1).clamp(max=1.0).mean(-1)
 
 
@@ -86,6 +127,7 @@ def check_inequalities(personal_probs, global_probs, y, *, members=None, tol=TOL
         The ensemble members h_m of inequality 3 (default: the personalized
         models: Theorem 1 holds for any h_m in H_m).
     tol : float
+        >= 0.
 
     Returns
     -------
@@ -98,7 +140,13 @@ def check_inequalities(personal_probs, global_probs, y, *, members=None, tol=TOL
     InequalityViolation
         If a slack is below ``-tol``.
     """
-    members = personal_probs if members is None else members
+    global_probs = _probs_iv(global_probs, "global_probs", ndim=2)
+    personal_probs = _probs_iv(personal_probs, "personal_probs", ndim=3,
+                               shape=global_probs.shape)
+    members = personal_probs if members is None else _probs_iv(
+        members, "members", ndim=3, shape=global_probs.shape)
+    y = _labels_iv(y, "y", *global_probs.shape)
+    tol = check_nonnegative_scalar(tol, "tol")
     gy = global_probs.gather(-1, y[:, None]).squeeze(-1)
     wrong_g = (global_probs.argmax(-1) != y).float()
     slack1 = 2 * (1 - gy) - wrong_g
@@ -206,9 +254,29 @@ def generalization_report(strategy, server, clients, data, *, global_test, ood=N
     from ebfl.learning.torch.data import FederatedDataset
     from ebfl.learning.torch.engine import evaluate_strategy
     from ebfl.learning.torch.functional import to_device
+    from ebfl.learning.torch.strategies import Strategy
 
+    if not isinstance(strategy, Strategy):
+        raise TypeError(f"strategy must be a Strategy of ebfl.learning.torch, got "
+                        f"{type(strategy).__name__}")
     if not isinstance(data, FederatedDataset):
         raise TypeError(f"data must be a FederatedDataset, got {type(data).__name__}")
+    for name, state in (("server", server), ("clients", clients)):
+        if not isinstance(state, Mapping):
+            raise TypeError(f"{name} must be a state dict (a TrainResult's), got "
+                            f"{type(state).__name__}")
+    features, k = tuple(data.x_train.shape[2:]), int(data.n_classes)
+    _test_set_iv(global_test, "global_test", features, k)
+    if ood is not None:
+        if not isinstance(ood, Mapping):
+            raise TypeError(f"ood must be a dict name -> (x, y), got {type(ood).__name__}")
+        for name, pair in ood.items():
+            if not isinstance(name, str):
+                raise TypeError(f"ood must be keyed by names (strings), got {name!r}")
+            _test_set_iv(pair, f"ood[{name!r}]", features, k)
+    if aux is not None:
+        _inputs_iv(aux, "aux", features)
+    chunk = check_int_scalar(chunk, "chunk", minimum=1)
     device = strategy.device
     server, clients = strategy.restore_state(server), strategy.restore_state(clients)
     data = data.to(device)
@@ -238,6 +306,26 @@ def generalization_report(strategy, server, clients, data, *, global_test, ood=N
         if g is not None:
             report["phi_aux"] = ensemble_distance(probs["__aux__"], g)
     return report
+
+
+def _inputs_iv(x, name, features):
+    """A floating, finite (n >= 1, *features) Tensor."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point Tensor of inputs")
+    if x.dim() < 1 or x.shape[0] < 1 or tuple(x.shape[1:]) != features:
+        raise ValueError(f"{name} must have shape (n, {', '.join(map(str, features))}) with "
+                         f"n >= 1 (the clients' inputs), got {tuple(x.shape)}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} must be finite; it has NaN or infinite values")
+
+
+def _test_set_iv(pair, name, features, k):
+    """A labelled test set (x, y) of the clients' inputs and classes."""
+    if isinstance(pair, torch.Tensor) or not isinstance(pair, tuple | list) or len(pair) != 2:
+        raise TypeError(f"{name} must be a pair (x, y) of Tensors")
+    x, y = pair
+    _inputs_iv(x, f"{name}[0] (x)", features)
+    _labels_iv(y, f"{name}[1] (y)", x.shape[0], k)
 
 
 class _Result:

@@ -109,16 +109,22 @@ class _Partial(Strategy):
     """
 
     family = "Partial"
+    #: How the arguments are called in messages (FedRep names them after the head).
+    _arg_names = {"personal": "personal", "lr_personal": "lr_personal",
+                  "personal_steps": "personal_steps"}
 
     def __init__(self, model, personal, *, lr, lr_personal, weight_decay, pretrained, frozen):
         self.model = _model_iv(model)
         names = _state_names(model)
-        self.personal_names, self.mode = _names_iv(model, personal, "personal", GROUPS, names)
+        arg = self._arg_names
+        self.personal_names, self.mode = _names_iv(model, personal, arg["personal"], GROUPS,
+                                                   names)
         frozen_names = ([] if frozen is None else
                         _names_iv(model, frozen, "frozen", _FROZEN_GROUPS, names)[0])
         both = [n for n in self.personal_names if n in frozen_names and n != DROPOUT_KEY]
         if both:
-            raise ValueError(f"personal and frozen must not share names; both hold {both[:5]}")
+            raise ValueError(f"{arg['personal']} and frozen must not share names; both hold "
+                             f"{both[:5]}")
         if DROPOUT_KEY in names:  # each client's own dropout stream
             frozen_names = [n for n in frozen_names if n != DROPOUT_KEY]
             if DROPOUT_KEY not in self.personal_names:
@@ -126,12 +132,12 @@ class _Partial(Strategy):
         self.frozen_names = frozen_names
         self.shared_names = [n for n in names
                              if n not in self.personal_names and n not in frozen_names]
-        _parts_iv(model, self.personal_names, self.shared_names, frozen_names)
+        _parts_iv(model, self.personal_names, self.shared_names, frozen_names, arg["personal"])
         self.pretrained = _pretrained_iv(model, pretrained, frozen_names)
         self._frozen = {n: self.pretrained[n] for n in frozen_names} or None
         self.lr = check_nonnegative_scalar(lr, "lr")
         self.lr_personal = (self.lr if lr_personal is None
-                            else check_nonnegative_scalar(lr_personal, "lr_personal"))
+                            else check_nonnegative_scalar(lr_personal, arg["lr_personal"]))
         self.weight_decay = check_nonnegative_scalar(weight_decay, "weight_decay")
         label = GROUPS.get(self.mode, "custom")
         self.name = f"{self.family} ({label})"
@@ -268,10 +274,11 @@ class FedAlt(_Partial):
     weight_decay : float
     pretrained : dict name -> Tensor, optional
         Initial values of any of the model's tensors (e.g. an ImageNet
-        backbone; the run's ``init_params`` take precedence). Names that are
-        not in the model's state (such as ``num_batches_tracked``) are
-        ignored, and so is a tensor of another shape unless it is frozen (a
-        head for another number of classes: freshly initialized instead).
+        backbone; the run's ``init_params`` take precedence), finite. Every
+        name must be a state name of the model (``num_batches_tracked``
+        counters are ignored); a tensor of another shape is ignored unless it
+        is frozen (a head for another number of classes: freshly initialized
+        instead). Not modified.
     frozen : str or list of str, optional
         Tensors nobody trains: a group (as ``personal``, or "backbone") or
         names; their values must be in ``pretrained``. BatchNorm layers whose
@@ -294,7 +301,9 @@ class FedAlt(_Partial):
         super().__init__(model, personal, lr=lr, lr_personal=lr_personal,
                          weight_decay=weight_decay, pretrained=pretrained, frozen=frozen)
         self.personal_steps = (None if personal_steps is None
-                               else check_int_scalar(personal_steps, "personal_steps", minimum=0))
+                               else check_int_scalar(personal_steps,
+                                                     self._arg_names["personal_steps"],
+                                                     minimum=0))
 
     def config(self):
         return {**super().config(), "personal_steps": self.personal_steps,
@@ -402,6 +411,7 @@ class FedRep(FedAlt):
 
     family = "FedRep"
     _default_factor = 10
+    _arg_names = {"personal": "head", "lr_personal": "lr_head", "personal_steps": "head_steps"}
 
     def __init__(self, model, lr=0.01, lr_head=None, *, head_steps=None, head="output",
                  weight_decay=0.0, pretrained=None, frozen=None):
@@ -540,13 +550,13 @@ def _names_iv(model, value, name, groups, names):
     return list(dict.fromkeys(value)), "custom"
 
 
-def _parts_iv(model, personal, shared, frozen):
+def _parts_iv(model, personal, shared, frozen, name="personal"):
     """Both parts hold a parameter, and no BatchNorm layer that trains has frozen statistics."""
     if not _count(model, personal):
-        raise ValueError("personal must hold at least one parameter of model (buffers alone "
+        raise ValueError(f"{name} must hold at least one parameter of model (buffers alone "
                          "are not trained)")
     if not _count(model, shared):
-        raise ValueError("personal and frozen leave no shared parameter: with nothing to "
+        raise ValueError(f"{name} and frozen leave no shared parameter: with nothing to "
                          "communicate this is local training (Local)")
     frozen = set(frozen)
     for prefix, module in model.named_modules():
@@ -569,11 +579,21 @@ def _pretrained_iv(model, pretrained, frozen):
                         f"{type(pretrained).__name__}")
     state = dict(model.named_parameters())
     state.update((n, b) for n, b in model.named_buffers() if b.is_floating_point())
+    wrong = [n for n in pretrained if not isinstance(n, str)]
+    if wrong:
+        raise TypeError(f"pretrained must map state names (strings) to tensors, got key "
+                        f"{wrong[0]!r}")
+    # torchvision checkpoints carry BatchNorm counters, which ebfl's models do not keep
+    unknown = [n for n in pretrained if n not in state and not n.endswith("num_batches_tracked")]
+    if unknown:
+        raise ValueError(f"pretrained holds names that are not parameters or float buffers "
+                         f"of model: {unknown[:5]} ({len(unknown)} in all; the state dict of "
+                         "another architecture?)")
     frozen = set(frozen)
     out = {}
     for name, value in pretrained.items():
         if name not in state:
-            continue  # e.g. num_batches_tracked, or a tensor of another architecture
+            continue  # a num_batches_tracked counter
         if not isinstance(value, torch.Tensor) or not value.is_floating_point():
             raise TypeError(f"pretrained[{name!r}] must be a floating-point Tensor")
         if value.shape != state[name].shape:
@@ -581,8 +601,10 @@ def _pretrained_iv(model, pretrained, frozen):
                 raise ValueError(f"pretrained[{name!r}] has shape {tuple(value.shape)}, model "
                                  f"needs {tuple(state[name].shape)}")
             continue  # e.g. a head for another number of classes: freshly initialized
-        if not bool(torch.isfinite(value).all()):
-            raise ValueError(f"pretrained[{name!r}] must be finite")
+        bad = int(value.numel() - torch.isfinite(value).sum())
+        if bad:
+            raise ValueError(f"pretrained[{name!r}] must be finite; it has {bad} NaN or "
+                             "infinite value(s)")
         out[name] = value.detach().to(state[name].dtype).clone()
     missing = [n for n in frozen if n not in out]
     if missing:

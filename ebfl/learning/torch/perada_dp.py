@@ -82,7 +82,6 @@ STEPS_PER_ITERATION = 2
 _ACCOUNTANTS = ("rdp", "pld")
 
 
-@contextlib.contextmanager
 def batchnorm_eval(model):
     """Train mode (dropout on), except every BatchNorm layer, which runs in eval mode.
 
@@ -101,6 +100,13 @@ def batchnorm_eval(model):
     >>> net[1].training  # restored
     True
     """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    return _batchnorm_eval(model)
+
+
+@contextlib.contextmanager
+def _batchnorm_eval(model):
     modes = [(m, m.training) for m in model.modules()]
     try:
         model.train()
@@ -165,12 +171,18 @@ class ClientPrivacy:
 
 
 def _n_train_iv(n_train):
-    n = np.asarray(n_train.cpu().numpy() if isinstance(n_train, torch.Tensor) else n_train)
+    try:
+        n = np.asarray(n_train.cpu().numpy() if isinstance(n_train, torch.Tensor) else n_train)
+    except (TypeError, ValueError):  # ragged sequences
+        raise TypeError("n_train must be a non-empty 1-d array of integers (training samples "
+                        "per client)") from None
     if n.ndim != 1 or n.size == 0 or n.dtype.kind not in "iu":
         raise TypeError("n_train must be a non-empty 1-d array of integers (training samples "
                         "per client)")
     if np.any(n < 1):
         raise ValueError(f"n_train must be >= 1 for every client, got {n.tolist()[:10]}")
+    if n.dtype.kind == "u" and int(n.max()) > np.iinfo(np.int64).max:  # would wrap on the cast
+        raise ValueError(f"n_train must be <= {np.iinfo(np.int64).max}, got {int(n.max())}")
     return n.astype(np.int64)
 
 

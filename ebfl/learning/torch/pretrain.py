@@ -30,7 +30,14 @@ from ebfl._validation import (
     check_positive_scalar,
     real_dtype_array,
 )
-from ebfl.learning.torch.adapters import SmallResNet, _copy_backbone, _widths_iv
+from ebfl.learning.torch.adapters import (
+    MAX_WIDTH,
+    SmallResNet,
+    _copy_backbone,
+    _resnet_floats,
+    _size_iv,
+    _widths_iv,
+)
 from ebfl.learning.torch.functional import eval_mode
 
 __all__ = ["PretrainedBackbone", "load_backbone", "pretrained_backbone"]
@@ -122,9 +129,9 @@ def pretrained_backbone(*, dataset="fashion-mnist", arch="small", widths=(16, 32
         Show a progress bar while training.
     data : tuple of 4 arrays, optional
         ``(x, y, x_test, y_test)`` instead of a named dataset: images (n, H, W)
-        or (n, C, H, W), pixels in [0, 1] (uint8 images are divided by 255, as
-        for the named datasets), and integer labels; the model has
-        ``1 + max label`` classes. Their digest enters the cache key.
+        or (n, C, H, W), finite, pixels in [0, 1] (uint8 images are divided by
+        255, as for the named datasets), and integer labels in [0, 2^20); the
+        model has ``1 + max label`` classes. Their digest enters the cache key.
 
     Returns
     -------
@@ -133,7 +140,8 @@ def pretrained_backbone(*, dataset="fashion-mnist", arch="small", widths=(16, 32
     Raises
     ------
     ValueError, TypeError
-        An argument out of range (the message names it).
+        An argument out of range (the message names it), a model too large
+        for memory, or a training run that diverged (NaN weights; lower ``lr``).
     PermissionError
         ``cache_dir`` cannot be written.
 
@@ -174,6 +182,12 @@ def pretrained_backbone(*, dataset="fashion-mnist", arch="small", widths=(16, 32
     if config["n_train"] is not None and config["n_train"] > config["n_available"]:
         raise ValueError(f"n_train must be in [1, {config['n_available']}] (the training set's "
                          f"size), got {config['n_train']}")
+    widths = tuple(config["widths"])  # the model's size, before any data is read
+    _size_iv(_resnet_floats(config["in_channels"], widths[0], 3,
+                            [(w, 1, 1 if i == 0 else 2) for i, w in enumerate(widths)],
+                            config["n_classes"], False),
+             f"widths={widths} (with {config['in_channels']} input channels and "
+             f"{config['n_classes']} classes)")
     path = _cache_dir_iv(cache_dir) / f"perada-backbone-{_cache_key(config)}.pt"
     cached = _read_cache(path, config)
     if cached is not None:
@@ -182,6 +196,10 @@ def pretrained_backbone(*, dataset="fashion-mnist", arch="small", widths=(16, 32
     if arrays is None:  # read the named dataset only when there is something to train
         arrays = _load_source(dataset)
     state, accuracy, seconds = _train_backbone(config, arrays, progress)
+    bad = [name for name, t in state.items() if not bool(torch.isfinite(t).all())]
+    if bad:  # nothing is cached: a diverged backbone must not be reused
+        raise ValueError(f"pretraining diverged: the trained backbone has NaN or infinite "
+                         f"values in {bad[:3]}; lower lr (lr={config['lr']:g})")
     _write_cache(path, {"config": config, "state": state, "test_accuracy": accuracy,
                         "seconds": seconds})
     return PretrainedBackbone(state, accuracy, config, path, seconds, cached=False)
@@ -201,7 +219,9 @@ def load_backbone(model, state):
         **Modified in place**; its widths must match the backbone's.
     state : dict of str -> Tensor, or path-like
         A state dict of ``SmallResNet(adapters=False)`` (not modified), or the
-        path of a file holding one.
+        path of a file holding one (loaded with ``torch.load(...,
+        weights_only=True)``), such as the cache file of
+        :func:`pretrained_backbone` (``PretrainedBackbone.path``).
 
     Returns
     -------
@@ -211,8 +231,10 @@ def load_backbone(model, state):
     Raises
     ------
     ValueError
-        Unknown or missing keys, or a shape that differs (other than the
-        head's); the message names them, and nothing is copied.
+        Unknown or missing keys, a shape that differs (other than the head's)
+        or a non-finite tensor; the message names them, and nothing is copied.
+        A file that is missing or cannot be read as a torch checkpoint of
+        tensors (truncated, corrupted, foreign).
 
     Examples
     --------
@@ -264,9 +286,11 @@ def _writable(folder):
 
 def _images_iv(x, name):
     arr = real_dtype_array(x, name)
-    if arr.ndim not in (3, 4):
-        raise ValueError(f"{name} must be images shaped (n, H, W) or (n, C, H, W), got shape "
-                         f"{arr.shape}")
+    if arr.ndim not in (3, 4) or 0 in arr.shape[1:]:
+        raise ValueError(f"{name} must be images shaped (n, H, W) or (n, C, H, W) with H, W "
+                         f"(and C) >= 1, got shape {arr.shape}")
+    if arr.ndim == 4 and arr.shape[1] > MAX_WIDTH:
+        raise ValueError(f"{name} must have at most {MAX_WIDTH} channels, got {arr.shape[1]}")
     if arr.dtype == np.uint8:
         return torch.from_numpy(arr.astype(np.float32) / np.float32(255.0))
     arr = arr.astype(np.float32)
@@ -277,11 +301,16 @@ def _images_iv(x, name):
 
 def _data_iv(data):
     if not isinstance(data, tuple | list) or len(data) != 4:
-        raise TypeError("data must be a tuple (x, y, x_test, y_test), got "
-                        f"{type(data).__name__}")
+        got = (f"{len(data)} items" if isinstance(data, tuple | list)
+               else type(data).__name__)
+        raise TypeError(f"data must be a tuple (x, y, x_test, y_test), got {got}")
     x, x_test = _images_iv(data[0], "data[0] (x)"), _images_iv(data[2], "data[2] (x_test)")
     y = torch.from_numpy(check_counts(data[1], "data[1] (y)"))
     y_test = torch.from_numpy(check_counts(data[3], "data[3] (y_test)"))
+    for name, labels in (("data[1] (y)", y), ("data[3] (y_test)", y_test)):
+        if labels.numel() and int(labels.max()) >= MAX_WIDTH:  # 1 + max label classes
+            raise ValueError(f"{name} must hold class labels in [0, {MAX_WIDTH - 1}], got "
+                             f"{int(labels.max())}")
     for name, images, labels in (("x", x, y), ("x_test", x_test, y_test)):
         if images.shape[0] != labels.shape[0] or not labels.numel():
             raise ValueError(f"data: {name} must have one image per label and at least one; "
