@@ -137,9 +137,9 @@ def load_clients(dataset, *, seed=0, femnist_root=None, test_fraction=0.2,
         Classes of each client's images, 1 to 10 (MNIST-like datasets; the paper: 3).
     samples_per_client : int, optional
         Keep this many (2 to 70,000) of each client's training images, drawn
-        stratified by its classes (all it has if fewer); None keeps all (about 1,100 with 50 clients of
-        3 classes). The test images are not affected. MNIST-like datasets only: the
-        paper does not state this number.
+        stratified by its classes (all it has if fewer); None keeps all (about
+        1,100 with 50 clients of 3 classes). The test images are not affected.
+        MNIST-like datasets only: the paper does not state this number.
     validation : bool
         Hold out :data:`VALIDATION_FRACTION` of each client's (kept) training images
         and return them in place of the test set: the data to choose a learning rate
