@@ -409,7 +409,7 @@ def test_fractional_orders_are_tight_upper_bounds_below_dp_accountings(q, z):
     orders = np.array([1.1, 1.25, 1.5])
     ours = poisson_gaussian_rdp(q, z, orders)
     oracle = _dp_accounting_rdp(q, z, orders)
-    assert np.all(np.isfinite(ours)) and np.all(ours <= oracle * (1 + 1e-9))
+    assert np.all(np.isfinite(ours)) and np.all(ours <= oracle * (1 + 2e-8))  # its 1e-8 margin
     at_two = _dp_accounting_rdp(q, z, [2.0])[0]
     assert np.all(np.diff(np.r_[ours, at_two]) >= 0)
     from ebfl.privacy.fractional_rdp import _log_a_minus_one
@@ -419,7 +419,7 @@ def test_fractional_orders_are_tight_upper_bounds_below_dp_accountings(q, z):
         assert quad == pytest.approx(_dp_accounting_rdp(q, z, [alpha])[0], rel=1e-8)
     # where dp-accounting's series is tight (small z: few terms), the two agree
     if z <= 0.1:
-        np.testing.assert_allclose(ours, oracle, rtol=1e-8)
+        np.testing.assert_allclose(ours, oracle, rtol=2e-8)
 
 
 def test_fractional_orders_where_dp_accounting_gives_inf_are_finite():

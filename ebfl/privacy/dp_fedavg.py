@@ -394,8 +394,9 @@ def dp_fedavg_rdp(*, sampling_rate, noise_multiplier, rounds, orders=None):
     (:func:`ebfl.privacy.fractional_rdp.poisson_gaussian_rdp`) they are
     computed by quadrature, to about 1e-9 relative error and rounded up;
     integer orders by the binomial sum without its cancelling terms (exact
-    also for tiny RDP); the other fractional orders by dp-accounting's series,
-    capped by the next integer order (RDP does not decrease with the order).
+    also for tiny RDP); fractional orders in [2, 12) by dp-accounting's
+    series, capped by the next integer order (RDP does not decrease with the
+    order); see the function for the rest.
     On the paper's settings this moves epsilon by less than 3e-4.
 
     Examples
