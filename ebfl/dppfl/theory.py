@@ -71,6 +71,7 @@ from ebfl.dppfl._checks import (
     check_devices,
     check_offsets,
     check_omega,
+    check_vector,
     refuse_overflow,
 )
 from ebfl.dppfl.objective import (
@@ -124,13 +125,6 @@ def _labels(y, name, n):
     return y
 
 
-def _vector(v, name, size, what):
-    v = check_finite_array(v, name, ndim=1, min_len=0)
-    if v.shape != (size,):
-        raise ValueError(f"{name} must have shape ({size},) ({what}), got {v.shape}")
-    return v
-
-
 def _feasible_duals(alpha, y, loss, name):
     """For the hinges, y alpha must lie in [0, 1] (the domain of l*)."""
     if loss != "squared":
@@ -150,8 +144,8 @@ def _local_args(X_t, y_t, alpha_t, w_t, omega_tt, lam, beta, loss, gamma):
     X_t = _rows(X_t, "X_t")
     n_t, d = X_t.shape
     y_t = _labels(y_t, "y_t", n_t)
-    alpha_t = _vector(alpha_t, "alpha_t", n_t, "one dual variable per row of X_t")
-    w_t = _vector(w_t, "w_t", d, "one weight per column of X_t")
+    alpha_t = check_vector(alpha_t, "alpha_t", n_t, "one dual variable per row of X_t")
+    w_t = check_vector(w_t, "w_t", d, "one weight per column of X_t")
     omega_tt = check_nonnegative_scalar(omega_tt, "omega_tt")
     lam = check_positive_scalar(lam, "lam")
     beta = check_positive_scalar(beta, "beta")
@@ -326,7 +320,7 @@ def local_objective(dalpha_t, X_t, y_t, alpha_t, w_t, omega_tt, lam, beta, loss=
     """
     X_t, y_t, alpha_t, w_t, omega_tt, lam, beta, loss, gamma = _local_args(
         X_t, y_t, alpha_t, w_t, omega_tt, lam, beta, loss, gamma)
-    dalpha = _vector(dalpha_t, "dalpha_t", X_t.shape[0], "one entry per row of X_t")
+    dalpha = check_vector(dalpha_t, "dalpha_t", X_t.shape[0], "one entry per row of X_t")
     return _local_value(dalpha, X_t, y_t, alpha_t, w_t, beta * omega_tt / (2.0 * lam), loss,
                         gamma)
 
@@ -569,7 +563,7 @@ def local_solution_quality(dalpha_t, X_t, y_t, alpha_t, w_t, omega_tt, lam, beta
     """
     X_t, y_t, alpha_t, w_t, omega_tt, lam, beta, loss, gamma = _local_args(
         X_t, y_t, alpha_t, w_t, omega_tt, lam, beta, loss, gamma)
-    dalpha = _vector(dalpha_t, "dalpha_t", X_t.shape[0], "one entry per row of X_t")
+    dalpha = check_vector(dalpha_t, "dalpha_t", X_t.shape[0], "one entry per row of X_t")
     tol = check_positive_scalar(tol, "tol")
     c = beta * omega_tt / (2.0 * lam)
     best = _solve_local(X_t, y_t, alpha_t, w_t, c, loss, gamma, tol, 200_000).objective
@@ -769,7 +763,7 @@ def lemma1_ratio(X, offsets, omega, dalpha):
     X = _rows(X, "X")
     offsets = _offsets(offsets, X.shape[0])
     omega = _omega(omega, offsets.size - 1)
-    dalpha = _vector(dalpha, "dalpha", X.shape[0], "one entry per row of X")
+    dalpha = check_vector(dalpha, "dalpha", X.shape[0], "one entry per row of X")
     full, blocks = _lemma1_terms(X, offsets, omega, dalpha)
     if not blocks > 0.0:
         raise ValueError("dalpha must have sum_t Omega_tt ||X_t dalpha_t||^2 > 0 (the ratio of "
@@ -855,8 +849,8 @@ def lemma1_gap(X, y, offsets, alpha, dalpha, omega, lam, xi, loss="hinge", gamma
     """
     X, y, offsets, omega = _global_args(X, y, offsets, omega)
     n, m = X.shape[0], offsets.size - 1
-    alpha = _vector(alpha, "alpha", n, "one dual variable per row of X")
-    dalpha = _vector(dalpha, "dalpha", n, "one entry per row of X")
+    alpha = check_vector(alpha, "alpha", n, "one dual variable per row of X")
+    dalpha = check_vector(dalpha, "dalpha", n, "one entry per row of X")
     lam = check_positive_scalar(lam, "lam")
     xi = check_real_scalar(xi, "xi", low=0.0, high=1.0, low_open=True)
     loss, gamma = _loss_args(loss, gamma)
@@ -964,7 +958,7 @@ def corollary2_difference(X_t, y_t, alpha_t, w_t, omega_tt, lam, beta, j, x_new,
     X_t = _rows(X_t, "X_t", unit=True)
     n_t, d = X_t.shape
     j = check_int_scalar(j, "j", minimum=0, maximum=n_t - 1)
-    x_new = _vector(x_new, "x_new", d, "a row of X_t")
+    x_new = check_vector(x_new, "x_new", d, "a row of X_t")
     if np.linalg.norm(x_new) > 1.0 + _NORM_SLACK:
         raise ValueError(f"x_new must have l2 norm <= 1, got {np.linalg.norm(x_new):.6g}")
     if y_new not in (-1, 1) or isinstance(y_new, bool):
@@ -1020,10 +1014,10 @@ def corollary3_difference(X_t, dalpha_t, xi, j, x_new):
     """
     X_t = _rows(X_t, "X_t", unit=True)
     n_t, d = X_t.shape
-    dalpha = _vector(dalpha_t, "dalpha_t", n_t, "one entry per row of X_t")
+    dalpha = check_vector(dalpha_t, "dalpha_t", n_t, "one entry per row of X_t")
     xi = check_real_scalar(xi, "xi", low=0.0, high=1.0, low_open=True)
     j = check_int_scalar(j, "j", minimum=0, maximum=n_t - 1)
-    x_new = _vector(x_new, "x_new", d, "a row of X_t")
+    x_new = check_vector(x_new, "x_new", d, "a row of X_t")
     if np.linalg.norm(x_new) > 1.0 + _NORM_SLACK:
         raise ValueError(f"x_new must have l2 norm <= 1, got {np.linalg.norm(x_new):.6g}")
     X2 = X_t.copy()

@@ -83,7 +83,12 @@ from ebfl.learning.torch.functional import (
     train_mode,
     weighted_mean,
 )
-from ebfl.learning.torch.perada import DROPOUT_KEY, _redraw_keys, frozen_batchnorm_eval
+from ebfl.learning.torch.perada import (
+    DROPOUT_KEY,
+    _redraw_keys,
+    check_state_names,
+    frozen_batchnorm_eval,
+)
 from ebfl.learning.torch.strategies import Strategy, _model_iv, _weights
 
 __all__ = ["GROUPS", "FedAlt", "FedBN", "FedRep", "FedSim", "LGFedAvg"]
@@ -579,16 +584,7 @@ def _pretrained_iv(model, pretrained, frozen):
                         f"{type(pretrained).__name__}")
     state = dict(model.named_parameters())
     state.update((n, b) for n, b in model.named_buffers() if b.is_floating_point())
-    wrong = [n for n in pretrained if not isinstance(n, str)]
-    if wrong:
-        raise TypeError(f"pretrained must map state names (strings) to tensors, got key "
-                        f"{wrong[0]!r}")
-    # torchvision checkpoints carry BatchNorm counters, which ebfl's models do not keep
-    unknown = [n for n in pretrained if n not in state and not n.endswith("num_batches_tracked")]
-    if unknown:
-        raise ValueError(f"pretrained holds names that are not parameters or float buffers "
-                         f"of model: {unknown[:5]} ({len(unknown)} in all; the state dict of "
-                         "another architecture?)")
+    check_state_names(pretrained, state)
     frozen = set(frozen)
     out = {}
     for name, value in pretrained.items():

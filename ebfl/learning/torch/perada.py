@@ -53,8 +53,8 @@ from ebfl.learning.torch.functional import (
 )
 from ebfl.learning.torch.strategies import Strategy, _model_iv
 
-__all__ = ["PerAda", "ServerDistillation", "distill", "ensemble_logits", "frozen_batchnorm_eval",
-           "kd_batches"]
+__all__ = ["PerAda", "ServerDistillation", "check_state_names", "distill", "ensemble_logits",
+           "frozen_batchnorm_eval", "kd_batches"]
 
 #: The adapters' dropout key (a float buffer of ebfl's adapter models), redrawn per step.
 DROPOUT_KEY = "dropout_key"
@@ -659,6 +659,21 @@ def _finite_iv(tensor, name):
         raise ValueError(f"{name} must be finite; it has {bad} NaN or infinite value(s)")
 
 
+def check_state_names(pretrained, names):
+    """Refuse keys of ``pretrained`` that are not strings or not among ``names`` (the
+    model's parameters and float buffers): the state dict of another architecture."""
+    wrong = [n for n in pretrained if not isinstance(n, str)]
+    if wrong:
+        raise TypeError(f"pretrained must map state names (strings) to tensors, got key "
+                        f"{wrong[0]!r}")
+    # torchvision checkpoints carry BatchNorm counters, which ebfl's models do not keep
+    unknown = [n for n in pretrained if n not in names and not n.endswith("num_batches_tracked")]
+    if unknown:
+        raise ValueError(f"pretrained holds names that are not parameters or float buffers "
+                         f"of model: {unknown[:5]} ({len(unknown)} in all; the state dict of "
+                         "another architecture?)")
+
+
 def _pretrained_iv(model, pretrained, trainable):
     """The pretrained tensors that start the model, as its dtypes: every frozen tensor,
     finite and of the model's shape; a trainable one of another shape (a head for other
@@ -667,16 +682,7 @@ def _pretrained_iv(model, pretrained, trainable):
         raise TypeError(f"pretrained must be a dict name -> Tensor, got "
                         f"{type(pretrained).__name__}")
     shapes = _state_shapes(model)
-    wrong = [n for n in pretrained if not isinstance(n, str)]
-    if wrong:
-        raise TypeError(f"pretrained must map state names (strings) to tensors, got key "
-                        f"{wrong[0]!r}")
-    # torchvision checkpoints carry BatchNorm counters, which ebfl's models do not keep
-    unknown = [n for n in pretrained if n not in shapes and not n.endswith("num_batches_tracked")]
-    if unknown:
-        raise ValueError(f"pretrained holds names that are not parameters or float buffers "
-                         f"of model: {unknown[:5]} ({len(unknown)} in all; the state dict of "
-                         "another architecture?)")
+    check_state_names(pretrained, shapes)
     missing = [n for n in shapes if n not in trainable and n not in pretrained]
     if missing:
         raise ValueError(f"pretrained lacks frozen backbone tensors {missing[:5]} "
