@@ -375,7 +375,7 @@ def _grid_iv(grid, n_grid, low, high):
         if np.any(steps <= 0):
             k = int(np.argmax(steps <= 0))
             raise ValueError(f"grid must be strictly increasing; grid[{k + 1}] = "
-                             f"{grid[k + 1]!r} follows grid[{k}] = {grid[k]!r}")
+                             f"{float(grid[k + 1])!r} follows grid[{k}] = {float(grid[k])!r}")
         return grid
     n_grid = check_int_scalar(n_grid, "n_grid", minimum=2, maximum=MAX_GRID)
     return np.linspace(low, high, n_grid)
