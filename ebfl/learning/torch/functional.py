@@ -86,6 +86,48 @@ def model_state(model):
     return state
 
 
+def check_labels(y, name, n, n_classes):
+    """Integer class labels, one per sample, each in ``[0, n_classes)``.
+
+    Parameters
+    ----------
+    y : torch.Tensor
+        The labels, shape ``(n,)``, any integer dtype.
+    name : str
+        The argument's name in error messages.
+    n : int
+        The number of samples the labels belong to.
+    n_classes : int
+        The number of classes of the model or of the probabilities.
+
+    Returns
+    -------
+    torch.Tensor
+        ``y`` as int64 (a copy only when its dtype differs).
+
+    Raises
+    ------
+    TypeError
+        Not a Tensor, or a floating, complex or boolean one.
+    ValueError
+        Not of shape ``(n,)``, or a label outside ``[0, n_classes - 1]``.
+    """
+    if not isinstance(y, torch.Tensor):
+        raise TypeError(f"{name} must be a Tensor of integer class labels, got "
+                        f"{type(y).__name__}")
+    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer class labels, got dtype {y.dtype}")
+    if tuple(y.shape) != (n,):
+        raise ValueError(f"{name} must have shape ({n},) (one label per sample), got "
+                         f"{tuple(y.shape)}")
+    if n:
+        lo, hi = int(y.min()), int(y.max())
+        if lo < 0 or hi >= n_classes:
+            raise ValueError(f"{name} must hold labels in [0, {n_classes - 1}] ({n_classes} "
+                             f"classes), got values from {lo} to {hi}")
+    return y.long()
+
+
 def check_device(device, name="device"):
     """The ``torch.device`` a run computes on: "cpu" (or None), "cuda" or "cuda:N".
 

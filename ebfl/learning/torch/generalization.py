@@ -30,7 +30,7 @@ import torch
 from torch.func import functional_call
 
 from ebfl._validation import check_int_scalar, check_nonnegative_scalar
-from ebfl.learning.torch.functional import eval_mode
+from ebfl.learning.torch.functional import check_labels, eval_mode
 
 __all__ = ["InequalityViolation", "check_inequalities", "ensemble_distance",
            "generalization_report", "prediction_distance", "soft_error", "zero_one_error"]
@@ -70,32 +70,17 @@ def _probs_iv(p, name, ndim=None, shape=None):
     return p
 
 
-def _labels_iv(y, name, n, k):
-    """Integer labels (n,) in [0, k)."""
-    if not isinstance(y, torch.Tensor) or y.is_floating_point() or y.is_complex() or (
-            y.dtype == torch.bool):
-        raise TypeError(f"{name} must be a Tensor of integer class labels")
-    if tuple(y.shape) != (n,):
-        raise ValueError(f"{name} must have shape ({n},) (one label per sample), got "
-                         f"{tuple(y.shape)}")
-    lo, hi = int(y.min()), int(y.max())
-    if lo < 0 or hi >= k:
-        raise ValueError(f"{name} must hold labels in [0, {k - 1}] ({k} classes), got values "
-                         f"from {lo} to {hi}")
-    return y.long()
-
-
 def soft_error(probs, y):
     """Mean over samples of ``1 - p(x)_y`` (PerAda's ERR); probs (..., n, k), y (n,)."""
     probs = _probs_iv(probs, "probs")
-    y = _labels_iv(y, "y", *probs.shape[-2:])
+    y = check_labels(y, "y", *probs.shape[-2:])
     return (1 - probs.gather(-1, y.expand(*probs.shape[:-1]).unsqueeze(-1)).squeeze(-1)).mean(-1)
 
 
 def zero_one_error(probs, y):
     """Mean over samples of ``1[argmax p(x) != y]``; probs (..., n, k), y (n,)."""
     probs = _probs_iv(probs, "probs")
-    y = _labels_iv(y, "y", *probs.shape[-2:])
+    y = check_labels(y, "y", *probs.shape[-2:])
     return (probs.argmax(-1) != y).float().mean(-1)
 
 
@@ -145,7 +130,7 @@ def check_inequalities(personal_probs, global_probs, y, *, members=None, tol=TOL
                                shape=global_probs.shape)
     members = personal_probs if members is None else _probs_iv(
         members, "members", ndim=3, shape=global_probs.shape)
-    y = _labels_iv(y, "y", *global_probs.shape)
+    y = check_labels(y, "y", *global_probs.shape)
     tol = check_nonnegative_scalar(tol, "tol")
     gy = global_probs.gather(-1, y[:, None]).squeeze(-1)
     wrong_g = (global_probs.argmax(-1) != y).float()
@@ -325,7 +310,7 @@ def _test_set_iv(pair, name, features, k):
         raise TypeError(f"{name} must be a pair (x, y) of Tensors")
     x, y = pair
     _inputs_iv(x, f"{name}[0] (x)", features)
-    _labels_iv(y, f"{name}[1] (y)", x.shape[0], k)
+    check_labels(y, f"{name}[1] (y)", x.shape[0], k)
 
 
 class _Result:

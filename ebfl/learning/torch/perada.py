@@ -40,6 +40,7 @@ from ebfl._validation import (
 from ebfl.federated.streams import SERVER, stream_seed
 from ebfl.learning.torch.functional import (
     buffer_names,
+    check_labels,
     client_forward,
     client_grad,
     clone_params,
@@ -830,13 +831,4 @@ def _validation_iv(validation, model, aux, name):
     if aux is not None and not _same_inputs(tuple(x.shape[1:]), tuple(aux.shape[1:])):
         raise ValueError(f"{name}[0] (x) must hold inputs shaped as aux's "
                          f"{tuple(aux.shape[1:])}, got {tuple(x.shape[1:])}")
-    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
-        raise TypeError(f"{name}[1] (y) must hold integer class labels, got dtype {y.dtype}")
-    if y.dim() != 1 or y.shape[0] != x.shape[0]:
-        raise ValueError(f"{name}: y must be 1-D with one label per row of x ({x.shape[0]}), "
-                         f"got shape {tuple(y.shape)}")
-    lo, hi = int(y.min()), int(y.max())
-    if lo < 0 or hi >= n_classes:
-        raise ValueError(f"{name}[1] (y) must hold labels in [0, {n_classes - 1}] (model has "
-                         f"{n_classes} classes), got values from {lo} to {hi}")
-    return x, y.long()
+    return x, check_labels(y, f"{name}[1] (y)", x.shape[0], n_classes)
