@@ -84,26 +84,31 @@ def test_quick_run_reports_what_the_noise_delivers(quick):
     assert p["paper"]["figure4_min_error"] == 0.097
 
 
-def test_rerun_resumes_from_the_checkpoints(quick, monkeypatch):
-    """Every fit is read back from the checkpoint directory: no fit runs again."""
+def test_rerun_resumes_from_the_checkpoints_and_prints_text(quick, monkeypatch, tmp_path):
+    """``ebfl reproduce dp-pfl --quick`` again (text output): every fit is read back from
+    the checkpoint directory, none runs again, and the results are the first run's."""
     p, tmp = quick
     import ebfl.dppfl.algorithm as algorithm
+    import ebfl.experiments.dppfl as experiment
 
     def refuse(*args, **kwargs):
         raise AssertionError("a fit ran again")
 
+    payloads = []
+
+    def recorded(**kwargs):
+        payloads.append(reproduce_dppfl(**kwargs))
+        return payloads[-1]
+
     monkeypatch.setattr(algorithm, "fit_dppfl", refuse)
-    again = reproduce_dppfl(quick=True, checkpoint_dir=tmp / "ck")
-    assert again["figure4"] == p["figure4"] and again["baselines"] == p["baselines"]
-    assert len(os.listdir(tmp / "ck")) > 50
-
-
-def test_text_output_and_plot(quick, tmp_path):
-    p, tmp = quick
+    monkeypatch.setattr(experiment, "reproduce_dppfl", recorded)
     code, out, err = _cli(["reproduce", "dp-pfl", "--quick", "--checkpoint-dir",
                            str(tmp / "ck")])
     assert code == 0, err
     assert "Figure 4: test error" in out and "paper 0.097 at 0.2" in out
+    again, = payloads
+    assert again["figure4"] == p["figure4"] and again["baselines"] == p["baselines"]
+    assert len(os.listdir(tmp / "ck")) > 50
     assert Path(plot_dppfl(p, tmp_path / "f.png")).stat().st_size > 10_000
 
 

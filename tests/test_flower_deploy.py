@@ -253,35 +253,6 @@ def _max_diff(tree, reference):
 # ------------------------------------------------------------------ tests
 
 
-@pytest.mark.flower
-@pytest.mark.parametrize("federation", [3], indirect=True)
-def test_deployment_matches_in_process_run(federation, tmp_path):
-    """AdaPeD on three SuperNodes ends with the in-process run's server arrays and
-    per-client accuracies. Every task runs in a fresh ClientApp process, so the
-    evaluation sees the personal models only through the state that each SuperNode
-    kept in Context.state. (One round: each task costs a few seconds of start-up; the
-    fault test below runs two rounds.)"""
-    job = {"algorithm": "adaped", "clients": 3, "rounds": 1, "local-steps": 2, "seed": 3}
-    result_path = tmp_path / "out" / "result.pkl"
-    app = write_app(tmp_path / "app", {**job, "result-path": str(result_path),
-                                       "round-timeout": 240.0},
-                    superlink=federation.superlink)
-    t0 = time.perf_counter()
-    _wait_run(federation, federation.flwr_run(app))
-    wall = time.perf_counter() - t0
-    got = _result(result_path, federation)
-
-    ref_job = build_job(job)
-    ref = run(ref_job.algorithm, ref_job.data, ref_job.config)
-    assert [(h["round"], h["clients"], h["replies"], h["answered"]) for h in got.history] \
-        == [(1, 3, 3, 3)]
-    diff = _max_diff(got.server, ref.server)
-    assert diff <= 1e-6, diff
-    np.testing.assert_allclose(got.metrics["accuracy"], ref.metrics["accuracy"], rtol=0,
-                               atol=1e-6)
-    print(f"deployment: {wall:.1f} s, max diff {diff}")
-
-
 def _reply_sent(log, phase):
     """Whether a SuperNode's log shows its first ``phase`` reply pushed to the SuperLink."""
     at = log.find(f"Sending: {phase} message")
@@ -291,10 +262,16 @@ def _reply_sent(log, phase):
 @pytest.mark.flower
 @pytest.mark.parametrize("federation", [3], indirect=True)
 def test_killed_supernode_is_left_out(federation, tmp_path):
-    """SIGKILL one SuperNode once its round-1 reply is in: the run still ends; round 2
-    aggregates the two replies that arrive within round-timeout, exactly as the
-    in-process run with that client failing in round 2, and the evaluation averages
-    the two clients that answer."""
+    """AdaPeD on three SuperNodes, one SIGKILLed once its round-1 reply is in: the run
+    still ends and matches the in-process run with that client failing in round 2.
+
+    Round 1 aggregates all three replies and round 2 the two that arrive within
+    round-timeout, so equal final server arrays check both the fault-free round and
+    the fault. Every task runs in a fresh ClientApp process, so the evaluation sees
+    the personal models only through the state each SuperNode kept in Context.state;
+    it averages the two clients that answer, each equal to the in-process run's.
+    (One deployment test rather than a fault-free one beside it: each task costs a
+    few seconds of start-up, and the dead node another minute, so CI pays for one.)"""
     job = {"algorithm": "adaped", "clients": 3, "rounds": 2, "local-steps": 2,
            "eval-every": 2, "seed": 1}
     result_path = tmp_path / "result.pkl"
