@@ -409,8 +409,14 @@ def test_the_proofs_simplification_is_not_a_valid_bound(releases):
 # --------------------------------------------------------------------------- report
 
 
-def test_report_at_the_paper_setting():
-    rep = dppfl_privacy_report(8.0, 1e-3, drop_probability=0.2, sampling_rate=0.5)
+@pytest.fixture(scope="module")
+def paper_report():
+    """The report at the paper's setting (the CLI's default), computed once per worker."""
+    return dppfl_privacy_report(8.0, 1e-3, drop_probability=0.2, sampling_rate=0.5)
+
+
+def test_report_at_the_paper_setting(paper_report):
+    rep = paper_report
     json.dumps(rep, allow_nan=False)
     cal = rep["calibration"]
     assert cal["sigma1"] == pytest.approx(59.71138, abs=1e-5)
@@ -465,13 +471,12 @@ def test_report_coarsens_the_pld_grid_instead_of_failing(monkeypatch):
 # --------------------------------------------------------------------------- CLI
 
 
-def test_cli_default_is_the_paper_setting(capsys):
+def test_cli_default_is_the_paper_setting(paper_report, capsys):
     assert main(["accounting", "dp-pfl", "--json"]) == 0
     out = capsys.readouterr().out
     assert out.count("\n") == 1
     payload = json.loads(out)
-    assert payload == json.loads(json.dumps(
-        dppfl_privacy_report(8.0, 1e-3, drop_probability=0.2, sampling_rate=0.5)))
+    assert payload == json.loads(json.dumps(paper_report))
     assert main(["accounting", "dp-pfl", "--drop", "0", "--q", "1", "--inner", "100",
                  "--outer", "2"]) == 0
     text = capsys.readouterr().out
