@@ -12,7 +12,7 @@ from ebfl._config import CACHE, FASTMATH
 
 
 @njit(parallel=True, cache=CACHE, fastmath=FASTMATH)
-def _bernoulli_counts(values, offsets):
+def count_bernoulli(values, offsets):
     """Per-client number of ones, and of entries that are neither 0 nor 1.
 
     Validation is fused into the single pass over the data (a separate check
@@ -35,7 +35,7 @@ def _bernoulli_counts(values, offsets):
     return ones, invalid
 
 
-# SWAR constants of :func:`_byte_counts` (uint64: numba turns int64 | uint64 into float64).
+# SWAR constants of :func:`count_bytes` (uint64: numba turns int64 | uint64 into float64).
 _LOW_BITS = np.uint64(0x0101010101010101)
 _NOT_01 = np.uint64(0xFEFEFEFEFEFEFEFE)
 _ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -59,14 +59,14 @@ def _lane_sum(w):
 
 
 @njit(parallel=True, cache=CACHE, fastmath=FASTMATH)
-def _byte_counts(values, words, offsets, ones, trials):
+def count_bytes(values, words, offsets, ones, trials):
     """Per-client number of ones of 1-byte 0/1 data, eight bytes at a time.
 
     ``words`` is ``values[:8 * (N // 8)]`` viewed as uint64 (``values`` must be
     8-byte aligned); ``ones`` and ``trials`` (m,), integer arrays wide enough
     for the largest client, are filled in. Returns the number of
     clients holding a byte other than 0 and 1 (their counts are then meaningless:
-    the caller locates them with :func:`_bernoulli_counts`).
+    the caller locates them with :func:`count_bernoulli`).
 
     A client's bytes are its partial first word (bytes below it masked off), its
     whole words and its partial last word. Their low bits are added lane-wise
@@ -123,7 +123,7 @@ def _byte_counts(values, words, offsets, ones, trials):
 
 
 @njit(parallel=True, cache=CACHE, fastmath=FASTMATH)
-def _client_mean_ssd(values, offsets):
+def client_mean_ssd(values, offsets):
     """Per-client coordinate means and total within-client sum of squared deviations.
 
     ``values`` has shape (N, d). Two passes per client (mean, then deviations)

@@ -35,7 +35,8 @@ __all__ = [
 INT64_MAX = 2**63 - 1
 
 
-def _short_repr(value, limit=80):
+def short_repr(value, limit=80):
+    """``repr(value)``, cut to ``limit`` characters (for error messages)."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
@@ -57,10 +58,10 @@ def as_generator(rng, name="rng"):
         return np.random.default_rng(rng)
     except TypeError as exc:
         raise TypeError(f"{name} must be None, an int >= 0, a SeedSequence or a "
-                        f"numpy.random.Generator, got {_short_repr(rng)}") from exc
+                        f"numpy.random.Generator, got {short_repr(rng)}") from exc
     except ValueError as exc:
         raise ValueError(f"{name} must be None, an int >= 0, a SeedSequence or a "
-                         f"numpy.random.Generator, got {_short_repr(rng)} ({exc})") from exc
+                         f"numpy.random.Generator, got {short_repr(rng)} ({exc})") from exc
 
 
 def _is_real_scalar(value):
@@ -134,7 +135,7 @@ def check_int_scalar(value, name, *, minimum, maximum=None):
                 and float(value).is_integer()):
             value = int(value)
         else:
-            raise TypeError(f"{name} must be an integer {accepted}, got {_short_repr(value)}")
+            raise TypeError(f"{name} must be an integer {accepted}, got {short_repr(value)}")
     value = int(value)
     if value < minimum or (maximum is not None and value > maximum):
         raise ValueError(f"{name} must be an integer {accepted}, got {value}")
@@ -151,7 +152,7 @@ def check_real_scalar(value, name, *, low=-math.inf, high=math.inf, low_open=Fal
     """
     interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
     if not _is_real_scalar(value):
-        raise TypeError(f"{name} must be a real number in {interval}, got {_short_repr(value)}")
+        raise TypeError(f"{name} must be a real number in {interval}, got {short_repr(value)}")
     value = _as_float(value, name)
     below = value < low or (low_open and value == low)
     above = value > high or (high_open and value == high)
@@ -166,7 +167,7 @@ def check_bool(value, name):
     ``bool("no")`` is True, so anything else is refused rather than converted.
     """
     if not isinstance(value, bool | np.bool_):
-        raise TypeError(f"{name} must be True or False, got {_short_repr(value)}")
+        raise TypeError(f"{name} must be True or False, got {short_repr(value)}")
     return bool(value)
 
 
@@ -174,7 +175,7 @@ def check_callable(value, name, signature=""):
     """Check that ``value`` is callable (``signature`` describes the expected call)."""
     if not callable(value):
         hint = f" {signature}" if signature else ""
-        raise TypeError(f"{name} must be a callable{hint}, got {_short_repr(value)}")
+        raise TypeError(f"{name} must be a callable{hint}, got {short_repr(value)}")
     return value
 
 
@@ -190,14 +191,27 @@ def check_names(value, name, choices, *, what="name"):
         names = list(value)
     except TypeError:
         raise TypeError(f"{name} must be a name or a sequence of names from "
-                        f"{sorted(choices)}, got {_short_repr(value)}") from None
+                        f"{sorted(choices)}, got {short_repr(value)}") from None
     wrong = [v for v in names if not isinstance(v, str)]
     if wrong:
-        raise TypeError(f"{name} must hold names (strings), got {_short_repr(wrong[0])}")
+        raise TypeError(f"{name} must hold names (strings), got {short_repr(wrong[0])}")
     unknown = [v for v in names if v not in choices]
     if unknown:
         raise ValueError(f"{name}: unknown {what}s {unknown}; choose from {sorted(choices)}")
     return names
+
+
+def check_distinct_ints(values, name, *, minimum, maximum):
+    """A non-empty list of distinct integers in ``[minimum, maximum]`` (e.g. severities)."""
+    if isinstance(values, str | bytes) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of integers in {minimum}..{maximum}, got "
+                        f"{short_repr(values)}")
+    values = list(values)
+    out = [check_int_scalar(v, name, minimum=minimum, maximum=maximum) for v in values]
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"{name} must be a non-empty sequence of distinct integers in "
+                         f"{minimum}..{maximum}, got {short_repr(values)}")
+    return out
 
 
 def check_choice(value, name, choices):

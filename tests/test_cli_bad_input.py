@@ -20,8 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ebfl import cli
-from ebfl.cli import main
+from ebfl.cli import _parser, main
 
 COUNTS = "wins,games\n3,5\n1,4\n4,6\n0,3\n"
 # One defect per column, all in data row 2 (line 3 of the file).
@@ -434,7 +433,7 @@ def test_the_boundary_maps_every_user_error_class(raised, shown, monkeypatch, ca
     def failing(args):
         raise raised
 
-    monkeypatch.setattr(cli, "_cmd_demo", failing)
+    monkeypatch.setattr(_parser, "_cmd_demo", failing)
     assert shown in _fails(capsys, ["demo"])
 
 
@@ -443,7 +442,7 @@ def test_a_bug_of_ours_keeps_its_traceback(bug, monkeypatch):
     def broken(args):
         raise bug
 
-    monkeypatch.setattr(cli, "_cmd_demo", broken)
+    monkeypatch.setattr(_parser, "_cmd_demo", broken)
     with pytest.raises(type(bug)):
         main(["demo"])
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from ebfl._kernels import _bernoulli_counts, _byte_counts, _client_mean_ssd
+from ebfl._kernels import client_mean_ssd, count_bernoulli, count_bytes
 from ebfl.eb import _kernels
 from ebfl.eb.results import BetaPosterior
 from tests import naive
@@ -28,7 +28,7 @@ def test_bernoulli_counts(seed, dtype):
         values[3] = 0.5
     else:
         values[5] = 2
-    got = _bernoulli_counts(values, offsets)
+    got = count_bernoulli(values, offsets)
     want = naive.naive_bernoulli_counts(values, offsets)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g, w)
@@ -39,7 +39,7 @@ def _byte_counts_of(values, offsets):
     ones = np.full(offsets.size - 1, -7, np.int64)
     trials = np.full(offsets.size - 1, -7, np.int32)
     words = values[:values.size - values.size % 8].view(np.uint64)
-    n_bad = _byte_counts(values.view(np.uint8), words, offsets, ones, trials)
+    n_bad = count_bytes(values.view(np.uint8), words, offsets, ones, trials)
     np.testing.assert_array_equal(trials, np.diff(offsets))
     return ones, n_bad
 
@@ -89,13 +89,13 @@ def test_client_mean_ssd(seed, d):
     rng = np.random.default_rng(seed)
     offsets, _ = _offsets(rng, 40)
     values = 1e3 + rng.standard_normal((offsets[-1], d))  # large mean: checks the two-pass sum
-    mean, ssd, nonfinite = _client_mean_ssd(values, offsets)
+    mean, ssd, nonfinite = client_mean_ssd(values, offsets)
     want_mean, want_ssd = naive.naive_client_mean_ssd(values, offsets)
     np.testing.assert_allclose(mean, want_mean, rtol=RTOL)
     np.testing.assert_allclose(ssd, want_ssd, rtol=1e-9, atol=1e-12)
     assert not nonfinite.any()
     values[3, 0] = np.inf
-    assert _client_mean_ssd(values, offsets)[2].sum() == 1
+    assert client_mean_ssd(values, offsets)[2].sum() == 1
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -10,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 from ebfl._validation import (
-    _short_repr,
     as_real_array,
     check_counts,
     check_finite_array,
     check_int_scalar,
     check_real_scalar,
     real_dtype_array,
+    short_repr,
 )
 from ebfl.privacy.accounting import DEFAULT_ORDERS
 
@@ -82,7 +82,7 @@ def check_offsets(offsets, n, name="offsets", rows="X"):
     """
     if isinstance(offsets, str | bytes):
         raise TypeError(f"{name} must be a 1-D array of integer row offsets, got "
-                        f"{_short_repr(offsets)}")
+                        f"{short_repr(offsets)}")
     arr = real_dtype_array(offsets, name)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integers (row offsets), got dtype {arr.dtype}")
@@ -94,7 +94,7 @@ def check_offsets(offsets, n, name="offsets", rows="X"):
     if arr[0] != 0 or arr[-1] != n or np.any(np.diff(arr) < 0):
         raise ValueError(f"{name} must rise from 0 to n = {n}, the number of rows of {rows} "
                          f"(device t's rows at offsets[t]:offsets[t + 1]), got "
-                         f"{_short_repr(arr.tolist())}")
+                         f"{short_repr(arr.tolist())}")
     return arr.astype(np.int64)
 
 

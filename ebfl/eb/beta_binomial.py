@@ -16,14 +16,15 @@ import numpy as np
 from scipy import special
 
 from ebfl._config import MAX_DENSE_TABLE_CELLS
-from ebfl._kernels import _bernoulli_counts, _byte_counts
+from ebfl._kernels import count_bernoulli, count_bytes
 from ebfl._validation import INT64_MAX, check_bool, check_choice, check_counts
 from ebfl.eb import _kernels
 from ebfl.eb.priors import BetaPrior
 from ebfl.eb.results import BetaBinomialEBResult, BetaPosterior
 from ebfl.ragged import Ragged
 
-__all__ = ["METHODS", "beta_bernoulli_eb", "beta_binomial_eb", "bernoulli_counts"]
+__all__ = ["METHODS", "beta_bernoulli_eb", "beta_binomial_eb", "bernoulli_counts",
+           "check_binomial_counts"]
 
 _LOO_VARIANTS = {
     "loo_printed": _kernels.LOO_PRINTED,
@@ -73,7 +74,7 @@ def _count_ones(values, offsets, dtype):
     values other than 0 and 1.
 
     1-byte data that are 8-byte aligned (numpy's own allocations are) are read
-    a word at a time (:func:`ebfl._kernels._byte_counts`); other dtypes, and
+    a word at a time (:func:`ebfl._kernels.count_bytes`); other dtypes, and
     a slice that starts off alignment, by the generic kernel, which also locates
     invalid values for the error message.
     """
@@ -82,12 +83,12 @@ def _count_ones(values, offsets, dtype):
         values = values.view(np.uint8)
         ones, trials = np.empty(m, dtype), np.empty(m, dtype)
         words = values[:values.size - values.size % 8].view(np.uint64)
-        if _byte_counts(values, words, offsets, ones, trials) == 0:
+        if count_bytes(values, words, offsets, ones, trials) == 0:
             _check_nonempty(trials, "data")
             return ones, trials
     trials = np.diff(offsets)
     _check_nonempty(trials, "data")
-    successes, invalid = _bernoulli_counts(values, offsets)
+    successes, invalid = count_bernoulli(values, offsets)
     n_invalid = int(invalid.sum())
     if n_invalid:
         first = int(np.flatnonzero(invalid)[0])
@@ -234,7 +235,7 @@ def beta_binomial_eb(successes, trials, *, method="mle", prior=None, fix_prior=F
     >>> fit.diagnostics["active_bounds"], round(float(fit.posterior.mean[2]), 6)
     (('concentration_upper',), 0.5)
     """
-    z, n = _counts_iv(successes, trials)
+    z, n = check_binomial_counts(successes, trials)
     return _fit(z, n, method=method, prior=prior, fix_prior=fix_prior)
 
 
@@ -269,7 +270,36 @@ def _fit(z, n, *, method="mle", prior=None, fix_prior=False):
     return _mle_fit(z, n, prior, moments, counts)
 
 
-def _counts_iv(successes, trials):
+def check_binomial_counts(successes, trials):
+    """Per-client success and trial counts, checked as every binomial estimator needs them.
+
+    Parameters
+    ----------
+    successes, trials : array_like of shape (m,)
+        Non-negative integers (integral floats are accepted), one pair per
+        client, with ``1 <= trials`` and ``successes <= trials``.
+
+    Returns
+    -------
+    successes, trials : ndarray of int64, shape (m,)
+        The inputs themselves when they already are int64 arrays, else
+        converted copies; never modified.
+
+    Raises
+    ------
+    ValueError
+        No client, lengths that differ, a negative or fractional count, an
+        empty client (``trials == 0``) or more successes than trials; the
+        message names the first offending client.
+    TypeError
+        Counts that are not numbers.
+
+    Examples
+    --------
+    >>> z, n = check_binomial_counts([3, 0, 5], [5, 4, 5])
+    >>> z.tolist(), n.dtype.name
+    ([3, 0, 5], 'int64')
+    """
     z = check_counts(successes, "successes", minimum=0)
     n = check_counts(trials, "trials", minimum=0)
     if z.shape != n.shape:

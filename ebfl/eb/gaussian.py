@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize
 
-from ebfl._kernels import _client_mean_ssd
+from ebfl._kernels import client_mean_ssd
 from ebfl._validation import (
     check_choice,
     check_finite_array,
@@ -303,7 +303,7 @@ def gaussian_eb_samples(data, *, sigma_x=None, **kwargs):
                          f"{int(np.sum(counts == 0))} client(s) are empty")
     v2 = values.astype(np.float64, copy=False)
     v2 = v2 if v2.ndim == 2 else v2[:, None]
-    mean, ssd, nonfinite = _client_mean_ssd(v2, data.offsets)
+    mean, ssd, nonfinite = client_mean_ssd(v2, data.offsets)
     if nonfinite.any():
         raise ValueError(f"data.values must be finite; {int(nonfinite.sum())} value(s) are NaN "
                          "or infinite")

@@ -44,7 +44,7 @@ from ebfl._validation import (
     check_standard_errors,
 )
 from ebfl.eb import _mixsqp_kernels, _npmle_kernels
-from ebfl.eb.beta_binomial import _counts_iv
+from ebfl.eb.beta_binomial import check_binomial_counts
 from ebfl.eb.mixture_weights import MAX_ITER, PARALLEL_MIN_WORK, _mix_sqp, _row_blocks, _threads_for
 from ebfl.eb.results import _freeze
 
@@ -332,7 +332,7 @@ def npmle_binomial(successes, trials, *, grid=None, n_grid=300, tol=1e-8,
     >>> float(np.abs(fit.posterior_mean - p).mean()) < 0.05
     True
     """
-    z, n = _counts_iv(successes, trials)
+    z, n = check_binomial_counts(successes, trials)
     grid = _grid_iv(grid, n_grid, 0.0, 1.0)
     if np.any((grid < 0) | (grid > 1)):
         raise ValueError("grid points must lie in [0, 1] for a binomial likelihood")

@@ -47,8 +47,8 @@ from ebfl._validation import (
 )
 from ebfl.privacy.accounting import quiet_absl
 
-__all__ = ["FULL", "QUICK", "PerAdaProtocol", "TABLE1_METHODS", "plot_perada", "reproduce_perada",
-           "run_method"]
+__all__ = ["FULL", "QUICK", "PerAdaProtocol", "TABLE1_METHODS", "check_backbone_weights",
+           "plot_perada", "reproduce_perada", "run_method"]
 
 
 #: Most seeds (runs per setting) of one reproduction, and most rounds of a run.
@@ -195,7 +195,7 @@ PARTS = ("table1", "table2", "figure4", "figure7", "table4")
 
 # --- building blocks ---------------------------------------------------------------------------
 
-def _check_backbone_weights(arch, weights, *, names=None):
+def check_backbone_weights(arch, weights, *, names=None):
     """Check the pair (architecture, backbone weights) and read the weights.
 
     ``arch="resnet18"`` needs ``weights``: a torchvision-format ResNet-18
@@ -244,13 +244,12 @@ def _check_backbone_weights(arch, weights, *, names=None):
     if not isinstance(weights, str | os.PathLike | Mapping):
         raise TypeError(f"{name} must be the path of a ResNet-18 state_dict file (or a state "
                         f"dict), got {type(weights).__name__}")
-    from ebfl.learning.torch.adapters import ResNet18Adapters, _copy_backbone, _weights_iv
+    from ebfl.learning.torch.adapters import ResNet18Adapters, load_torchvision_weights
     from ebfl.learning.torch.functional import model_state
 
     t0 = time.perf_counter()
-    state = _weights_iv(weights, name)  # an unreadable file fails before the model is built
     net = ResNet18Adapters(1000, 3, adapters=False)
-    _copy_backbone(net, state, name)
+    load_torchvision_weights(net, weights, name=name)
     source = (f"ImageNet weights from {os.fspath(weights)}"
               if isinstance(weights, str | os.PathLike) else "ImageNet weights (a state dict)")
     return SimpleNamespace(state=model_state(net), test_accuracy=None,
@@ -262,7 +261,7 @@ def _backbone(protocol, *, dataset, arch="small", weights=None, cache_dir=None,
     """The pretrained backbone: ebfl's small ResNet pretrained on Fashion-MNIST (for the
     MNIST target), or ResNet-18 with the user's ImageNet weights; None on synthetic data."""
     if arch == "resnet18":
-        return _check_backbone_weights(arch, weights)
+        return check_backbone_weights(arch, weights)
     if dataset == "synthetic":
         return None
     from ebfl.learning.torch.pretrain import pretrained_backbone
@@ -616,7 +615,7 @@ def reproduce_perada(*, dataset="mnist", quick=False, parts=PARTS, seeds=(0,), r
     if rounds is not None:
         protocol = replace(protocol, rounds=check_int_scalar(rounds, "rounds", minimum=1,
                                                              maximum=MAX_ROUNDS))
-    resnet18 = _check_backbone_weights(arch, backbone_weights)  # read before any data
+    resnet18 = check_backbone_weights(arch, backbone_weights)  # read before any data
     t0 = time.perf_counter()
     backbone = resnet18 or _backbone(protocol, dataset=dataset, arch=arch, cache_dir=cache_dir,
                                      progress=progress)

@@ -35,6 +35,7 @@ from ebfl._paths import paper_numbers
 from ebfl._validation import (
     check_bool,
     check_choice,
+    check_distinct_ints,
     check_int_scalar,
     check_names,
     check_probability,
@@ -247,11 +248,12 @@ def _assemble(name, x_train, y_train, x_test, y_test, *, n_classes, n_clients, a
 
 
 def _corruptions_iv(corruptions, severities):
-    from ebfl.learning.torch.corruptions import CORRUPTIONS, _severities_iv
+    from ebfl.learning.torch.corruptions import CORRUPTIONS
 
     names = [] if corruptions is None else check_names(corruptions, "corruptions",
                                                        CORRUPTIONS, what="corruption")
-    return names, (_severities_iv(severities) if names else [])
+    return names, (check_distinct_ints(severities, "severities", minimum=1, maximum=5)
+                   if names else [])
 
 
 def _corrupted(x_test, y_test, names, severities, rng):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ebfl._kernels import _client_mean_ssd
+from ebfl._kernels import client_mean_ssd
 from ebfl._validation import (
     INT64_MAX,
     as_generator,
@@ -26,7 +26,7 @@ from ebfl._validation import (
     check_real_scalar,
     check_standard_errors,
 )
-from ebfl.eb.beta_binomial import _counts_iv, bernoulli_counts
+from ebfl.eb.beta_binomial import bernoulli_counts, check_binomial_counts
 from ebfl.federated.protocol import client_ids
 from ebfl.models import BetaBernoulliPopulation, GaussianPopulation
 from ebfl.ragged import Ragged
@@ -121,7 +121,7 @@ class ClientCounts:
     labels: np.ndarray | None = None
 
     def __post_init__(self):
-        z, n = _counts_iv(self.successes, self.trials)
+        z, n = check_binomial_counts(self.successes, self.trials)
         object.__setattr__(self, "successes", _frozen(z))
         object.__setattr__(self, "trials", _frozen(n))
         object.__setattr__(self, "truth", _truth_iv(self.truth, z.size))
@@ -228,7 +228,7 @@ class ClientMeans:
         if np.any(counts == 0):
             raise ValueError(f"data: every client needs at least one sample; "
                              f"{int(np.sum(counts == 0))} client(s) are empty")
-        mean, ssd, nonfinite = _client_mean_ssd(values.astype(np.float64)[:, None],
+        mean, ssd, nonfinite = client_mean_ssd(values.astype(np.float64)[:, None],
                                                 data.offsets)
         if nonfinite.any():
             raise ValueError(f"data.values must be finite; {int(nonfinite.sum())} value(s) are "

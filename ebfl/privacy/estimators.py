@@ -27,7 +27,7 @@ from ebfl._validation import (
     check_nonnegative_scalar,
     check_standard_deviation,
 )
-from ebfl.eb.beta_binomial import _counts_iv
+from ebfl.eb.beta_binomial import check_binomial_counts
 from ebfl.eb.gaussian import _n_iv, personalized_gaussian
 from ebfl.privacy.mechanisms import BinaryMechanism, LaplaceMechanism, Mechanism
 
@@ -438,7 +438,7 @@ def private_bernoulli_paper(successes, trials, epsilon, *, rng=None):
     >>> bool(res.weight.mean() > 14 / 15)
     True
     """
-    z, n = _counts_iv(successes, trials)
+    z, n = check_binomial_counts(successes, trials)
     mechanism = BinaryMechanism(epsilon)
     epsilon = mechanism.epsilon
     _check_loo_size(z.size)
@@ -542,7 +542,7 @@ def private_bernoulli_corrected(successes, trials, epsilon, *, variance="ucb",
     >>> float(plug.weight.max()), bool(safe.weight.min() > 0.9)
     (0.0, True)
     """
-    z, n = _counts_iv(successes, trials)
+    z, n = check_binomial_counts(successes, trials)
     mechanism = _corrected_mechanism(epsilon)
     epsilon = mechanism.epsilon
     variance, ucb_z = _rule_iv(variance, ucb_z)

@@ -740,7 +740,7 @@ def _copy_backbone(model, weights, name):
     return LoadReport(loaded=tuple(to_copy), skipped=skipped)
 
 
-def load_torchvision_weights(model, weights):
+def load_torchvision_weights(model, weights, *, name="weights"):
     """Copy a torchvision ResNet-18 checkpoint into a :class:`ResNet18Adapters`, in place.
 
     Every backbone tensor (conv, BatchNorm affine and running statistics,
@@ -759,6 +759,8 @@ def load_torchvision_weights(model, weights):
         entries are skipped; the head ``fc.*`` is skipped, and the model's
         head left as initialised, when its shape differs (e.g. ImageNet's
         1000 classes into a 10-class model).
+    name : str, default="weights"
+        How error messages call ``weights`` (e.g. a command-line option).
 
     Returns
     -------
@@ -787,4 +789,4 @@ def load_torchvision_weights(model, weights):
     """
     if not isinstance(model, ResNet18Adapters):
         raise TypeError(f"model must be a ResNet18Adapters, got {type(model).__name__}")
-    return _copy_backbone(model, weights, "weights")
+    return _copy_backbone(model, weights, name)

@@ -57,7 +57,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ebfl._validation import check_choice, check_int_scalar, check_names
+from ebfl._validation import check_choice, check_distinct_ints, check_int_scalar, check_names
 
 __all__ = ["CORRUPTIONS", "FAMILIES", "SEVERITIES", "SEVERITY_PARAMS", "corrupt",
            "corrupted_test_sets"]
@@ -434,17 +434,6 @@ def _labels_iv(y, n):
     return y.to(torch.int64)
 
 
-def _severities_iv(severities):
-    if isinstance(severities, str | bytes) or not hasattr(severities, "__iter__"):
-        raise TypeError(f"severities must be a sequence of integers in 1..5, got "
-                        f"{severities!r}")
-    out = [check_int_scalar(s, "severities", minimum=1, maximum=5) for s in severities]
-    if not out or len(set(out)) != len(out):
-        raise ValueError(f"severities must be a non-empty sequence of distinct integers in "
-                         f"1..5, got {list(severities)}")
-    return out
-
-
 def corrupted_test_sets(x, y, names=None, severities=SEVERITIES, *, seed=0):
     """Out-of-distribution test sets: ``x`` under each corruption, all severities stacked.
 
@@ -486,7 +475,7 @@ def corrupted_test_sets(x, y, names=None, severities=SEVERITIES, *, seed=0):
     y = _labels_iv(y, x.shape[0])
     names = list(CORRUPTIONS) if names is None else check_names(names, "names", CORRUPTIONS,
                                                                 what="corruption")
-    severities = _severities_iv(severities)
+    severities = check_distinct_ints(severities, "severities", minimum=1, maximum=5)
     seed = check_int_scalar(seed, "seed", minimum=0, maximum=2**63 - 1)
     x4 = x if x.ndim == 4 else x.unsqueeze(1)
     out = {}

@@ -123,7 +123,7 @@ def pretrained_backbone(*, dataset="fashion-mnist", arch="small", widths=(16, 32
         Adam's learning rate, > 0.
     cache_dir : path-like, optional
         Folder of the cache files (created if missing). Default:
-        ``<data home>/pretrained`` (see :func:`ebfl.datasets._home.data_home`), or
+        ``<data home>/pretrained`` (see :func:`ebfl.datasets.data_home`), or
         ``pooch.os_cache("ebfl")/pretrained`` when the data home is not writable.
     progress : bool, default=False
         Show a progress bar while training.
@@ -256,7 +256,7 @@ def load_backbone(model, state):
 def _cache_dir_iv(cache_dir):
     """The cache folder, created; the default falls back to the user cache if unwritable."""
     if cache_dir is None:
-        from ebfl.datasets._home import data_home
+        from ebfl.datasets import data_home
 
         for folder in (data_home() / "pretrained", _user_cache() / "pretrained"):
             if _writable(folder):
