@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ebfl.cli._parser import build_parser
 
-__all__ = ["build_parser", "main"]
+__all__ = ["main"]
 
 
 #: What a user's mistake raises: a bad value (ValueError, TypeError), a file that is

@@ -137,7 +137,9 @@ def build_parser():
     """The argparse parser of ``ebfl``."""
     from ebfl import __version__
 
-    parser = _Parser(prog="ebfl", description=__doc__.splitlines()[0])
+    from ebfl import cli
+
+    parser = _Parser(prog="ebfl", description=cli.__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"ebfl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
