@@ -282,15 +282,13 @@ def check_binomial_counts(successes, trials):
     Returns
     -------
     successes, trials : ndarray of int64, shape (m,)
-        The inputs themselves when they already are int64 arrays, else
-        converted copies; never modified.
+        The inputs if already int64 arrays, else copies; never modified.
 
     Raises
     ------
     ValueError
-        No client, lengths that differ, a negative or fractional count, an
-        empty client (``trials == 0``) or more successes than trials; the
-        message names the first offending client.
+        No client, unequal lengths, a negative or fractional count, an empty
+        client or more successes than trials (the first offender is named).
     TypeError
         Counts that are not numbers.
 
