@@ -3,9 +3,9 @@
 Setting: AdaPeD on scikit-learn's digits split among m clients (3 classes each,
 a logistic model), K = m / 2 sampled per round, tau = 5 local iterations of 10
 images; evaluation only after the last round. The job is built once by
-``ebfl.federated.jobs.build_job`` and run by both runtimes:
+``ebfl.flower.jobs.build_job`` and run by both runtimes:
 
-flower      ``ebfl.federated.flower.simulate``: Flower's Simulation Engine, one
+flower      ``ebfl.flower.runtime.simulate``: Flower's Simulation Engine, one
             node per client (Ray actors, 1 CPU each); per round: the server's
             messages, the client half on each node (one client at a time), the
             replies. Timed from the first round to the end (``seconds`` of the
@@ -24,8 +24,8 @@ import json
 import time
 
 from ebfl.federated import run
-from ebfl.federated.flower import max_abs_diff, simulate
-from ebfl.federated.jobs import build_job
+from ebfl.flower.jobs import build_job
+from ebfl.flower.runtime import max_abs_diff, simulate
 
 
 def main(argv=None):

@@ -42,12 +42,12 @@ from ebfl.federated import (
     stream_seed,
 )
 from ebfl.federated.checkpoint import data_digest
-from ebfl.federated.deploy import connection_toml, write_app
 from ebfl.federated.faults import check_failures, parse_failures
-from ebfl.federated.jobs import build_job
 from ebfl.federated.runtime import evaluate
 from ebfl.federated.streams import numpy_streams
 from ebfl.federated.tree import flatten, tree_cat, tree_nbytes, tree_put, tree_take, unflatten
+from ebfl.flower.deploy import connection_toml, write_app
+from ebfl.flower.jobs import build_job
 from ebfl.privacy import StochasticQuantizer
 from tests.badinput import NAN, Case, table_tests
 

@@ -19,9 +19,9 @@ from ebfl.dppfl.data import DeviceData, l2_normalize
 from ebfl.dppfl.federated import DPPFL
 from ebfl.dppfl.objective import loss_values
 from ebfl.federated import RunConfig, run
-from ebfl.federated.jobs import build_job
 from ebfl.federated.protocol import RoundContext
 from ebfl.federated.tree import flatten
+from ebfl.flower.jobs import build_job
 from tests.test_federated_eb import one_at_a_time
 
 LAM, XI, K, H, SEED = 0.05, 0.5, 6, 3, 11

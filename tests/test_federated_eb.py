@@ -500,7 +500,7 @@ def test_bad_data_is_refused_naming_the_argument():
     ({"algorithm": "eb-gaussian", "epsilon": 2.0}, (EBGaussian, ClientMeans, "LaplaceMechanism")),
 ])
 def test_jobs_build_the_protocols_on_simulated_clients(settings, kind):
-    from ebfl.federated.jobs import build_job
+    from ebfl.flower.jobs import build_job
 
     job = build_job(settings)
     alg_type, data_type, private = kind

@@ -279,7 +279,7 @@ def test_the_simulation_follows_the_model():
 
 
 def test_the_job_builds_and_runs():
-    from ebfl.federated.jobs import build_job
+    from ebfl.flower.jobs import build_job
 
     job = build_job({"algorithm": "fedhdp-point", "clients": 8, "rounds": 2, "seed": 4})
     alg = job.algorithm
@@ -307,7 +307,7 @@ def test_the_job_builds_and_runs():
     ({"lambda": math.inf}, "lambda"),
 ])
 def test_the_job_refuses_bad_settings(settings, match):
-    from ebfl.federated.jobs import build_job
+    from ebfl.flower.jobs import build_job
 
     with pytest.raises((ValueError, TypeError), match=match):
         build_job({"algorithm": "fedhdp-point", "clients": 6, **settings})

@@ -1,6 +1,6 @@
 """A Flower deployment on loopback: SuperLink, SuperNodes and ``flwr run`` as processes.
 
-The app comes from :func:`ebfl.federated.deploy.write_app`; the processes are
+The app comes from :func:`ebfl.flower.deploy.write_app`; the processes are
 Flower's own commands, started as the deployment guide (docs/guide/flower.md) says,
 with every address on 127.0.0.1 and free ports picked at run time. Each test
 stops every process it started (and their children) by PID and checks that
@@ -37,10 +37,10 @@ from flwr.serverapp import ServerApp  # noqa: E402
 from flwr.supercore.object_ref import load_app  # noqa: E402
 
 from ebfl.federated import run  # noqa: E402
-from ebfl.federated.deploy import FLOWER_OPTIONS, connection_toml, write_app  # noqa: E402
-from ebfl.federated.flower import FLOWER_ENV, FLOWER_KEYS  # noqa: E402
-from ebfl.federated.jobs import build_job  # noqa: E402
 from ebfl.federated.tree import flatten  # noqa: E402
+from ebfl.flower.deploy import FLOWER_OPTIONS, connection_toml, write_app  # noqa: E402
+from ebfl.flower.jobs import build_job  # noqa: E402
+from ebfl.flower.runtime import FLOWER_ENV, FLOWER_KEYS  # noqa: E402
 
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 BIN = Path(sys.executable).parent  # flower-superlink, flower-supernode, flwr

@@ -22,8 +22,8 @@ pytest.importorskip("flwr", reason="the Flower runtime needs the flower extra: "
 psutil = pytest.importorskip("psutil")
 
 from ebfl.federated import run  # noqa: E402
-from ebfl.federated.flower import max_abs_diff, parse_failures, simulate  # noqa: E402
-from ebfl.federated.jobs import ALGORITHMS, build_job  # noqa: E402
+from ebfl.flower.jobs import ALGORITHMS, build_job  # noqa: E402
+from ebfl.flower.runtime import max_abs_diff, parse_failures, simulate  # noqa: E402
 
 pytestmark = pytest.mark.flower
 

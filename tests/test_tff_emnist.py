@@ -10,10 +10,10 @@ from ebfl.datasets import (  # noqa: E402
     TFF_EMNIST_FILES,
     TffEmnist,
     load_tff_emnist,
-    tff_emnist_federation,
     tff_emnist_writers,
 )
 from ebfl.experiments.fedhdp_data import NONPRIVATE, fedhdp_emnist  # noqa: E402
+from ebfl.learning.torch.data import tff_emnist_federation  # noqa: E402
 
 
 def _writer_data(rng, n, n_classes):

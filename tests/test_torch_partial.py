@@ -330,7 +330,7 @@ def test_fedalt_with_no_shared_rate_moves_v_but_not_u(images, plain):
 def _through_flower(strat, data, cfg):
     """The run as the Flower runtime does it: each client's half for it alone, its state,
     the messages and the replies encoded and decoded as Flower carries them."""
-    flower = pytest.importorskip("ebfl.federated.flower")
+    flower = pytest.importorskip("ebfl.flower.runtime")
 
     def send(tree):
         return flower.decode(flower.encode(tree), "torch")

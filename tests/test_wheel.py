@@ -36,7 +36,7 @@ BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "ebfl",
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.nbi", "*.nbc", "*.egg-info",
                                  "build", "dist", ".*")
 #: Subpackages behind an extra: ``learning`` (torch) and ``flower`` (flwr).
-OPTIONAL = ("ebfl.learning.torch", "ebfl.federated.flower")
+OPTIONAL = ("ebfl.learning.torch", "ebfl.flower.runtime")
 #: What pip prints when it cannot reach the index (then the test skips).
 NETWORK_ERRORS = ("NewConnectionError", "Failed to establish a new connection",
                   "Temporary failure in name resolution", "Name or service not known",

@@ -51,7 +51,7 @@ SECTIONS = [
      ["ebfl.federated", "ebfl.federated.protocol", "ebfl.federated.runtime",
       "ebfl.federated.checkpoint", "ebfl.federated.faults", "ebfl.federated.streams",
       "ebfl.federated.eb", "ebfl.federated.eb_data", "ebfl.federated.tree",
-      "ebfl.federated.jobs", "ebfl.federated.flower", "ebfl.federated.deploy"]),
+      "ebfl.flower", "ebfl.flower.jobs", "ebfl.flower.runtime", "ebfl.flower.deploy"]),
     ("Datasets and the data home",
      ["ebfl.datasets", "ebfl.datasets.elections", "ebfl.datasets.idx", "ebfl.datasets.cifar",
       "ebfl.datasets.leaf", "ebfl.datasets.tff_emnist", "ebfl.datasets.uci_har",

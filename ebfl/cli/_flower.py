@@ -7,7 +7,7 @@ from ebfl.cli._output import _emit, _print_table, _save_figure
 
 def _flower():
     try:
-        from ebfl.federated import flower
+        from ebfl.flower import runtime as flower
     except ImportError as exc:
         raise ValueError(f"ebfl flower needs Flower: pip install 'ebfl[flower]' ({exc})") from None
     return flower
@@ -24,7 +24,7 @@ def _job_settings(args):
 
 def _cmd_flower_simulate(args):
     from ebfl.federated.faults import check_failures
-    from ebfl.federated.jobs import build_job
+    from ebfl.flower.jobs import build_job
 
     settings = _job_settings(args)
     job = build_job(settings)  # bad settings and failures fail here, before Ray starts
@@ -68,7 +68,7 @@ def _cmd_flower_simulate(args):
 
 
 def _cmd_flower_app(args):
-    from ebfl.federated.deploy import write_app
+    from ebfl.flower.deploy import write_app
 
     settings = _job_settings(args)
     path = write_app(args.directory, settings, superlink=args.superlink,

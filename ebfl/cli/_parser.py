@@ -96,7 +96,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _job_arguments(p):
     """Options of a federated job (``ebfl flower``)."""
-    from ebfl.federated.jobs import ALGORITHMS, DATASETS
+    from ebfl.flower.jobs import ALGORITHMS, DATASETS
 
     p.add_argument("algorithm", choices=ALGORITHMS, help="the algorithm or EB protocol")
     p.add_argument("--dataset", choices=DATASETS,
@@ -135,9 +135,7 @@ def _job_arguments(p):
 
 def build_parser():
     """The argparse parser of ``ebfl``."""
-    from ebfl import __version__
-
-    from ebfl import cli
+    from ebfl import __version__, cli
 
     parser = _Parser(prog="ebfl", description=cli.__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"ebfl {__version__}")

@@ -58,7 +58,6 @@ from ebfl.datasets.tff_emnist import (
     TFF_EMNIST_FILES,
     TffEmnist,
     load_tff_emnist,
-    tff_emnist_federation,
     tff_emnist_writers,
 )
 from ebfl.datasets.uci_har import load_uci_har, read_uci_har_zip
@@ -72,5 +71,5 @@ __all__ = ["ACTIVITIES", "CIFAR10_CLASSES", "CIFAR10_C_CORRUPTIONS", "ELECTION_Y
            "load_county_returns", "load_fashion_mnist", "load_hapt_raw", "load_leaf_femnist",
            "load_mnist", "load_tff_emnist", "load_uci_har", "manifest", "read_idx",
            "read_uci_hapt_zip", "read_uci_har_zip", "sha256",
-           "split_first_run", "standardized_clients", "tff_emnist_federation",
+           "split_first_run", "standardized_clients",
            "tff_emnist_writers", "tidy_county_returns"]

@@ -3,7 +3,7 @@
 :class:`DPPFL` writes Algorithm 1 of DP-PFL (Hu et al., IEEE IoT J. 2020) as
 the two halves of a :class:`~ebfl.federated.FederatedAlgorithm`, so that the
 same object runs in process (:func:`ebfl.federated.run`) and on Flower
-(:mod:`ebfl.federated.flower`). One protocol round is one global iteration:
+(:mod:`ebfl.flower.runtime`). One protocol round is one global iteration:
 
 1. the server broadcasts the models W = Omega V / (2 lambda) (line 10 of
    Algorithm 1, recomputed from V, the sum of every device's uploads) and the
@@ -342,7 +342,7 @@ def _per_device(values, offsets):
 
 # --------------------------------------------------------------------------- the job
 
-#: The ``dp-pfl`` job of :mod:`ebfl.federated.jobs`: simulated devices and the
+#: The ``dp-pfl`` job of :mod:`ebfl.flower.jobs`: simulated devices and the
 #: heterogeneous scenario of Figure 2(c) (tau = 0.5, P(theta = 1) = 0.2).
 JOB_FEATURES, JOB_ROWS, JOB_TEST_ROWS = 8, (20, 40), 10
 JOB_LAMBDA, JOB_XI, JOB_INNER, JOB_TAU, JOB_DROP = 0.1, 0.5, 10, 0.5, 0.2

@@ -562,7 +562,8 @@ def fedhdp_emnist(directory=None, *, only_digits=True, nonprivate_fraction=0.05,
     >>> fed.n_clients, fed.nonprivate.size  # doctest: +SKIP
     (3383, 169)
     """
-    from ebfl.datasets.tff_emnist import load_tff_emnist, tff_emnist_federation
+    from ebfl.datasets.tff_emnist import load_tff_emnist
+    from ebfl.learning.torch.data import tff_emnist_federation
 
     nonprivate_fraction = check_probability(nonprivate_fraction, "nonprivate_fraction")
     seed = check_int_scalar(seed, "seed", minimum=0, maximum=2**63 - 1)

@@ -2,7 +2,7 @@
 
 :class:`FederatedAlgorithm` is the protocol (a client half and a server half
 with explicit messages), :func:`run` the in-process runtime, and
-:mod:`ebfl.federated.flower` (``ebfl[flower]``) the Flower runtime. The
+:mod:`ebfl.flower.runtime` (``ebfl[flower]``) the Flower runtime. The
 federated empirical-Bayes protocols are in :mod:`ebfl.federated.eb`.
 """
 

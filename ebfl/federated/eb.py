@@ -834,7 +834,7 @@ def _theorem2_weight(sigma_theta, sigma_q, sigma_x, m, n):
 
 
 def job_algorithm(settings):
-    """The protocol of an ``eb-*`` job of :mod:`ebfl.federated.jobs`.
+    """The protocol of an ``eb-*`` job of :mod:`ebfl.flower.jobs`.
 
     Without ``epsilon``: :class:`EBBetaBinomial` or :class:`EBGaussian` with
     their defaults. With ``epsilon`` (pure epsilon-LDP, user level): the

@@ -480,7 +480,7 @@ def election_shares(matrix=None, *, held_out=-1, path=None):
 
 
 def job_data(settings):
-    """The clients' data of an ``eb-*`` job of :mod:`ebfl.federated.jobs`.
+    """The clients' data of an ``eb-*`` job of :mod:`ebfl.flower.jobs`.
 
     ``settings["dataset"]``: ``"simulated"`` (``clients`` clients drawn with
     ``seed``: :func:`simulated_counts` or :func:`simulated_means`) or

@@ -11,7 +11,7 @@ Two runtimes run the same object:
 
 * :func:`ebfl.federated.run` (in process): the client half runs once for all
   the sampled clients at a time, vectorized over their stacked states;
-* :mod:`ebfl.federated.flower` (Flower): the client half runs inside a
+* :mod:`ebfl.flower.runtime` (Flower): the client half runs inside a
   ``ClientApp`` for one client (a stack of 1), its persistent state kept in
   the node's ``Context.state``; the server half inside a ``ServerApp``.
 

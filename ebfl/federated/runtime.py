@@ -2,7 +2,7 @@
 
 The client half runs once per round for all sampled clients at once, on their
 stacked states (vectorized); the server half as on any other runtime. Results
-equal those of the Flower runtime (:mod:`ebfl.federated.flower`) on the same
+equal those of the Flower runtime (:mod:`ebfl.flower.runtime`) on the same
 configuration, since both key every random stream by (seed, round, client) and
 aggregate replies in client-id order.
 """

@@ -491,7 +491,7 @@ JOB_OPT_OUT, JOB_GAMMA2, JOB_LAMBDA = 0.5, 1.0, 1.0
 
 
 def job_data(settings):
-    """The clients of a ``fedhdp-point`` job of :mod:`ebfl.federated.jobs`.
+    """The clients of a ``fedhdp-point`` job of :mod:`ebfl.flower.jobs`.
 
     :func:`simulate_point_estimation` with ``clients`` clients, the fraction
     ``opt-out`` of them non-private (default 0.5), alpha^2 = tau^2 = 1, n_s =

@@ -8,10 +8,16 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from ebfl._validation import INT64_MAX, check_counts, check_int_scalar, real_dtype_array
+from ebfl._validation import (
+    INT64_MAX,
+    check_bool,
+    check_counts,
+    check_int_scalar,
+    real_dtype_array,
+)
 from ebfl.learning.torch.functional import check_device
 
-__all__ = ["ClientSubset", "FederatedDataset"]
+__all__ = ["ClientSubset", "FederatedDataset", "tff_emnist_federation"]
 
 
 #: Largest |feature| accepted: the tensors are float32, which overflows beyond 3.4e38.
@@ -235,3 +241,70 @@ class ClientSubset:
         idx = (u.to(n.device) * n[:, None]).long()
         rows = self.clients[:, None]
         return self.parent.x_train[rows, idx], self.parent.y_train[rows, idx]
+
+
+def tff_emnist_federation(train, test, *, flatten=True):
+    """One client per writer: TFF's train and test samples of the writers present in both.
+
+    Writers with no test sample (or no training sample) are dropped; with TFF's
+    files none is, since TFF split every writer across both (but
+    ``max_clients`` may cut the two files at different writers).
+    :func:`tff_emnist_writers` lists the clients (sorted writer ids, the
+    order of the clients here) and the dropped writers.
+
+    Parameters
+    ----------
+    train, test : TffEmnist
+        The two splits of one dataset (:func:`load_tff_emnist`).
+    flatten : bool, default=True
+        Features of shape (784,); False keeps (28, 28) images (for a CNN).
+
+    Returns
+    -------
+    FederatedDataset
+        float32 pixels with ink = 1, ``n_classes`` 10 or 62.
+
+    Raises
+    ------
+    TypeError
+        ``train`` or ``test`` is not a :class:`TffEmnist`.
+    ValueError
+        The splits come from different datasets (digits only or not), or no
+        writer is in both.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ebfl.datasets import TffEmnist
+    >>> def split(name, writers, n):
+    ...     w = np.repeat(np.arange(len(writers)), n)
+    ...     return TffEmnist(np.zeros((w.size, 28, 28), np.float32), w % 10, w,
+    ...                      np.array(writers), True, name, "-")
+    >>> data = tff_emnist_federation(split("train", ["a", "b"], 3), split("test", ["b"], 2))
+    >>> data.n_clients, data.n_train.tolist(), data.n_test.tolist(), tuple(data.x_train.shape)
+    (1, [3], [2], (1, 3, 784))
+    """
+    from ebfl.datasets.tff_emnist import tff_emnist_writers
+
+    common, _, _ = tff_emnist_writers(train, test)
+    flatten = check_bool(flatten, "flatten")
+    if train.only_digits != test.only_digits:
+        raise ValueError("train and test must both be digits only or both have 62 labels, got "
+                         f"only_digits={train.only_digits} and {test.only_digits}")
+    if not common:
+        raise ValueError(f"no writer is in both train ({train.path}) and test ({test.path})")
+
+    def per_writer(data):
+        pos = {w: i for i, w in enumerate(data.writers.tolist())}
+        order = np.argsort(data.writer, kind="stable")  # samples grouped by writer
+        starts = np.concatenate([[0], np.cumsum(np.bincount(data.writer,
+                                                            minlength=data.n_writers))])
+        xs, ys = [], []
+        for w in common:
+            idx = order[starts[pos[w]]: starts[pos[w] + 1]]
+            xs.append(data.x[idx].reshape(idx.size, -1) if flatten else data.x[idx])
+            ys.append(data.y[idx])
+        return xs, ys
+
+    (xtr, ytr), (xte, yte) = per_writer(train), per_writer(test)
+    return FederatedDataset.from_clients(xtr, ytr, xte, yte, n_classes=train.n_classes)

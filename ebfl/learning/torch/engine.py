@@ -10,7 +10,7 @@ accuracy is recorded every ``eval_every`` rounds.
 :func:`train` is the in-process runtime of :mod:`ebfl.federated` with the
 engine's defaults: every random number (client sampling, each client's
 minibatches and noise) comes from a stream keyed by (seed, round, client), so a
-run gives the same result on Flower (:mod:`ebfl.federated.flower`), and a run
+run gives the same result on Flower (:mod:`ebfl.flower.runtime`), and a run
 resumed from a checkpoint continues exactly as the uninterrupted run.
 
 A run computes on the CPU or on a CUDA GPU (``train(..., device=)``); every

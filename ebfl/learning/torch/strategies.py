@@ -2,7 +2,7 @@
 
 Every strategy is one :class:`~ebfl.federated.FederatedAlgorithm`, run by the
 in-process engine (:func:`~ebfl.learning.torch.engine.train`, all sampled clients vectorized with
-``torch.func.vmap``) and by Flower (:mod:`ebfl.federated.flower`, one client per
+``torch.func.vmap``) and by Flower (:mod:`ebfl.flower.runtime`, one client per
 ``ClientApp`` call). :class:`Strategy` supplies the local loop; a strategy
 implements
 

@@ -3,7 +3,7 @@
 :func:`server_app` wraps the server half in a ``ServerApp`` and
 :func:`client_app` the client half in a ``ClientApp``; both build the job
 (algorithm, data, :class:`~ebfl.federated.RunConfig`) from the run's scalar
-``run_config`` through :func:`ebfl.federated.jobs.build_job`, so a run
+``run_config`` through :func:`ebfl.flower.jobs.build_job`, so a run
 configured in a Flower ``pyproject.toml`` and one started by
 ``ebfl flower simulate`` are the same job. Needs ``pip install 'ebfl[flower]'``.
 
@@ -87,7 +87,7 @@ apply_flower_env()
 try:
     import flwr  # noqa: E402, F401
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("ebfl.federated.flower needs Flower: pip install 'ebfl[flower]'") from exc
+    raise ImportError("ebfl.flower.runtime needs Flower: pip install 'ebfl[flower]'") from exc
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
@@ -95,10 +95,10 @@ from flwr.common.logger import log  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
 from ebfl.federated.faults import check_failures, parse_failures  # noqa: E402
-from ebfl.federated.jobs import build_job  # noqa: E402
 from ebfl.federated.protocol import RoundContext, sample_clients  # noqa: E402
 from ebfl.federated.runtime import RunResult, history_row  # noqa: E402
 from ebfl.federated.tree import flatten, tree_cat, tree_nbytes, unflatten  # noqa: E402
+from ebfl.flower.jobs import build_job  # noqa: E402
 
 __all__ = ["FLOWER_ENV", "apply_flower_env", "client_app", "compare_runtimes", "decode",
            "encode", "max_abs_diff", "parse_failures", "plot_comparison", "server_app",
@@ -423,7 +423,7 @@ def simulate(settings, *, failures=None, collect_states=True, round_timeout=600.
     Parameters
     ----------
     settings : dict or list of dict
-        A job (:func:`ebfl.federated.jobs.build_job`), or several with the same
+        A job (:func:`ebfl.flower.jobs.build_job`), or several with the same
         number of clients, run one after the other on the same nodes (one Ray
         start-up for all).
     failures : str or dict, optional

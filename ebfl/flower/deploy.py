@@ -2,7 +2,7 @@
 
 :func:`write_app` writes a directory that Flower (1.41) runs as it is: its
 ``pyproject.toml`` names the app's ``ServerApp`` and ``ClientApp`` (the
-Flower runtime of :mod:`ebfl.federated.flower`) and holds the job's settings
+Flower runtime of :mod:`ebfl.flower.runtime`) and holds the job's settings
 as the run configuration (``[tool.flwr.app.config]``, overridable with
 ``flwr run --run-config``); ``.flwr/config.toml`` holds the SuperLink
 connection ``ebfl`` that ``flwr run`` submits the run to. Writing needs
@@ -23,8 +23,8 @@ import numpy as np
 
 from ebfl._validation import INT64_MAX, check_bool, check_positive_scalar
 from ebfl.federated.faults import check_failures, parse_failures
-from ebfl.federated.jobs import LEARNING, settings_of
 from ebfl.federated.protocol import RunConfig
+from ebfl.flower.jobs import LEARNING, settings_of
 
 __all__ = ["APP_MODULE", "CONNECTION", "FLOWER_OPTIONS", "connection_toml", "write_app"]
 
@@ -33,17 +33,17 @@ APP_MODULE = "ebfl_app"
 #: Name of the SuperLink connection written to the app's ``.flwr/config.toml``.
 CONNECTION = "ebfl"
 #: Options of the Flower runtime besides the job, with the values the app gets by
-#: default (the keys that :mod:`ebfl.federated.flower` reads from the run config).
+#: default (the keys that :mod:`ebfl.flower.runtime` reads from the run config).
 FLOWER_OPTIONS = {"round-timeout": 120.0, "hello-timeout": 120.0,
                   "result-path": "ebfl-result.pkl", "collect-states": False, "failures": ""}
 
-_APP_CODE = '''"""The ServerApp and ClientApp of an ebfl job (written by ebfl.federated.deploy).
+_APP_CODE = '''"""The ServerApp and ClientApp of an ebfl job (written by ebfl.flower.deploy).
 
 Both build the job from the run configuration: ``[tool.flwr.app.config]`` in
 pyproject.toml and ``flwr run --run-config``.
 """
 
-from ebfl.federated.flower import client_app, server_app
+from ebfl.flower.runtime import client_app, server_app
 
 server = server_app()
 client = client_app()
@@ -59,7 +59,7 @@ def write_app(directory, settings, *, superlink="127.0.0.1:9093", overwrite=Fals
         Where the app goes; created if missing (in an existing folder: missing
         parents are not created). It must be empty unless ``overwrite``.
     settings : dict
-        The job (keys of :func:`ebfl.federated.jobs.build_job`, e.g.
+        The job (keys of :func:`ebfl.flower.jobs.build_job`, e.g.
         ``algorithm``, ``clients``, ``rounds``, ``seed``, ``clients-per-round``,
         ``local-steps``, ``batch-size``, ``lr``) and, optionally, the Flower
         runtime's options: ``round-timeout`` and ``hello-timeout`` (seconds,
@@ -96,7 +96,7 @@ def write_app(directory, settings, *, superlink="127.0.0.1:9093", overwrite=Fals
     --------
     >>> import tempfile, tomllib
     >>> from pathlib import Path
-    >>> from ebfl.federated.deploy import write_app
+    >>> from ebfl.flower.deploy import write_app
     >>> tmp = tempfile.TemporaryDirectory()
     >>> app = write_app(Path(tmp.name) / "app",
     ...                 {"algorithm": "fedavg", "clients": 3, "rounds": 2})
@@ -269,7 +269,7 @@ def _toml_value(value):
 def _pyproject(run_config):
     extras = "flower,learning" if run_config["algorithm"] in LEARNING else "flower"
     config = "\n".join(f"{key} = {_toml_value(value)}" for key, value in run_config.items())
-    return f"""# A Flower App running one ebfl job (written by ebfl.federated.deploy.write_app).
+    return f"""# A Flower App running one ebfl job (written by ebfl.flower.deploy.write_app).
 [build-system]
 requires = ["hatchling"]
 build-backend = "hatchling.build"
