@@ -240,7 +240,7 @@ def tff_emnist_writers(train, test):
     -------
     common : list of str
     train_only, test_only : list of str
-        Writers dropped by :func:`tff_emnist_federation`.
+        Writers dropped by :func:`ebfl.learning.torch.data.tff_emnist_federation`.
     """
     _check_tff(train, "train")
     _check_tff(test, "test")
