@@ -249,13 +249,13 @@ def tff_emnist_federation(train, test, *, flatten=True):
     Writers with no test sample (or no training sample) are dropped; with TFF's
     files none is, since TFF split every writer across both (but
     ``max_clients`` may cut the two files at different writers).
-    :func:`tff_emnist_writers` lists the clients (sorted writer ids, the
+    :func:`~ebfl.datasets.tff_emnist_writers` lists the clients (sorted writer ids, the
     order of the clients here) and the dropped writers.
 
     Parameters
     ----------
     train, test : TffEmnist
-        The two splits of one dataset (:func:`load_tff_emnist`).
+        The two splits of one dataset (:func:`~ebfl.datasets.load_tff_emnist`).
     flatten : bool, default=True
         Features of shape (784,); False keeps (28, 28) images (for a CNN).
 
@@ -267,7 +267,7 @@ def tff_emnist_federation(train, test, *, flatten=True):
     Raises
     ------
     TypeError
-        ``train`` or ``test`` is not a :class:`TffEmnist`.
+        ``train`` or ``test`` is not a :class:`~ebfl.datasets.TffEmnist`.
     ValueError
         The splits come from different datasets (digits only or not), or no
         writer is in both.
