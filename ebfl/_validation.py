@@ -201,6 +201,17 @@ def check_names(value, name, choices, *, what="name"):
     return names
 
 
+def check_string_list(values, name, *, what):
+    """A list of strings (e.g. state names); one bare string is refused (it is not a list)."""
+    if isinstance(values, str) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a list of {what}s, got {values!r}")
+    values = list(values)
+    wrong = [v for v in values if not isinstance(v, str)]
+    if wrong:
+        raise TypeError(f"{name} must hold {what}s (strings), got {wrong[0]!r}")
+    return values
+
+
 def check_distinct_ints(values, name, *, minimum, maximum):
     """A non-empty list of distinct integers in ``[minimum, maximum]`` (e.g. severities)."""
     if isinstance(values, str | bytes) or not hasattr(values, "__iter__"):

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ebfl._validation import check_int_scalar, check_real_scalar
+from ebfl._validation import check_int_scalar, check_real_scalar, check_string_list
 
 __all__ = ["AdapterBlock", "LoadReport", "ResNet18Adapters", "SmallResNet",
            "load_torchvision_weights", "parameter_counts", "parameter_groups", "split_state"]
@@ -597,12 +597,7 @@ def split_state(model, names):
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if isinstance(names, str) or not hasattr(names, "__iter__"):
-        raise TypeError(f"names must be a list of state names, got {names!r}")
-    names = list(names)
-    wrong = [n for n in names if not isinstance(n, str)]
-    if wrong:
-        raise TypeError(f"names must hold state names (strings), got {wrong[0]!r}")
+    names = check_string_list(names, "names", what="state name")
     state = dict(model.named_parameters())
     state.update((name, b) for name, b in model.named_buffers() if b.is_floating_point())
     order = [name for name in model.state_dict() if name in state]

@@ -36,6 +36,7 @@ from ebfl._validation import (
     check_nonnegative_scalar,
     check_positive_scalar,
     check_real_scalar,
+    check_string_list,
 )
 from ebfl.federated.streams import SERVER, stream_seed
 from ebfl.learning.torch.functional import (
@@ -96,7 +97,7 @@ def frozen_batchnorm_eval(model, trainable):
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    trainable = _names_iv(trainable, "trainable")
+    trainable = check_string_list(trainable, "trainable", what="state name")
     known = set(model.state_dict())
     unknown = [n for n in trainable if n not in known]
     if unknown:
@@ -622,7 +623,7 @@ def _trainable_iv(model, trainable):
         from ebfl.learning.torch.adapters import parameter_groups
 
         trainable = list(parameter_groups(model)["adapter"])
-    trainable = list(dict.fromkeys(_names_iv(trainable, "trainable")))
+    trainable = list(dict.fromkeys(check_string_list(trainable, "trainable", what="state name")))
     unknown = [n for n in trainable if n not in state]
     if unknown:
         raise ValueError(f"trainable names {unknown[:5]} are not parameters or float buffers "
@@ -633,17 +634,6 @@ def _trainable_iv(model, trainable):
     if not any(n in params for n in trainable):
         raise ValueError("trainable must name at least one parameter of model")
     return trainable
-
-
-def _names_iv(names, name):
-    """A list of state names (strings); one bare string is refused (it is not a list)."""
-    if isinstance(names, str) or not hasattr(names, "__iter__"):
-        raise TypeError(f"{name} must be a list of state names, got {names!r}")
-    names = list(names)
-    wrong = [n for n in names if not isinstance(n, str)]
-    if wrong:
-        raise TypeError(f"{name} must hold state names (strings), got {wrong[0]!r}")
-    return names
 
 
 def _state_shapes(model):
