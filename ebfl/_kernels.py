@@ -1,4 +1,7 @@
-"""Numba kernels over ragged client data (private: arrays in, no validation).
+"""Numba kernels shared across subpackages (private: arrays in, no validation).
+
+Most run over ragged client data; the last is the leave-one-out client of eq. (6),
+which both the beta-binomial estimator and the Monte Carlo checks of Theorem 3 call.
 
 Ragged data are stored CSR-style: client ``i`` owns ``values[offsets[i]:offsets[i+1]]``.
 Each kernel runs ``prange`` over clients and every iteration writes only its own
@@ -157,3 +160,56 @@ def client_mean_ssd(values, offsets):
         ssd[i] = total
         nonfinite[i] = bad
     return mean, ssd, nonfinite
+
+
+# Codes for the leave-one-out variants of eq. (6) (``beta_binomial_eb``'s loo methods).
+LOO_PRINTED = 0
+LOO_PROOF = 1
+LOO_CORRECTED = 2
+
+
+@njit(cache=CACHE, fastmath=FASTMATH)
+def loo_beta_client(xi, ni, m, total, ssq, corr_total, variant):
+    """Eq. (6) for one client from the global sums: (mu_i, sigma_i^2, a_i, clipped, floored).
+
+    xi, ni : the client's local mean and trials;  m : number of clients
+    total : sum of x;  ssq : sum of (x - mean(x))**2
+    corr_total : sum of x(1-x)/(n-1) (only read by LOO_CORRECTED)
+
+    With y_i = x_i - mean(x), the leave-one-out sums are O(1) per client:
+      sum_{l != i} (x_l - mu_i)^2       = ssq - y_i^2 m/(m-1)        (proof / intended)
+      sum_{l != i} (x_l - mu_l)^2       = (m/(m-1))^2 (ssq - y_i^2)   (as printed: mu_l)
+    """
+    mu_i = (total - xi) / (m - 1.0)
+    y = xi - total / m
+    if variant == LOO_PRINTED:
+        v = (m / (m - 1.0)) ** 2 * (ssq - y * y) / (m - 2.0)
+    else:
+        v = (ssq - y * y * m / (m - 1.0)) / (m - 2.0)
+    if v < 0.0:  # rounding only: a sum of squares
+        v = 0.0
+    floored = False
+    if variant == LOO_CORRECTED:
+        v -= (corr_total - xi * (1.0 - xi) / (ni - 1.0)) / (m - 1.0)
+        if v < 0.0:
+            v = 0.0
+            floored = True
+    u = mu_i * (1.0 - mu_i)
+    # a = n / (u/v - 1 + n) (printed, corrected) or n / (u/v + n) (proof),
+    # multiplied through by v so that v = 0 gives a = 0 without dividing by 0.
+    minus_one = 0.0 if variant == LOO_PROOF else 1.0
+    den = u - minus_one * v + ni * v
+    if v == 0.0:
+        ai = 0.0
+    elif den <= 0.0:
+        ai = np.inf
+    else:
+        ai = ni * v / den
+    clipped = False
+    if ai < 0.0:
+        ai = 0.0
+        clipped = True
+    elif ai > 1.0:
+        ai = 1.0
+        clipped = True
+    return mu_i, v, ai, clipped, floored

@@ -327,6 +327,17 @@ def check_standard_errors(s, name, m):
     return s_arr
 
 
+def check_samples_per_client(n, m):
+    """Samples per client: a scalar or shape (m,), whole numbers >= 1 (float64 out)."""
+    n_arr = check_finite_array(n, "n", ndim=(0, 1), min_len=0)
+    if n_arr.ndim == 1 and n_arr.shape != (m,):
+        raise ValueError(f"n must be a scalar or have shape ({m},), got {n_arr.shape}")
+    if np.any(n_arr < 1) or np.any(n_arr != np.floor(n_arr)):
+        raise ValueError(f"n must hold integers >= 1, got {n!r}" if n_arr.ndim == 0
+                         else "n must hold integers >= 1")
+    return float(n_arr) if n_arr.ndim == 0 else n_arr
+
+
 def check_counts(x, name, *, minimum=0):
     """Return ``x`` as a 1-D int64 array of integers >= ``minimum``.
 

@@ -79,7 +79,7 @@ def test_mle_is_a_maximum_of_scipy_betabinom_likelihood():
 
 
 def test_dense_and_sorted_compression_agree(monkeypatch):
-    from ebfl.eb import beta_binomial as bb
+    from ebfl.eb import _beta_binomial_mle as bb
 
     z, n = _counts(seed=4)
     dense = bb._compress(z, n)
@@ -94,7 +94,7 @@ def test_dense_and_sorted_compression_agree(monkeypatch):
 def test_leave_one_out_fit_is_the_same_on_both_routes(monkeypatch, method):
     # Eq. (6) is computed per distinct (n, z) pair and copied to the clients through
     # the dense table or, on the sorting route, through each client's pair number.
-    from ebfl.eb import beta_binomial as bb
+    from ebfl.eb import _beta_binomial_mle as bb
 
     z, n = _counts(seed=6, m=90)
     dense = beta_binomial_eb(z, n, method=method)
@@ -293,7 +293,7 @@ def test_mle_issue_reproduction_reaches_the_interior_optimum():
 
 def test_mle_keeps_the_best_start(monkeypatch):
     """A start whose run ends lower (here: stopped after one step) does not win."""
-    from ebfl.eb import beta_binomial as bb
+    from ebfl.eb import _beta_binomial_mle as bb
 
     real = bb._newton_ascent
     calls = []
@@ -312,7 +312,7 @@ def test_mle_keeps_the_best_start(monkeypatch):
 
 
 def test_mle_warns_when_not_converged(monkeypatch):
-    from ebfl.eb import beta_binomial as bb
+    from ebfl.eb import _beta_binomial_mle as bb
 
     monkeypatch.setattr(bb, "_MAX_ITER", 1)
     with pytest.warns(RuntimeWarning, match="did not converge"):
@@ -358,7 +358,7 @@ def test_rising_sums_match_mpmath(a):
     parts (k > 256) against digamma/trigamma identities at 80 digits."""
     import mpmath as mp
 
-    from ebfl.eb import beta_binomial as bb
+    from ebfl.eb import _beta_binomial_mle as bb
 
     mp.mp.dps = 80
     for k in (2, 3, 17, 256, 257, 300, 1000, 12345, 10**7):
@@ -399,7 +399,7 @@ def test_mle_derivatives_match_mpmath():
     beyond the direct sums, against central differences of an 60-digit log-likelihood."""
     import mpmath as mp
 
-    from ebfl.eb import beta_binomial as bb
+    from ebfl.eb import _beta_binomial_mle as bb
 
     mp.mp.dps = 60
     rng = np.random.default_rng(12)

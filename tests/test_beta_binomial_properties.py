@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from scipy import optimize, special, stats
 
 from ebfl import beta_binomial_eb
-from ebfl.eb import beta_binomial as bb
+from ebfl.eb import _beta_binomial_mle as bb
 from tests import naive
 
 PROPERTY = settings(max_examples=20, deadline=None, derandomize=True,

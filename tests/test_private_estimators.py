@@ -235,7 +235,7 @@ def test_ucb_upper_bound_by_hand():
 
 def test_ucb_weight_floor_is_the_smallest_no_worse_than_local():
     """a^2 v + (1-a)^2 (s + tau^2) <= v for all s <= U iff a >= floor (checked on a grid)."""
-    from ebfl.privacy.estimators import _local_safe_weight
+    from ebfl.privacy.shrinkage import _local_safe_weight
 
     for upper, tau2, v in ((0.05, 1e-4, 0.01), (0.2, 1e-3, 0.03), (0.001, 0.0, 0.01)):
         floor = float(_local_safe_weight(np.array(upper), tau2, v))

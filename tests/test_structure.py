@@ -34,24 +34,6 @@ LONG_MODULES = {
 #: (importer, imported module, private name or "") still reaching into another
 #: subpackage's private names.
 PRIVATE_IMPORTS = {
-    ("ebfl.federated.eb", "ebfl.eb._kernels", ""),
-    ("ebfl.federated.eb", "ebfl.eb.beta_binomial", "_compress"),
-    ("ebfl.federated.eb", "ebfl.eb.beta_binomial", "_loo_sums"),
-    ("ebfl.federated.eb", "ebfl.eb.npmle", "_atom_posterior"),
-    ("ebfl.federated.eb", "ebfl.privacy.estimators", "_check_spread_identifiable"),
-    ("ebfl.federated.eb", "ebfl.privacy.estimators", "_corrected_mechanism"),
-    ("ebfl.federated.eb", "ebfl.privacy.estimators", "_corrected_release"),
-    ("ebfl.federated.eb", "ebfl.privacy.estimators", "_corrected_shrinkage"),
-    ("ebfl.federated.eb", "ebfl.privacy.estimators", "_leave_one_out_sums"),
-    ("ebfl.federated.eb", "ebfl.privacy.estimators", "_others_mean"),
-    ("ebfl.federated.eb", "ebfl.privacy.estimators", "_others_mean_and_squares"),
-    ("ebfl.federated.eb", "ebfl.privacy.estimators", "_rule_iv"),
-    ("ebfl.federated.eb", "ebfl.privacy.estimators", "_theorem4_shrinkage"),
-    ("ebfl.learning.population_models", "ebfl.eb.discrete", "_cluster_output"),
-    ("ebfl.learning.population_models", "ebfl.eb.discrete", "_pair"),
-    ("ebfl.privacy.estimators", "ebfl.eb.gaussian", "_n_iv"),
-    ("ebfl.validation._kernels", "ebfl.eb._kernels", "_loo_client"),
-    ("ebfl.validation.checks", "ebfl.eb._kernels", ""),
     ("ebfl.validation.dppfl_checks", "ebfl.dppfl._kernels", ""),
 }
 

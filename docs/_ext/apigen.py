@@ -23,6 +23,7 @@ SECTIONS = [
                          "ebfl.eb.priors", "ebfl.eb.results", "ebfl.models", "ebfl.ragged"]),
     ("Quantization, privacy and accounting",
      ["ebfl.privacy", "ebfl.privacy.mechanisms", "ebfl.privacy.estimators",
+      "ebfl.privacy.shrinkage",
       "ebfl.privacy.accounting", "ebfl.privacy.dp_fedavg", "ebfl.privacy.fractional_rdp",
       "ebfl.privacy.guarantee", "ebfl.privacy.sweep"]),
     ("Bounds and Monte Carlo validation",

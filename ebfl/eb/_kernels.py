@@ -10,57 +10,9 @@ from numba import njit, prange
 
 from ebfl._config import CACHE, FASTMATH
 
-# Codes for the leave-one-out variants of eq. (6) (see ``beta_binomial._LOO_VARIANTS``).
-LOO_PRINTED = 0
-LOO_PROOF = 1
-LOO_CORRECTED = 2
-
-
-@njit(cache=CACHE, fastmath=FASTMATH)
-def _loo_client(xi, ni, m, total, ssq, corr_total, variant):
-    """Eq. (6) for one client from the global sums: (mu_i, sigma_i^2, a_i, clipped, floored).
-
-    xi, ni : the client's local mean and trials;  m : number of clients
-    total : sum of x;  ssq : sum of (x - mean(x))**2
-    corr_total : sum of x(1-x)/(n-1) (only read by LOO_CORRECTED)
-
-    With y_i = x_i - mean(x), the leave-one-out sums are O(1) per client:
-      sum_{l != i} (x_l - mu_i)^2       = ssq - y_i^2 m/(m-1)        (proof / intended)
-      sum_{l != i} (x_l - mu_l)^2       = (m/(m-1))^2 (ssq - y_i^2)   (as printed: mu_l)
-    """
-    mu_i = (total - xi) / (m - 1.0)
-    y = xi - total / m
-    if variant == LOO_PRINTED:
-        v = (m / (m - 1.0)) ** 2 * (ssq - y * y) / (m - 2.0)
-    else:
-        v = (ssq - y * y * m / (m - 1.0)) / (m - 2.0)
-    if v < 0.0:  # rounding only: a sum of squares
-        v = 0.0
-    floored = False
-    if variant == LOO_CORRECTED:
-        v -= (corr_total - xi * (1.0 - xi) / (ni - 1.0)) / (m - 1.0)
-        if v < 0.0:
-            v = 0.0
-            floored = True
-    u = mu_i * (1.0 - mu_i)
-    # a = n / (u/v - 1 + n) (printed, corrected) or n / (u/v + n) (proof),
-    # multiplied through by v so that v = 0 gives a = 0 without dividing by 0.
-    minus_one = 0.0 if variant == LOO_PROOF else 1.0
-    den = u - minus_one * v + ni * v
-    if v == 0.0:
-        ai = 0.0
-    elif den <= 0.0:
-        ai = np.inf
-    else:
-        ai = ni * v / den
-    clipped = False
-    if ai < 0.0:
-        ai = 0.0
-        clipped = True
-    elif ai > 1.0:
-        ai = 1.0
-        clipped = True
-    return mu_i, v, ai, clipped, floored
+# The leave-one-out client of eq. (6) lives in the shared kernels: the Monte Carlo
+# checks of Theorem 3 call it too.
+from ebfl._kernels import loo_beta_client
 
 
 def _outputs(m, k):
@@ -79,7 +31,7 @@ def _loo_beta_shrinkage(z, n, variant, total, ssq, corr_total):
     Parameters (all validated by the caller)
     z, n : (m,) successes and trials (the local means are x = z/n)
     variant : LOO_PRINTED, LOO_PROOF or LOO_CORRECTED
-    total, ssq, corr_total : global sums, see :func:`_loo_client`
+    total, ssq, corr_total : global sums, see :func:`loo_beta_client`
 
     Returns mu, var, a, est, concentration (m,) and the numbers of clipped
     weights and floored variances. (The fit calls :func:`_loo_fill` on the
@@ -99,7 +51,7 @@ def _loo_fill(z, n, m, variant, total, ssq, corr_total, mu, var, a, est, concent
     for i in prange(z.size):
         ni = n[i]
         xi = z[i] / ni
-        mu_i, v, ai, clip, floor = _loo_client(xi, ni, m, total, ssq, corr_total, variant)
+        mu_i, v, ai, clip, floor = loo_beta_client(xi, ni, m, total, ssq, corr_total, variant)
         e = ai * xi + (1.0 - ai) * mu_i
         mu[i] = mu_i
         var[i] = v

@@ -36,6 +36,7 @@ __all__ = [
     "expected_posterior_variance",
     "kmeans_cluster",
     "lemma1_radius",
+    "run_cluster",
 ]
 
 
@@ -361,7 +362,7 @@ def discrete_mixture_eb(xbar, n, *, sigma_x, n_atoms, n_iter=10, cluster=kmeans_
         if mechanism is not None:
             sent, n_clipped = _clip_to_ball(theta, radius)
             sent = _mechanism_output(mechanism.privatize(sent, rng), sent.shape)
-        centres, labels = _cluster_output(*_pair(cluster(sent, n_atoms, rng)), n_atoms, m, d)
+        centres, labels = run_cluster(cluster, sent, n_atoms, rng)
         probs = np.bincount(labels, minlength=n_atoms) / m
         weights, mean, trace_var = _posterior(x2, s, centres, probs)
         history.append({"atoms": centres, "probs": probs, "n_clipped": n_clipped,
@@ -425,6 +426,32 @@ def _mechanism_output(sent, shape):
         raise ValueError(f"mechanism.privatize must return the shape of its input {shape}, "
                          f"got {sent.shape}")
     return sent
+
+
+def run_cluster(cluster, points, k, rng):
+    """Call a clustering step ``cluster(points, k, rng)`` and check what it returned.
+
+    Parameters
+    ----------
+    cluster : callable
+        ``cluster(points, k, rng) -> (centres, labels)``, e.g. :func:`kmeans_cluster`.
+    points : ndarray, shape (m, d)
+    k : int
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    centres : ndarray, shape (k, d)
+    labels : ndarray of int, shape (m,)
+        Each point's cluster, in 0..k-1.
+
+    Raises
+    ------
+    TypeError, ValueError
+        When ``cluster`` returns anything else, naming what was wrong.
+    """
+    m, d = points.shape
+    return _cluster_output(*_pair(cluster(points, k, rng)), k, m, d)
 
 
 def _pair(out):

@@ -19,6 +19,7 @@ from ebfl._validation import (
     check_finite_array,
     check_nonnegative_scalar,
     check_positive_scalar,
+    check_samples_per_client,
     check_standard_errors,
 )
 from ebfl.eb import _kernels
@@ -88,7 +89,7 @@ def personalized_gaussian(xbar, n, *, sigma_theta, sigma_x, shared=None, sigma_q
     """
     xbar = check_finite_array(xbar, "xbar", ndim=(1, 2), min_len=2)
     m = xbar.shape[0]
-    n = _n_iv(n, m)
+    n = check_samples_per_client(n, m)
     sigma_theta = check_nonnegative_scalar(sigma_theta, "sigma_theta")
     sigma_x = check_positive_scalar(sigma_x, "sigma_x")
     sigma_q = check_nonnegative_scalar(sigma_q, "sigma_q")
@@ -331,17 +332,6 @@ def gaussian_eb_samples(data, *, sigma_x=None, **kwargs):
 
 
 # --------------------------------------------------------------------------- validation
-
-
-def _n_iv(n, m):
-    """Samples per client: a scalar or shape (m,), whole numbers >= 1 (float64 out)."""
-    n_arr = check_finite_array(n, "n", ndim=(0, 1), min_len=0)
-    if n_arr.ndim == 1 and n_arr.shape != (m,):
-        raise ValueError(f"n must be a scalar or have shape ({m},), got {n_arr.shape}")
-    if np.any(n_arr < 1) or np.any(n_arr != np.floor(n_arr)):
-        raise ValueError(f"n must hold integers >= 1, got {n!r}" if n_arr.ndim == 0
-                         else "n must hold integers >= 1")
-    return float(n_arr) if n_arr.ndim == 0 else n_arr
 
 
 def _gaussian_iv(x, s, prior_mean, prior_sd):

@@ -48,7 +48,7 @@ from ebfl.eb.beta_binomial import check_binomial_counts
 from ebfl.eb.mixture_weights import MAX_ITER, PARALLEL_MIN_WORK, _mix_sqp, _row_blocks, _threads_for
 from ebfl.eb.results import _freeze
 
-__all__ = ["NPMLEResult", "npmle_binomial", "npmle_normal"]
+__all__ = ["NPMLEResult", "normal_grid_posterior", "npmle_binomial", "npmle_normal"]
 
 #: Largest |x| and |grid point| of a normal fit: squared differences stay finite.
 MAX_ABS = 1e150
@@ -362,6 +362,50 @@ def npmle_binomial(successes, trials, *, grid=None, n_grid=300, tol=1e-8,
 
 
 # ----------------------------------------------------------------- input checks
+
+def normal_grid_posterior(x, s, grid, weights):
+    """The client half of :func:`npmle_normal`: posteriors under a given grid prior.
+
+    Each theta_i has prior sum_k w_k delta(grid_k) and x_i ~ N(theta_i, s_i^2);
+    the arithmetic is that of :func:`npmle_normal`'s posteriors (over the atoms
+    with w_k > 0, in chunks of rows), so a fitted prior broadcast to clients
+    gives them the same numbers as the fit itself.
+
+    Parameters
+    ----------
+    x : array_like, shape (m,)
+    s : float or array_like, shape (m,)
+        Standard errors, > 0.
+    grid : array_like, shape (k,)
+        Strictly increasing support points.
+    weights : array_like, shape (k,)
+        Prior probabilities: >= 0, summing to 1 (within 1e-8).
+
+    Returns
+    -------
+    mean, var : ndarray, shape (m,)
+        Posterior mean and variance of every theta_i.
+    log_likelihood : float
+        Marginal log-likelihood of x under the prior.
+
+    Examples
+    --------
+    >>> mean, var, loglik = normal_grid_posterior([0.0, 2.0], 1.0, [0.0, 2.0], [0.5, 0.5])
+    >>> mean.round(3).tolist()
+    [0.238, 1.762]
+    """
+    x = check_finite_array(x, "x", ndim=1, max_abs=MAX_ABS).astype(np.float64)
+    s = check_standard_errors(s, "s", x.size)
+    if grid is None:
+        raise TypeError("grid must be an array of support points, got None")
+    grid = _grid_iv(grid, None, 0.0, 0.0)
+    weights = check_finite_array(weights, "weights", ndim=1).astype(np.float64)
+    if weights.shape != grid.shape:
+        raise ValueError(f"weights must have the grid's shape {grid.shape}, got {weights.shape}")
+    if np.any(weights < 0) or abs(float(weights.sum()) - 1.0) > 1e-8:
+        raise ValueError("weights must be >= 0 and sum to 1")
+    return _atom_posterior(np.ascontiguousarray(x), s, grid, weights)
+
 
 def _grid_iv(grid, n_grid, low, high):
     if grid is not None:

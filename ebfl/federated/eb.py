@@ -89,13 +89,12 @@ from ebfl._validation import (
     check_standard_deviation,
     check_standard_errors,
 )
-from ebfl.eb import _kernels
 from ebfl.eb.beta_binomial import METHODS as BETA_METHODS
-from ebfl.eb.beta_binomial import _compress, beta_binomial_eb
-from ebfl.eb.beta_binomial import _loo_sums as _pair_loo_sums
+from ebfl.eb.beta_binomial import beta_binomial_eb, leave_one_out_moment_sums
 from ebfl.eb.gaussian import METHODS as GAUSSIAN_METHODS
 from ebfl.eb.gaussian import gaussian_eb
-from ebfl.eb.npmle import _atom_posterior, npmle_binomial, npmle_normal
+from ebfl.eb.npmle import normal_grid_posterior, npmle_binomial, npmle_normal
+from ebfl.eb.priors import BetaPrior
 from ebfl.federated.eb_data import (
     MAX_ABS_MEAN,
     SIMULATED_N,
@@ -106,25 +105,25 @@ from ebfl.federated.eb_data import (
 )
 from ebfl.federated.protocol import FederatedAlgorithm
 from ebfl.federated.streams import numpy_streams
-from ebfl.privacy.estimators import (
-    DEFAULT_UCB_Z,
-    _check_spread_identifiable,
-    _corrected_mechanism,
-    _corrected_release,
-    _corrected_shrinkage,
-    _leave_one_out_sums,
-    _others_mean,
-    _others_mean_and_squares,
-    _rule_iv,
-    _theorem4_shrinkage,
-    private_gaussian,
-)
+from ebfl.privacy.estimators import private_gaussian
 from ebfl.privacy.mechanisms import (
     BinaryMechanism,
     LaplaceMechanism,
     Mechanism,
     RandomizedResponse,
     paper_clip_range,
+)
+from ebfl.privacy.shrinkage import (
+    DEFAULT_UCB_Z,
+    check_spread_identifiable,
+    check_variance_rule,
+    corrected_mechanism,
+    corrected_release,
+    corrected_shrinkage,
+    leave_one_out_sums,
+    others_mean,
+    others_mean_and_squares,
+    theorem4_shrinkage,
 )
 
 __all__ = ["EBBetaBinomial", "EBGaussian"]
@@ -346,7 +345,7 @@ class EBBetaBinomial(_EmpiricalBayes):
         self.method = (check_choice("mle" if method is None else method, "method", BETA_METHODS)
                        if fits_beta else None)
         self.n_grid = check_int_scalar(n_grid, "n_grid", minimum=2, maximum=10**7)
-        self.variance, self.ucb_z = _rule_iv(variance, ucb_z)
+        self.variance, self.ucb_z = check_variance_rule(variance, ucb_z)
         self.epsilon = None
         self._mechanism = None
         if privacy is None:
@@ -411,7 +410,7 @@ class EBBetaBinomial(_EmpiricalBayes):
         x = z / n
         if self.privacy == "binary":
             return [mech.privatize(x[j:j + 1], g)[0] for j, g in enumerate(generators)]
-        return [_corrected_release(mech, x[j:j + 1], g)[0] for j, g in enumerate(generators)]
+        return [corrected_release(mech, x[j:j + 1], g)[0] for j, g in enumerate(generators)]
 
     # ---- server: the fit
     def _fit(self, replies, rc):
@@ -454,7 +453,7 @@ class EBBetaBinomial(_EmpiricalBayes):
         prior = _sums_message(release)
         if self.privacy == "laplace":
             inv_n = 1.0 / _as_int(replies["trials"], "trials")
-            _check_spread_identifiable(inv_n, "privacy='laplace'")
+            check_spread_identifiable(inv_n, "privacy='laplace'")
             prior["inv_trials"] = _scalar(inv_n.sum())
         return prior, {"prior_mean": release.mean()}
 
@@ -463,9 +462,9 @@ class EBBetaBinomial(_EmpiricalBayes):
         z, n = data.successes, data.trials
         kind = self._kind
         if kind == "beta":
-            mean, concentration, weight = _kernels._beta_posterior(
-                z, n, _read(message, "alpha"), _read(message, "beta"))
-            return mean, mean * (1.0 - mean) / (concentration + 1.0), weight
+            prior = BetaPrior(_read(message, "alpha"), _read(message, "beta"))
+            res = beta_binomial_eb(z, n, prior=prior, fix_prior=True)
+            return res.posterior.mean, res.posterior.var, res.shrinkage
         if kind in ("npmle", "randomized-response"):
             mean, var = _binomial_grid_posterior(z, n, message["grid"], message["weights"])
             return mean, var, np.full(z.size, np.nan)
@@ -474,9 +473,9 @@ class EBBetaBinomial(_EmpiricalBayes):
             return _loo_posterior(z, n, included, message, self.method)
         sums = _read_sums(message)
         if kind == "binary":
-            step = _theorem4_shrinkage(z / n, n, client["release"], included, sums)
+            step = theorem4_shrinkage(z / n, n, client["release"], included, sums)
         else:
-            step = _corrected_shrinkage(z / n, n, client["release"], included, sums,
+            step = corrected_shrinkage(z / n, n, client["release"], included, sums,
                                         _read(message, "inv_trials"), self._mechanism,
                                         self.variance, self.ucb_z)
         return step.estimate, np.full(z.size, np.nan), step.weight
@@ -488,7 +487,7 @@ def _bernoulli_mechanism(privacy, epsilon):
         return RandomizedResponse(epsilon)
     if privacy == "binary":
         return BinaryMechanism(epsilon)
-    return _corrected_mechanism(epsilon)
+    return corrected_mechanism(epsilon)
 
 
 def _npmle_info(grid, weights, converged):
@@ -537,7 +536,7 @@ def _binomial_grid_posterior(z, n, grid, weights):
 
 def _sums_message(values):
     """count, total = sum v, ssq = sum (v - mean)^2: what a client needs to leave itself out."""
-    m, total, ssq = _leave_one_out_sums(values)
+    m, total, ssq = leave_one_out_sums(values)
     return {"count": _scalar(m), "total": _scalar(total), "ssq": _scalar(ssq)}
 
 
@@ -549,7 +548,7 @@ def _read_sums(message):
 def _loo_sums(z, n, method):
     """The sums of eq. (6) on x = z/n, and corr_total = sum x(1-x)/(n-1), summed as
     :func:`ebfl.eb.beta_binomial_eb` sums them (over the distinct (n, z) pairs)."""
-    total, ssq, corr_total = _pair_loo_sums(_compress(z, n), method)
+    total, ssq, corr_total = leave_one_out_moment_sums(z, n, method)
     return {"count": _scalar(z.size), "total": _scalar(total), "ssq": _scalar(ssq),
             "corr_total": _scalar(corr_total)}
 
@@ -562,11 +561,11 @@ def _loo_posterior(z, n, included, message, method):
     """
     x = z / n
     sums = _read_sums(message)
-    mu, v = _others_mean_and_squares(x, included, sums,
+    mu, v = others_mean_and_squares(x, included, sums,
                                      "printed" if method == "loo_printed" else "own")
     if method == "loo_corrected":
         with np.errstate(divide="ignore", invalid="ignore"):
-            noise = _others_mean(x * (1.0 - x) / (n - 1.0), included, sums[0],
+            noise = others_mean(x * (1.0 - x) / (n - 1.0), included, sums[0],
                                  _read(message, "corr_total"))
         v = np.maximum(v - noise, 0.0)
     u = mu * (1.0 - mu)
@@ -685,7 +684,7 @@ class EBGaussian(_EmpiricalBayes):
         self.sigma_x = (None if sigma_x is None else
                         check_standard_deviation(sigma_x, "sigma_x"))
         self.n_grid = check_int_scalar(n_grid, "n_grid", minimum=2, maximum=10**7)
-        self.variance, self.ucb_z = _rule_iv(variance, ucb_z)
+        self.variance, self.ucb_z = check_variance_rule(variance, ucb_z)
         if mechanism is not None and not isinstance(mechanism, Mechanism):
             raise TypeError(f"mechanism must be an ebfl.privacy Mechanism or None, got "
                             f"{type(mechanism).__name__}")
@@ -797,14 +796,10 @@ class EBGaussian(_EmpiricalBayes):
             return mean, np.full(x.size, np.nan), weight
         s = self._standard_errors(data, message)
         if self.prior == "npmle":
-            mean, var, _ = _atom_posterior(np.ascontiguousarray(x), s,
-                                           np.asarray(message["grid"], float),
-                                           np.asarray(message["weights"], float))
+            mean, var, _ = normal_grid_posterior(x, s, message["grid"], message["weights"])
             return mean, var, np.full(x.size, np.nan)
-        tau2 = _read(message, "sd") ** 2
-        mean, var, weight = _kernels._normal_posterior(
-            np.ascontiguousarray(x[:, None]), s**2, np.array([_read(message, "mean")]), tau2)
-        return mean[:, 0], var, weight
+        res = gaussian_eb(x, s, prior_mean=_read(message, "mean"), prior_sd=_read(message, "sd"))
+        return res.posterior.mean, res.posterior.var, res.shrinkage
 
 
 def _pooled_sigma_x(ssd, count):

@@ -35,7 +35,7 @@ from ebfl._validation import (
     check_int_scalar,
     check_positive_scalar,
 )
-from ebfl.eb.discrete import _cluster_output, _pair, kmeans_cluster
+from ebfl.eb.discrete import kmeans_cluster, run_cluster
 from ebfl.learning.data import _data_iv, _mean_iv, _mu0_iv, _variance_iv
 from ebfl.learning.regression import _objective_iv, _residual, _rows
 from ebfl.learning.theorem6 import local_least_squares
@@ -47,8 +47,7 @@ _CLUSTER_SIGNATURE = "cluster(points, k, rng) -> (centres (k, d), labels (m,))"
 
 
 def _clusters(theta, k, rng, cluster):
-    m, d = theta.shape
-    centres, labels = _cluster_output(*_pair(cluster(theta, k, as_generator(rng))), k, m, d)
+    centres, labels = run_cluster(cluster, theta, k, as_generator(rng))
     probs = np.bincount(labels, minlength=k) / labels.size
     return centres, probs, labels
 

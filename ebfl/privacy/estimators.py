@@ -16,20 +16,30 @@ moment estimate max(0, sigma_hat^2).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
 from ebfl._validation import (
     as_generator,
-    check_choice,
     check_finite_array,
-    check_nonnegative_scalar,
+    check_samples_per_client,
     check_standard_deviation,
 )
 from ebfl.eb.beta_binomial import check_binomial_counts
-from ebfl.eb.gaussian import _n_iv, personalized_gaussian
-from ebfl.privacy.mechanisms import BinaryMechanism, LaplaceMechanism, Mechanism
+from ebfl.eb.gaussian import personalized_gaussian
+from ebfl.privacy.mechanisms import BinaryMechanism, Mechanism
+from ebfl.privacy.shrinkage import (
+    DEFAULT_UCB_Z,
+    VARIANCE_RULES,
+    _upper_bound,
+    check_spread_identifiable,
+    check_variance_rule,
+    corrected_mechanism,
+    corrected_release,
+    corrected_shrinkage,
+    leave_one_out_sums,
+    theorem4_shrinkage,
+)
 
 __all__ = [
     "VARIANCE_RULES",
@@ -41,42 +51,8 @@ __all__ = [
 ]
 
 
-#: How an estimated population variance enters the weights (see the estimators).
-VARIANCE_RULES = ("ucb", "plugin")
-
-#: Default one-sided z of the upper confidence bound (Phi(3) = 0.99865).
-DEFAULT_UCB_Z = 3.0
-
-
 #: Accepted range of |xbar|.
 MAX_ABS_XBAR = 1e150
-
-
-def _upper_bound(raw, ucb_z, se, cap):
-    """min(raw + z se, cap); the cap itself where se is infinite (noise swamps the data)."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        return np.where(np.isfinite(se), np.minimum(raw + ucb_z * se, cap), cap)
-
-
-def _rule_iv(variance, ucb_z):
-    check_choice(variance, "variance", VARIANCE_RULES)
-    ucb_z = check_nonnegative_scalar(ucb_z, "ucb_z")
-    if ucb_z > 40.0:
-        raise ValueError(f"ucb_z must lie in [0, 40] (a one-sided normal quantile), got {ucb_z!r}")
-    return variance, ucb_z
-
-
-def _local_safe_weight(upper, tau2, v):
-    r"""Smallest weight a with a^2 v + (1-a)^2 (s + tau2) <= v for every s <= ``upper``.
-
-    The risk of a x_i + (1 - a) mu_hat is a^2 v + (1 - a)^2 (sigma^2 + tau^2)
-    (v: sampling variance of x_i, tau^2: variance of mu_hat); it is at most the
-    local risk v iff a >= (sigma^2 + tau^2 - v)/(sigma^2 + tau^2 + v), which
-    increases in sigma^2. NaN (0/0) means nothing to protect: no floor.
-    """
-    with np.errstate(divide="ignore", invalid="ignore"):
-        floor = (upper + tau2 - v) / (upper + tau2 + v)
-    return np.clip(np.where(np.isnan(floor), 0.0, floor), 0.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -204,9 +180,9 @@ def private_gaussian(xbar, n, mechanism, *, sigma_x, sigma_theta=None, variance=
     if np.max(np.abs(xbar)) > MAX_ABS_XBAR:
         raise ValueError(f"xbar must lie in [-{MAX_ABS_XBAR:g}, {MAX_ABS_XBAR:g}] (its squares "
                          f"must stay finite)")
-    n_arr = _n_iv(n, xbar.shape[0])
+    n_arr = check_samples_per_client(n, xbar.shape[0])
     sigma_x = check_standard_deviation(sigma_x, "sigma_x", zero_ok=False)
-    variance, ucb_z = _rule_iv(variance, ucb_z)
+    variance, ucb_z = check_variance_rule(variance, ucb_z)
     if sigma_theta is not None:
         sigma_theta = check_standard_deviation(sigma_theta, "sigma_theta", zero_ok=True)
     rng = as_generator(rng)
@@ -299,119 +275,6 @@ class PrivateBernoulliEstimate:
     variance_upper: np.ndarray | None = None
 
 
-# The server-side step of the leave-one-out private estimators, from released values.
-# The in-process estimators run it on all clients' releases at once; a federated client
-# (ebfl.federated.EBBetaBinomial) runs it on its own row, from the sums the server
-# broadcasts. A client whose release is in the sums leaves itself out (k = m - 1 others);
-# one outside them (it failed in the federated fitting round) has all m clients as others.
-
-
-class _Shrinkage(NamedTuple):
-    """p_hat_i = a_i xbar_i + (1 - a_i) mu_i and its parts (see PrivateBernoulliEstimate)."""
-
-    estimate: np.ndarray
-    weight: np.ndarray
-    centre: np.ndarray
-    variance: np.ndarray
-    n_clipped: int
-    upper: np.ndarray | None = None
-
-
-def _leave_one_out_sums(v):
-    """(m, total, ssq): the count, sum and sum of squared deviations of the values ``v``."""
-    m = v.size
-    total = v.sum()
-    y = v - total / m
-    return m, total, np.sum(y * y)
-
-
-def _others_mean(v, included, m, total):
-    """Mean of the other clients' values, from the sum ``total`` over the m in the sums."""
-    return np.where(included, (total - v) / (m - 1.0), total / m)
-
-
-def _others_mean_and_squares(v, included, sums, centre_on):
-    """Mean of the other clients' values and (1/(k-1)) sum of their squared deviations, O(1).
-
-    With y_i = v_i - mean(v): centre_on="own" gives sum_{l != i} (v_l - mu_i)^2 =
-    ssq - y_i^2 m/(m-1); "printed" gives sum_{l != i} (v_l - mu_l)^2 = (m/(m-1))^2
-    (ssq - y_i^2), centred on each other client's leave-one-out mean mu_l as eq. (6)
-    of Ozkara et al. is printed.
-    """
-    m, total, ssq = sums
-    y = v - total / m
-    factor = (m / (m - 1.0)) ** 2
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if centre_on == "own":
-            inside = (ssq - y * y * m / (m - 1.0)) / (m - 2.0)
-            outside = ssq / (m - 1.0)
-        else:
-            inside = factor * (ssq - y * y) / (m - 2.0)
-            outside = factor * ssq / (m - 1.0)
-    mu = _others_mean(v, included, m, total)
-    return mu, np.maximum(np.where(included, inside, outside), 0.0)  # rounding: sums of squares
-
-
-def _theorem4_shrinkage(x, n, release, included, sums):
-    """Theorem 4's weights a_i = n_i / (mu_i(1-mu_i)/sigma_i^2 + n_i), clipped to [0, 1]."""
-    mu, s2 = _others_mean_and_squares(release, included, sums, "printed")
-    with np.errstate(divide="ignore", invalid="ignore"):
-        a = n / (mu * (1.0 - mu) / s2 + n)
-    a, n_clipped = _clip_weight(a)
-    return _Shrinkage(a * x + (1 - a) * mu, a, mu, s2, n_clipped)
-
-
-def _corrected_shrinkage(x, n, release, included, sums, inv_trials_total, mechanism, variance,
-                         ucb_z):
-    """The weights of :func:`private_bernoulli_corrected` (see its Notes).
-
-    ``inv_trials_total``: sum of 1/n_l over the m clients in ``sums``; ``mechanism``:
-    the Laplace mechanism of the releases (its variance is subtracted).
-    """
-    m = sums[0]
-    others = np.where(included, m - 1.0, float(m))
-    mu, s2 = _others_mean_and_squares(release, included, sums, "own")
-    h = _others_mean(1.0 / n, included, m, inv_trials_total)
-    u = mu * (1.0 - mu)
-    v_hat = s2 - mechanism.max_variance
-    raw = (v_hat - u * h) / (1.0 - h)
-    plugin = np.maximum(raw, 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        a = np.where(plugin > 0, n * plugin / (u - plugin + n * plugin), 0.0)
-    a, n_clipped = _clip_weight(a)
-    upper = None
-    if variance == "ucb":
-        excess = mechanism.square_variance_excess(np.clip(v_hat, 0.0, 0.25))
-        se = np.sqrt(excess / (others - 1.0)) / (1.0 - h)
-        upper = _upper_bound(raw, ucb_z, se, u)
-        a = np.maximum(a, _local_safe_weight(upper, s2 / others, (u - upper) / n))
-    return _Shrinkage(a * x + (1 - a) * mu, a, mu, plugin, n_clipped, upper)
-
-
-def _corrected_mechanism(epsilon):
-    """The Laplace mechanism of the corrected estimator: on xbar - 1/2 in [-1/2, 1/2]."""
-    return LaplaceMechanism(epsilon, 0.5)
-
-
-def _corrected_release(mechanism, x, rng):
-    """1/2 + the mechanism on x - 1/2: what a client of the corrected estimator sends."""
-    return 0.5 + mechanism.privatize(x - 0.5, rng)
-
-
-def _check_spread_identifiable(inv_trials, who):
-    """Refuse when some client's others all have one trial (h_i = 1: no spread to learn)."""
-    h = _others_mean(inv_trials, True, inv_trials.size, inv_trials.sum())
-    if np.any(h >= 1.0):
-        raise ValueError(f"{who} needs clients with trials >= 2 (the spread is not identifiable "
-                         "from single trials)")
-
-
-def _clip_weight(a):
-    clipped = (a < 0) | (a > 1) | ~np.isfinite(a)
-    a = np.where(np.isnan(a), 1.0, a)
-    return np.clip(a, 0.0, 1.0), int(clipped.sum())
-
-
 def private_bernoulli_paper(successes, trials, epsilon, *, rng=None):
     r"""The paper's epsilon-LDP Bernoulli estimator (Theorem 4), exactly as printed.
 
@@ -444,7 +307,7 @@ def private_bernoulli_paper(successes, trials, epsilon, *, rng=None):
     _check_loo_size(z.size)
     x = z / n
     shared = mechanism.privatize(x, as_generator(rng))
-    step = _theorem4_shrinkage(x, n, shared, True, _leave_one_out_sums(shared))
+    step = theorem4_shrinkage(x, n, shared, True, leave_one_out_sums(shared))
     return PrivateBernoulliEstimate(step.estimate, step.weight, step.centre, step.variance,
                                     shared, epsilon, step.n_clipped)
 
@@ -543,15 +406,15 @@ def private_bernoulli_corrected(successes, trials, epsilon, *, variance="ucb",
     (0.0, True)
     """
     z, n = check_binomial_counts(successes, trials)
-    mechanism = _corrected_mechanism(epsilon)
+    mechanism = corrected_mechanism(epsilon)
     epsilon = mechanism.epsilon
-    variance, ucb_z = _rule_iv(variance, ucb_z)
+    variance, ucb_z = check_variance_rule(variance, ucb_z)
     _check_loo_size(z.size)
     x = z / n
-    shared = _corrected_release(mechanism, x, as_generator(rng))
+    shared = corrected_release(mechanism, x, as_generator(rng))
     inv_n = 1.0 / n
-    _check_spread_identifiable(inv_n, "private_bernoulli_corrected")
-    step = _corrected_shrinkage(x, n, shared, True, _leave_one_out_sums(shared), inv_n.sum(),
+    check_spread_identifiable(inv_n, "private_bernoulli_corrected")
+    step = corrected_shrinkage(x, n, shared, True, leave_one_out_sums(shared), inv_n.sum(),
                                 mechanism, variance, ucb_z)
     return PrivateBernoulliEstimate(step.estimate, step.weight, step.centre, step.variance,
                                     shared, epsilon, step.n_clipped, variance, step.upper)

@@ -4,7 +4,7 @@ import numpy as np
 from numba import njit, prange
 
 from ebfl._config import CACHE, FASTMATH
-from ebfl.eb._kernels import _loo_client
+from ebfl._kernels import loo_beta_client
 
 
 @njit(parallel=True, cache=CACHE, fastmath=FASTMATH)
@@ -42,7 +42,7 @@ def _theorem3_histograms(hist, x_levels, n, m, variant, post_mean, post_var, mu,
             h = hist[r, z]
             if h == 0.0:
                 continue
-            mu_i, v, ai, _, _ = _loo_client(x_levels[z], n, m, total, ssq, corr_total, variant)
+            mu_i, v, ai, _, _ = loo_beta_client(x_levels[z], n, m, total, ssq, corr_total, variant)
             est = ai * x_levels[z] + (1.0 - ai) * mu_i
             diff = est - post_mean[z]
             sq += h * (diff * diff + post_var[z])

@@ -23,7 +23,7 @@ import numpy as np
 from scipy import stats
 
 from ebfl import bounds as B
-from ebfl.eb import _kernels as eb_kernels
+from ebfl._kernels import LOO_PRINTED
 from ebfl.eb.beta_binomial import beta_binomial_eb
 from ebfl.eb.discrete import discrete_posterior, lemma1_radius
 from ebfl.eb.gaussian import personalized_gaussian
@@ -322,7 +322,7 @@ def check_known_beta(reps, rng, progress, **p):
                         B.beta_local_mse(a, b, n), sim["local"], params=p)]
 
 
-def theorem3_replicates(k, rng, *, m, n, alpha, beta, variant=eb_kernels.LOO_PRINTED):
+def theorem3_replicates(k, rng, *, m, n, alpha, beta, variant=LOO_PRINTED):
     """k replicates of the leave-one-out estimator (6) under a Beta(alpha, beta) prior.
 
     Exact and O(n) per replicate: clients are exchangeable and client i's
