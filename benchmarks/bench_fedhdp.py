@@ -51,7 +51,7 @@ from _timing import best_of
 from ebfl.federated import RoundContext, RunConfig, sample_clients
 from ebfl.learning.torch import MLP, FederatedDataset
 from ebfl.learning.torch.engine import flush_denormals
-from ebfl.learning.torch.fedhdp import FedHDP
+from ebfl.fedhdp.algorithm import FedHDP
 from ebfl.learning.torch.functional import (
     client_generators,
     client_grad,

@@ -41,6 +41,7 @@ from ebfl.dppfl import (
     sampling_rates,
 )
 from ebfl.dppfl import accounting as A
+from ebfl.dppfl import exact as E
 from ebfl.dppfl import theory as T
 from ebfl.dppfl.objective import conjugate, device_sums, loss_values, regularizer
 from tests.badinput import INF, NAN, Case, table_tests
@@ -400,20 +401,20 @@ def _with(make, **extra):
 LOCAL_EXTREME = (("lam", 1e308), ("lam", 5e-324), ("beta", 1e308), ("beta", 5e-324),
                  ("omega_tt", 1e308))
 THEORY = [
-    Case("local_objective", T.local_objective, _with(LOCAL, dalpha_t=np.array([0.25, -0.25])),
+    Case("local_objective", E.local_objective, _with(LOCAL, dalpha_t=np.array([0.25, -0.25])),
          real=("dalpha_t", "X_t", "w_t"), scalars=LOCAL_KINDS, bad=LOCAL_BAD),
-    Case("solve_local_exactly", T.solve_local_exactly, LOCAL, real=("X_t",),
+    Case("solve_local_exactly", E.solve_local_exactly, LOCAL, real=("X_t",),
          result=lambda s: (s.dalpha, s.converged),
          scalars={"tol": "positive", "max_sweeps": "count"}, extreme=LOCAL_EXTREME,
          bad=(("max_sweeps", 10**12, ValueError), ("alpha_t", np.array([2.0, 0.0]), ValueError))),
-    Case("local_solution_quality", T.local_solution_quality,
+    Case("local_solution_quality", E.local_solution_quality,
          _with(LOCAL, dalpha_t=np.array([0.25, -0.25])), real=("dalpha_t",),
          scalars={"tol": "positive"}, extreme=LOCAL_EXTREME,
          bad=(("dalpha_t", np.zeros(3), ValueError),)),
-    Case("local_strong_convexity", T.local_strong_convexity,
+    Case("local_strong_convexity", E.local_strong_convexity,
          lambda: dict(X_t=_X(), omega_tt=0.5, lam=0.5, beta=1.0), real=("X_t",),
          scalars=LOCAL_KINDS, bad=LOSS_BAD),
-    Case("solve_dual_exactly", T.solve_dual_exactly, _with(GLOBAL, lam=0.5, loss="squared"),
+    Case("solve_dual_exactly", E.solve_dual_exactly, _with(GLOBAL, lam=0.5, loss="squared"),
          real=("omega",), result=lambda s: (s.alpha, s.converged),
          scalars={"lam": "positive", "tol": "positive", "max_sweeps": "count"},
          bad=(("max_sweeps", 10**12, ValueError), ("offsets", np.array([0, 5, 4]), ValueError))),
@@ -468,13 +469,13 @@ THEORY = [
                   "initial_gap": "nonnegative", "beta": "positive"},
          bad=(("sizes", np.array([], int), ValueError), ("sizes", np.array([0, 3]), ValueError),
               ("form", "both", ValueError), ("xi", 0.0, ValueError)), finite=False),
-    Case("exact_local_run", T.exact_local_run,
+    Case("exact_local_run", E.exact_local_run,
          _with(GLOBAL, lam=0.5, xi=0.5, iterations=2, loss="squared", average_after=0),
          real=("y",), result=lambda r: (r.history, r.alpha, r.average),
          scalars={"lam": "positive", "iterations": "count", "tol": "positive"},
          bad=(("average_after", 2, ValueError), ("average_after", -1, ValueError),
               ("iterations", 10**9, ValueError), OMEGA_BAD[0])),
-    Case("linear_rate", T.linear_rate,
+    Case("linear_rate", E.linear_rate,
          lambda: dict(history=[{"iteration": k, "gap": 0.5**k} for k in range(5)], value="gap"),
          scalars={"rtol": "open_unit"},
          bad=(("history", [{"iteration": 0}], TypeError), ("history", "abc", TypeError),

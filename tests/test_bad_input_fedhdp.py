@@ -158,8 +158,8 @@ def test_every_public_function_of_dp_fedavg_is_in_the_table():
 
 def _privacy(denominator="realized", **kw):
     pytest.importorskip("torch")
+    from ebfl.fedhdp.algorithm import FedHDP
     from ebfl.learning.torch import LogisticModel
-    from ebfl.learning.torch.fedhdp import FedHDP
 
     alg = FedHDP(LogisticModel(2, 2), [0, 1, 1], noise_multiplier=[0.0, 1.5],
                  denominator=denominator)
@@ -321,7 +321,7 @@ def test_a_realized_denominator_run_says_its_epsilon_is_not_a_proof():
 
 
 def test_the_experiment_records_carry_the_conditions():
-    from ebfl.experiments.fedhdp import FedHDPRun
+    from ebfl.fedhdp.experiment import FedHDPRun
 
     terms = dp_fedavg_guarantee(sampling="poisson", denominator="realized")
     run = FedHDPRun("FedHDP", 0.1, 0.005, 0, {"acc_g": 90.0}, 3.6, 1.0, [], terms)

@@ -759,7 +759,7 @@ def test_cli_backbone_weights_with_the_small_architecture_is_refused(tmp_path, c
     (["fedhdp", "--dataset", "synthetic", "--rounds", str(10**12)], "--rounds"),
 ])
 def test_cli_huge_sizes_are_refused_before_any_data(argv, option, capsys, no_data, monkeypatch):
-    from ebfl.experiments import fedhdp
+    from ebfl.fedhdp import experiment as fedhdp
 
     monkeypatch.setattr(fedhdp, "load_federation", experiment.load_data)  # forbidden too
     line = _fails(capsys, ["reproduce", *argv, "--quick"])

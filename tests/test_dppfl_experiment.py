@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ebfl.cli import main
-from ebfl.experiments.dppfl import QUICK, dppfl_paper_numbers, plot_dppfl, reproduce_dppfl
+from ebfl.dppfl.experiment import QUICK, dppfl_paper_numbers, plot_dppfl, reproduce_dppfl
 from tests.conftest import requires_data
 
 pytestmark = requires_data("uci-hapt-raw")
@@ -89,7 +89,7 @@ def test_rerun_resumes_from_the_checkpoints_and_prints_text(quick, monkeypatch, 
     the checkpoint directory, none runs again, and the results are the first run's."""
     p, tmp = quick
     import ebfl.dppfl.algorithm as algorithm
-    import ebfl.experiments.dppfl as experiment
+    import ebfl.dppfl.experiment as experiment
 
     def refuse(*args, **kwargs):
         raise AssertionError("a fit ran again")

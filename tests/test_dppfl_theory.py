@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
+from ebfl.dppfl import exact as E
 from ebfl.dppfl import theory as T
 from ebfl.dppfl.objective import device_sums, dual_objective, primal_dual_map, primal_objective
 
@@ -91,11 +92,11 @@ def test_local_objective_is_eq7(loss):
         X_t, y_t, alpha_t, w_t, omega_tt, lam, beta = random_local(rng, 6, 3, loss)
         target = y_t * rng.uniform(0, 1, 6) if loss != "squared" else rng.standard_normal(6)
         dalpha = target - alpha_t
-        got = T.local_objective(dalpha, X_t, y_t, alpha_t, w_t, omega_tt, lam, beta, loss)
+        got = E.local_objective(dalpha, X_t, y_t, alpha_t, w_t, omega_tt, lam, beta, loss)
         want = naive_local(dalpha, X_t, y_t, alpha_t, w_t, omega_tt, lam, beta, loss)
         assert got == pytest.approx(want, rel=1e-12, abs=1e-12)
     if loss != "squared":  # outside the domain of l*
-        assert T.local_objective(-2 * y_t, X_t, y_t, alpha_t, w_t, omega_tt, lam, beta,
+        assert E.local_objective(-2 * y_t, X_t, y_t, alpha_t, w_t, omega_tt, lam, beta,
                                  loss) == math.inf
 
 
@@ -108,7 +109,7 @@ def test_exact_local_solution_against_brute_force(loss):
         n_t, d = (4, 2) if case % 2 else (3, 3)
         X_t, y_t, alpha_t, w_t, omega_tt, lam, beta = random_local(
             rng, n_t, d, loss, lam=1e-3 if case % 4 == 1 else None)
-        sol = T.solve_local_exactly(X_t, y_t, alpha_t, w_t, omega_tt, lam, beta, loss)
+        sol = E.solve_local_exactly(X_t, y_t, alpha_t, w_t, omega_tt, lam, beta, loss)
         assert sol.converged and sol.kkt_residual <= 1e-10
         c = beta * omega_tt / (2 * lam)
         H, p = local_qp(X_t, y_t, alpha_t, w_t, c, loss)
@@ -137,7 +138,7 @@ def test_hinge_minimizer_set_and_determined_coordinates():
     """Two identical rows: only their sum is determined, unless a slope pins them."""
     X_t = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
     y_t = np.ones(3)
-    sol = T.solve_local_exactly(X_t, y_t, np.zeros(3), np.zeros(2), 1.0, 1.0, 2.0)
+    sol = E.solve_local_exactly(X_t, y_t, np.zeros(3), np.zeros(2), 1.0, 1.0, 2.0)
     # c = 1: along x = (1, 0), -(s0 + s1) + (s0 + s1)^2 / 2 is minimal at s0 + s1 = 1
     assert sol.dalpha[:2].sum() == pytest.approx(1.0)
     assert sol.dalpha[2] == pytest.approx(1.0)
@@ -145,24 +146,24 @@ def test_hinge_minimizer_set_and_determined_coordinates():
 
 
 def test_non_convergence_warns(monkeypatch):
-    monkeypatch.setattr(T, "_box_qp", lambda H, p, lo, hi, s, tol, max_iter: s)
+    monkeypatch.setattr(E, "_box_qp", lambda H, p, lo, hi, s, tol, max_iter: s)
     rng = np.random.default_rng(2)
     args = random_local(rng, 8, 2, "hinge", lam=1e-3)
     with pytest.warns(RuntimeWarning, match="not solved"):
-        sol = T.solve_local_exactly(*args, max_sweeps=1, tol=1e-14)
+        sol = E.solve_local_exactly(*args, max_sweeps=1, tol=1e-14)
     assert not sol.converged and sol.kkt_residual > 1e-14
 
 
 def test_local_solution_quality():
     rng = np.random.default_rng(3)
     args = random_local(rng, 6, 2, "smoothed_hinge", lam=0.1)
-    sol = T.solve_local_exactly(*args, "smoothed_hinge")
-    q = lambda dalpha: T.local_solution_quality(dalpha, *args, "smoothed_hinge")  # noqa: E731
+    sol = E.solve_local_exactly(*args, "smoothed_hinge")
+    q = lambda dalpha: E.local_solution_quality(dalpha, *args, "smoothed_hinge")  # noqa: E731
     assert q(np.zeros(6)) == 1.0
     assert q(sol.dalpha) == pytest.approx(0.0, abs=1e-9)
     # G is convex: half-way is at most half the way up
     assert 0.0 < q(0.5 * sol.dalpha) <= 0.5 + 1e-12
-    G = [T.local_objective(v, *args, "smoothed_hinge") for v in (0.5 * sol.dalpha,
+    G = [E.local_objective(v, *args, "smoothed_hinge") for v in (0.5 * sol.dalpha,
                                                                   np.zeros(6))]
     assert q(0.5 * sol.dalpha) == pytest.approx((G[0] - sol.objective)
                                                 / (G[1] - sol.objective))
@@ -174,7 +175,7 @@ def test_local_strong_convexity_is_the_hessians_smallest_eigenvalue(loss, kappa)
     rng = np.random.default_rng(4)
     for n_t, d in ((2, 3), (5, 3)):
         X_t, y_t, alpha_t, w_t, omega_tt, lam, beta = random_local(rng, n_t, d, loss)
-        modulus, claimed = T.local_strong_convexity(X_t, omega_tt, lam, beta, loss, gamma=0.7)
+        modulus, claimed = E.local_strong_convexity(X_t, omega_tt, lam, beta, loss, gamma=0.7)
         assert claimed == beta * n_t / (2 * lam)
         # second differences of G (interior point) along the Hessian's eigenvectors
         hess = beta * omega_tt / (2 * lam) * X_t @ X_t.T + kappa * np.eye(n_t)
@@ -201,7 +202,7 @@ def test_dual_solution_against_brute_force_and_duality(loss):
         offsets = np.array([0, 2, 5])
         omega = T.random_feasible_omega(2, rng)
         lam = 10 ** rng.uniform(-2, 0)
-        sol = T.solve_dual_exactly(X, y, offsets, omega, lam, loss)
+        sol = E.solve_dual_exactly(X, y, offsets, omega, lam, loss)
         assert sol.converged
         rows = np.repeat([0, 1], [2, 3])
         Z = X * y[:, None]
@@ -314,7 +315,7 @@ def test_corollary2_label_flip_keeps_the_box_position():
     # the neighbour's problem is (7) with row 2 relabelled and alpha_2 -> -alpha_2
     y2, a2 = y_t.copy(), alpha_t.copy()
     y2[2], a2[2] = -y_t[2], -alpha_t[2]
-    ref = T.solve_local_exactly(X_t, y2, a2, w_t, omega_tt, lam, beta)
+    ref = E.solve_local_exactly(X_t, y2, a2, w_t, omega_tt, lam, beta)
     assert res.neighbour.objective == pytest.approx(ref.objective, abs=1e-10)
     assert res.bound == (8 * lam + beta) / (beta * 5)
 
@@ -413,12 +414,12 @@ def test_theorem4_both_forms_by_hand():
 def test_exact_local_run_descends_to_the_dual_optimum():
     rng = np.random.default_rng(13)
     X, y, offsets, omega = lemma1_instance(rng, m=3, n_t=6, d=2)
-    best = T.solve_dual_exactly(X, y, offsets, omega, 0.1, "smoothed_hinge")
-    run = T.exact_local_run(X, y, offsets, omega, 0.1, 0.5, 80, "smoothed_hinge")
+    best = E.solve_dual_exactly(X, y, offsets, omega, 0.1, "smoothed_hinge")
+    run = E.exact_local_run(X, y, offsets, omega, 0.1, 0.5, 80, "smoothed_hinge")
     duals = np.array([row["dual"] for row in run.history])
     assert np.all(np.diff(duals) <= 1e-12)  # Lemma 1 (with the constant) and exact solves
     assert duals[-1] - best.objective < 1e-9 and duals[-1] >= best.objective - 1e-12
-    fit = T.linear_rate(run.history, optimum=best.objective)
+    fit = E.linear_rate(run.history, optimum=best.objective)
     s = T.theorem3_s(X, offsets, omega, 0.1, 1.5, 1.0)
     assert fit.worst_step <= T.theorem3_rate(0.5, 0.0, s)
     assert fit.rate <= fit.worst_step + 1e-12
@@ -427,18 +428,18 @@ def test_exact_local_run_descends_to_the_dual_optimum():
 
 def test_linear_rate_on_geometric_sequences():
     hist = [{"iteration": k, "dual": 2.0 + 3.0 * 0.7**k, "gap": 0.9**k} for k in range(0, 40, 2)]
-    fit = T.linear_rate(hist, optimum=2.0)
+    fit = E.linear_rate(hist, optimum=2.0)
     assert fit.rate == pytest.approx(0.7) and fit.worst_step == pytest.approx(0.7)
     assert fit.intercept == pytest.approx(math.log(3.0))
-    assert T.linear_rate(hist, value="gap").rate == pytest.approx(0.9)
+    assert E.linear_rate(hist, value="gap").rate == pytest.approx(0.9)
     # the floor: a sequence that stalls at rounding level is cut there
     stall = [{"iteration": k, "gap": max(0.5**k, 1e-13)} for k in range(60)]
-    fit = T.linear_rate(stall, value="gap")
+    fit = E.linear_rate(stall, value="gap")
     assert fit.rate == pytest.approx(0.5) and fit.iterations[-1] < 30
     with pytest.raises(ValueError, match="optimum"):
-        T.linear_rate(hist)
+        E.linear_rate(hist)
     with pytest.raises(TypeError, match="history"):
-        T.linear_rate([{"iteration": 0}], value="gap")
+        E.linear_rate([{"iteration": 0}], value="gap")
 
 
 # ------------------------------------------------------------------ input checks
@@ -447,15 +448,15 @@ def test_bad_input_is_refused_by_name():
     X_t, y_t = np.eye(2), np.ones(2)
     good = (X_t, y_t, np.zeros(2), np.zeros(2), 0.5, 0.1, 1.0)
     with pytest.raises(ValueError, match="y_t"):
-        T.solve_local_exactly(X_t, [1.0, 0.5], *good[2:])
+        E.solve_local_exactly(X_t, [1.0, 0.5], *good[2:])
     with pytest.raises(ValueError, match="alpha_t"):
-        T.solve_local_exactly(X_t, y_t, [2.0, 0.0], *good[3:])
+        E.solve_local_exactly(X_t, y_t, [2.0, 0.0], *good[3:])
     with pytest.raises(ValueError, match="w_t"):
-        T.solve_local_exactly(X_t, y_t, np.zeros(2), np.zeros(3), 0.5, 0.1, 1.0)
+        E.solve_local_exactly(X_t, y_t, np.zeros(2), np.zeros(3), 0.5, 0.1, 1.0)
     with pytest.raises(ValueError, match="lam"):
-        T.solve_local_exactly(*good[:5], 0.0, 1.0)
+        E.solve_local_exactly(*good[:5], 0.0, 1.0)
     with pytest.raises(ValueError, match="loss"):
-        T.solve_local_exactly(*good, "logistic")
+        E.solve_local_exactly(*good, "logistic")
     with pytest.raises(ValueError, match="norm <= 1"):
         T.corollary2_difference(2 * X_t, *good[1:], 0, [0.0, 1.0], 1)
     with pytest.raises(ValueError, match="x_new"):
@@ -476,9 +477,9 @@ def test_bad_input_is_refused_by_name():
     with pytest.raises(ValueError, match="form"):
         T.theorem4_iterations([5], 1.0, 1.0, 0.5, form="both")
     with pytest.raises(TypeError, match="gamma"):
-        T.local_objective(np.zeros(2), *good, gamma="1")
+        E.local_objective(np.zeros(2), *good, gamma="1")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         inputs = [x.copy() for x in (X_t, y_t)]
-        T.solve_local_exactly(*good)
+        E.solve_local_exactly(*good)
         np.testing.assert_array_equal(inputs[0], X_t)  # nothing passed in is changed

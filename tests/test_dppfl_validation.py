@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from ebfl.cli import main
+from ebfl.dppfl import checks as C
 from ebfl.dppfl.algorithm import fit_dppfl
 from ebfl.validation import CHECKS, validate
-from ebfl.validation import dppfl_checks as C
 
 NAMES = [name for name in CHECKS if name.startswith("dppfl_")]
 

@@ -20,13 +20,13 @@ from ebfl.fedhdp.aggregation import (  # noqa: E402
     noisy_unclipped_fraction,
     update_clip_norm,
 )
-from ebfl.learning.torch import MLP, LogisticModel, train  # noqa: E402
-from ebfl.learning.torch.fedhdp import (  # noqa: E402
+from ebfl.fedhdp.algorithm import (  # noqa: E402
     FedHDP,
     dp_fedavg_ditto,
     hdp_fedavg_ditto,
     non_private_ditto,
 )
+from ebfl.learning.torch import MLP, LogisticModel, train  # noqa: E402
 from ebfl.learning.torch.functional import replicate  # noqa: E402
 from ebfl.privacy.dp_fedavg import adaptive_clipping_noise  # noqa: E402
 from tests.test_federated import assert_trees_close, drive_one_client_at_a_time  # noqa: E402

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("torch")
 
 from ebfl._paths import DATA  # noqa: E402
-from ebfl.experiments.fedhdp_data import (  # noqa: E402
+from ebfl.fedhdp.data import (  # noqa: E402
     MNIST_TRAIN_COUNTS,
     NONPRIVATE,
     PAPER_TABLES,

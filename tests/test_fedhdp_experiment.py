@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from ebfl.experiments.fedhdp import (  # noqa: E402
+from ebfl.fedhdp.experiment import (  # noqa: E402
     ALGORITHMS,
     fedhdp_metrics,
     plot_sweep,

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from scipy.optimize import minimize, minimize_scalar
 
 from ebfl.cli import main
+from ebfl.fedhdp import levels as L
 from ebfl.fedhdp import theory as T
 
 SETTING = (20, 0.05, 1.0, 1.0, 0.5)  # N, rho_np, alpha^2, tau^2, gamma^2
@@ -72,14 +73,14 @@ def test_lemma6_vector_needs_alpha2_tau2_one():
     """Eq. (50) with N_1 = 5, N_2 = 15, gamma_1^2 = 0.05, gamma_2^2 = 0.5 gives the printed
     values with alpha^2 = tau^2 = 1 (lambda* depends on the ratios tau^2/alpha^2 and
     gamma^2/alpha^2 only, so any other split changes them)."""
-    lam1, lam2 = T.two_level_optimal_lambdas(*REGRESSION)
+    lam1, lam2 = L.two_level_optimal_lambdas(*REGRESSION)
     assert (lam1, lam2) == pytest.approx((0.97160, 0.82803), abs=5e-6)
-    exact = [T.levels_optimal_lambda_exact(g, *REGRESSION).lam for g in (0, 1)]
+    exact = [L.levels_optimal_lambda_exact(g, *REGRESSION).lam for g in (0, 1)]
     assert exact == pytest.approx([0.96796, 0.82399], abs=5e-6)
-    other = T.two_level_optimal_lambdas((5, 15), 1.0, 0.5, (0.05, 0.5))
+    other = L.two_level_optimal_lambdas((5, 15), 1.0, 0.5, (0.05, 0.5))
     assert abs(other[0] - 0.97160) > 0.5
     # A common scale of alpha^2, tau^2 and the gammas leaves them unchanged.
-    assert T.two_level_optimal_lambdas((5, 15), 3.0, 3.0, (0.15, 1.5)) == pytest.approx(
+    assert L.two_level_optimal_lambdas((5, 15), 3.0, 3.0, (0.15, 1.5)) == pytest.approx(
         (lam1, lam2), rel=1e-12)
 
 
@@ -142,7 +143,7 @@ def test_gaps_are_differences_of_the_mses(s):
         assert T.server_mse(1.0, *s) == pytest.approx(hdp, rel=1e-12)
     # Lemma 1's r* is the Bayes risk of phi: eq. (62) with two levels.
     counts = (round(rho * n), n - round(rho * n))
-    assert T.levels_server_variance(counts, s[2], s[3], (0.0, gamma2)) == pytest.approx(
+    assert L.levels_server_variance(counts, s[2], s[3], (0.0, gamma2)) == pytest.approx(
         opt, rel=1e-12)
 
 
@@ -215,7 +216,7 @@ def test_lambda_p_is_close_to_but_not_the_minimizer(s):
     assert bayes < opt.mse <= mse
     if gamma2 > 0:
         assert opt.lam != pytest.approx(lam, rel=1e-6)
-    assert T.levels_optimal_lambda(1, (n_np, n - n_np), s[2], s[3], (0.0, gamma2)) == (
+    assert L.levels_optimal_lambda(1, (n_np, n - n_np), s[2], s[3], (0.0, gamma2)) == (
         pytest.approx(lam, rel=1e-12))
 
 
@@ -238,15 +239,15 @@ def test_exact_lambda_is_the_global_minimizer(counts, alpha2, tau2, data):
                                                      max_size=len(counts))))
     model = (counts, alpha2, tau2, gammas2)
     for g in (i for i, c in enumerate(counts) if c):
-        opt = T.levels_optimal_lambda_exact(g, *model, ratios=ratios)
+        opt = L.levels_optimal_lambda_exact(g, *model, ratios=ratios)
         t, best = _brute_force_lambda(
-            lambda lam, g=g: T.levels_personalized_mse(lam, g, *model, ratios=ratios))
+            lambda lam, g=g: L.levels_personalized_mse(lam, g, *model, ratios=ratios))
         assert opt.mse <= best * (1 + 1e-9) + 1e-15
         assert opt.mse == pytest.approx(best, rel=1e-6)
         if not opt.at_bound:
             assert opt.lam / (1 + opt.lam) == pytest.approx(t, abs=1e-4)
             assert opt.mse == pytest.approx(
-                T.levels_personalized_mse(opt.lam, g, *model, ratios=ratios), rel=1e-14)
+                L.levels_personalized_mse(opt.lam, g, *model, ratios=ratios), rel=1e-14)
 
 
 def test_personalized_mse_ends():
@@ -340,31 +341,31 @@ def _eq62_naive(counts, alpha2, tau2, gammas2):
 def test_bayes_and_server_variance_match_the_printed_forms(model):
     counts = model[0]
     for g in range(len(counts)):
-        got = T.levels_bayes_local_mse(g, *model)
+        got = L.levels_bayes_local_mse(g, *model)
         assert got == pytest.approx(_eq73_naive(g, *model), rel=1e-12)
         if len(counts) == 2:
             assert got == pytest.approx(_eq46_naive(g, *model), rel=1e-12)
-    assert T.levels_server_variance(*model) == pytest.approx(_eq62_naive(*model), rel=1e-12)
+    assert L.levels_server_variance(*model) == pytest.approx(_eq62_naive(*model), rel=1e-12)
     if len(counts) == 2:
-        assert T.two_level_server_covariance(*model) == pytest.approx(_eq62_naive(*model),
+        assert L.two_level_server_covariance(*model) == pytest.approx(_eq62_naive(*model),
                                                                       rel=1e-12)
     # eq. (65)'s ratios reach eq. (62), and a brute-force search over the ratios cannot beat it.
-    assert T.levels_server_mse(*model) == pytest.approx(T.levels_server_variance(*model),
+    assert L.levels_server_mse(*model) == pytest.approx(L.levels_server_variance(*model),
                                                         rel=1e-12)
-    res = minimize(lambda x: T.levels_server_mse(*model, ratios=[1.0, *np.abs(x)]),
+    res = minimize(lambda x: L.levels_server_mse(*model, ratios=[1.0, *np.abs(x)]),
                    np.full(len(counts) - 1, 0.5), method="Nelder-Mead",
                    options={"xatol": 1e-10, "fatol": 1e-14})
-    assert res.fun >= T.levels_server_variance(*model) * (1 - 1e-12)
-    np.testing.assert_allclose(np.abs(res.x), T.levels_optimal_ratios(*model)[1:], rtol=1e-4)
+    assert res.fun >= L.levels_server_variance(*model) * (1 - 1e-12)
+    np.testing.assert_allclose(np.abs(res.x), L.levels_optimal_ratios(*model)[1:], rtol=1e-4)
 
 
 def test_point_estimation_is_two_levels_with_an_opt_out_group():
     n, rho, a, t, g = SETTING
     model = ((1, 19), a, t, (0.0, g))
-    assert T.two_level_optimal_ratio(*model) == pytest.approx(T.optimal_ratio(*SETTING))
-    assert T.two_level_optimal_lambdas(*model) == pytest.approx(
+    assert L.two_level_optimal_ratio(*model) == pytest.approx(T.optimal_ratio(*SETTING))
+    assert L.two_level_optimal_lambdas(*model) == pytest.approx(
         (T.optimal_lambda_nonprivate(*SETTING), T.optimal_lambda_private(*SETTING)), rel=1e-12)
-    assert T.levels_bayes_local_mse(1, *model) == T.bayes_local_mse(*SETTING, group="private")
+    assert L.levels_bayes_local_mse(1, *model) == T.bayes_local_mse(*SETTING, group="private")
 
 
 # ---------------------------------------------------------- Lemma 6, eq. (50)
@@ -379,20 +380,20 @@ two_level_models = st.tuples(
 def test_eq50_is_the_coefficient_match(model):
     """Eq. (52)-(54) coincide at r*, so their average (55) is each of them: eq. (50). The
     l-level closed form alpha^2/(tau^2 + w_g N_g gamma_g^2) gives the same values."""
-    lam50 = T.two_level_optimal_lambdas(*model)
+    lam50 = L.two_level_optimal_lambdas(*model)
     for g in (0, 1):
         if not math.isfinite(lam50[g]):
             continue
-        matched = T.two_level_matching_lambdas(g, *model)
+        matched = L.two_level_matching_lambdas(g, *model)
         # The printed forms (52)-(54) subtract nearly equal terms when lambda* is large.
         np.testing.assert_allclose(matched, lam50[g], rtol=max(1e-9, 1e-13 * lam50[g]))
-        assert T.levels_optimal_lambda(g, *model) == pytest.approx(lam50[g], rel=1e-10)
-        exact = T.levels_optimal_lambda_exact(g, *model)
+        assert L.levels_optimal_lambda(g, *model) == pytest.approx(lam50[g], rel=1e-10)
+        exact = L.levels_optimal_lambda_exact(g, *model)
         if model[3][g] == 0:  # a group without privacy noise: eq. (50) is exact
             assert exact.lam == pytest.approx(lam50[g], rel=1e-8)
-            assert exact.mse == pytest.approx(T.levels_bayes_local_mse(g, *model), rel=1e-10)
+            assert exact.mse == pytest.approx(L.levels_bayes_local_mse(g, *model), rel=1e-10)
         else:
-            assert exact.mse <= T.levels_personalized_mse(lam50[g], g, *model) * (1 + 1e-12)
+            assert exact.mse <= L.levels_personalized_mse(lam50[g], g, *model) * (1 + 1e-12)
 
 
 def test_eq50_corner_cases():
@@ -401,35 +402,35 @@ def test_eq50_corner_cases():
     n, u2 = n1 + n2, t / a
     # r -> 1: Gamma_1 = Gamma_2 = G gives the same lambda for both groups.
     big_g = 3.0
-    lam1, lam2 = T.two_level_optimal_lambdas((n1, n2), a, t, (big_g / n1, big_g / n2))
+    lam1, lam2 = L.two_level_optimal_lambdas((n1, n2), a, t, (big_g / n1, big_g / n2))
     common = (n * (1 + u2) + n * big_g) / (n * u2 * (1 + u2) + (n + 1) * u2 * big_g
                                             + (1 + big_g) * big_g)
     assert lam1 == pytest.approx(common, rel=1e-12) and lam2 == pytest.approx(common, rel=1e-12)
     # ... and no privacy at all: Ditto's 1/Upsilon^2.
-    assert T.two_level_optimal_lambdas((n1, n2), a, t, (0.0, 0.0)) == pytest.approx(
+    assert L.two_level_optimal_lambdas((n1, n2), a, t, (0.0, 0.0)) == pytest.approx(
         (1 / u2, 1 / u2), rel=1e-12)
     # N_2 -> N: lambda*_2 -> N / (Upsilon^2 N + Gamma_2^2).
     g2 = 0.3
-    assert T.two_level_optimal_lambdas((0, n), a, t, (0.0, g2))[1] == pytest.approx(
+    assert L.two_level_optimal_lambdas((0, n), a, t, (0.0, g2))[1] == pytest.approx(
         n / (u2 * n + n * g2 / a), rel=1e-12)
     # alpha^2 -> 0: local estimates (lambda* -> 0).
-    assert max(T.two_level_optimal_lambdas((n1, n2), 1e-9, t, (0.1, 0.5))) < 1e-7
+    assert max(L.two_level_optimal_lambdas((n1, n2), 1e-9, t, (0.1, 0.5))) < 1e-7
     # tau^2 -> 0 (IID).
     g1, g2 = 0.1, 0.5
     big1, big2 = n1 * g1 / a, n2 * g2 / a
     num = n + n2 * big1 + n1 * big2
-    assert T.two_level_optimal_lambdas((n1, n2), a, 0.0, (g1, g2)) == pytest.approx(
+    assert L.two_level_optimal_lambdas((n1, n2), a, 0.0, (g1, g2)) == pytest.approx(
         (num / (big1 * (1 + big2)), num / (big2 * (1 + big1))), rel=1e-12)
 
 
 def test_levels_weights_and_ratios():
-    w = T.levels_weights([1, 19], [1.0, T.optimal_ratio(*SETTING)])
+    w = L.levels_weights([1, 19], [1.0, T.optimal_ratio(*SETTING)])
     assert np.sum(np.array([1, 19]) * w) == pytest.approx(1.0)
     assert w[1] / w[0] == pytest.approx(T.optimal_ratio(*SETTING))
-    assert T.levels_optimal_ratios([5, 15, 10], 1.0, 1.0, [0.0, 0.5, 1.0])[0] == 1.0
+    assert L.levels_optimal_ratios([5, 15, 10], 1.0, 1.0, [0.0, 0.5, 1.0])[0] == 1.0
     # A scale of the ratios changes nothing.
-    np.testing.assert_allclose(T.levels_weights([3, 4], [2e-200, 1e-200]),
-                               T.levels_weights([3, 4], [1.0, 0.5]), rtol=1e-15)
+    np.testing.assert_allclose(L.levels_weights([3, 4], [2e-200, 1e-200]),
+                               L.levels_weights([3, 4], [1.0, 0.5]), rtol=1e-15)
 
 
 # --------------------------------------------------------------- the result
@@ -491,30 +492,30 @@ def test_bad_arguments_of_the_other_functions():
     with pytest.raises(ValueError, match="r must be a single ratio"):
         T.personalized_mse(1.0, *SETTING, group="private", r=[0.1, 0.2])
     with pytest.raises(ValueError, match="at least 2"):
-        T.levels_server_variance([1], 1.0, 1.0, [0.0])
+        L.levels_server_variance([1], 1.0, 1.0, [0.0])
     with pytest.raises(ValueError, match="gammas2"):
-        T.levels_server_variance([1, 2], 1.0, 1.0, [0.0])
+        L.levels_server_variance([1, 2], 1.0, 1.0, [0.0])
     with pytest.raises(ValueError, match=r"gammas2\[1\]"):
-        T.levels_server_variance([1, 2], 1.0, 1.0, [0.0, -1.0])
+        L.levels_server_variance([1, 2], 1.0, 1.0, [0.0, -1.0])
     with pytest.raises(ValueError, match="group"):
-        T.levels_bayes_local_mse(2, [1, 2], 1.0, 1.0, [0.0, 1.0])
+        L.levels_bayes_local_mse(2, [1, 2], 1.0, 1.0, [0.0, 1.0])
     with pytest.raises(ValueError, match="no client"):
-        T.levels_bayes_local_mse(0, [0, 2], 1.0, 1.0, [0.0, 1.0])
+        L.levels_bayes_local_mse(0, [0, 2], 1.0, 1.0, [0.0, 1.0])
     with pytest.raises(ValueError, match="ratios"):
-        T.levels_server_mse([1, 2], 1.0, 1.0, [0.0, 1.0], ratios=[0.0, 0.0])
+        L.levels_server_mse([1, 2], 1.0, 1.0, [0.0, 1.0], ratios=[0.0, 0.0])
     with pytest.raises(ValueError, match="two groups"):
-        T.two_level_optimal_lambdas([1, 2, 3], 1.0, 1.0, [0.0, 1.0, 2.0])
+        L.two_level_optimal_lambdas([1, 2, 3], 1.0, 1.0, [0.0, 1.0, 2.0])
     with pytest.raises(ValueError, match="counts"):
-        T.levels_server_variance([1.5, 2], 1.0, 1.0, [0.0, 1.0])
+        L.levels_server_variance([1.5, 2], 1.0, 1.0, [0.0, 1.0])
 
 
 def test_inputs_are_not_mutated():
     counts, gammas2, lam = np.array([2, 8, 10]), np.array([0.0, 0.2, 1.0]), np.array([0.5, 2.0])
     ratios = np.array([1.0, 0.5, 0.2])
     copies = [a.copy() for a in (counts, gammas2, lam, ratios)]
-    T.levels_personalized_mse(lam, 1, counts, 1.0, 0.5, gammas2, ratios=ratios)
-    T.levels_optimal_lambda_exact(0, counts, 1.0, 0.5, gammas2, ratios=ratios)
-    T.levels_bayes_local_mse(2, counts, 1.0, 0.5, gammas2)
+    L.levels_personalized_mse(lam, 1, counts, 1.0, 0.5, gammas2, ratios=ratios)
+    L.levels_optimal_lambda_exact(0, counts, 1.0, 0.5, gammas2, ratios=ratios)
+    L.levels_bayes_local_mse(2, counts, 1.0, 0.5, gammas2)
     for a, b in zip((counts, gammas2, lam, ratios), copies, strict=True):
         np.testing.assert_array_equal(a, b)
 
@@ -581,8 +582,8 @@ def test_no_overflow_at_the_edges_of_the_accepted_ranges(alpha2, tau2, gamma2):
         for gammas2 in ((0.0, gamma2), (gamma2, gamma2)):
             counts = (k, n - k)
             for g in (i for i in (0, 1) if counts[i]):
-                lam = T.levels_optimal_lambda(g, counts, alpha2, tau2, gammas2)
-                lam50 = T.two_level_optimal_lambdas(counts, alpha2, tau2, gammas2)[g]
+                lam = L.levels_optimal_lambda(g, counts, alpha2, tau2, gammas2)
+                lam50 = L.two_level_optimal_lambdas(counts, alpha2, tau2, gammas2)[g]
                 assert lam50 == pytest.approx(lam, rel=1e-9)
-                opt = T.levels_optimal_lambda_exact(g, counts, alpha2, tau2, gammas2)
+                opt = L.levels_optimal_lambda_exact(g, counts, alpha2, tau2, gammas2)
                 assert math.isfinite(opt.mse) and opt.mse >= 0

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from ebfl.cli import main
+from ebfl.fedhdp import checks as F
+from ebfl.fedhdp import levels as L
 from ebfl.fedhdp import theory as T
+from ebfl.fedhdp.figures import FIGURES, plot_fedhdp_figures
 from ebfl.validation import CHECKS, make_result, validate
-from ebfl.validation import fedhdp_checks as F
-from ebfl.validation.fedhdp_figures import FIGURES, plot_fedhdp_figures
 from ebfl.validation.sweeps import plot_sweeps
 
 NAMES = [name for name in CHECKS if name.startswith("fedhdp_")]
@@ -126,10 +127,10 @@ def test_personalized_mse_against_a_naive_simulation():
         j = int(np.flatnonzero(group == g)[0])
         err = ((local[:, j] + lam * glob) / (1 + lam) - phi_j[:, j]) ** 2
         se = err.std(ddof=1) / math.sqrt(reps)
-        want = T.levels_personalized_mse(lam, g, counts, alpha2, tau2, gammas2, ratios=ratios)
+        want = L.levels_personalized_mse(lam, g, counts, alpha2, tau2, gammas2, ratios=ratios)
         assert abs(err.mean() - want) <= 4 * se, (g, err.mean(), want, se)
         glob_err = (glob - phi_j[:, j]) ** 2  # lambda -> inf
-        want_inf = T.levels_personalized_mse(1e12, g, counts, alpha2, tau2, gammas2,
+        want_inf = L.levels_personalized_mse(1e12, g, counts, alpha2, tau2, gammas2,
                                              ratios=ratios)
         assert abs(glob_err.mean() - want_inf) <= 4 * glob_err.std() / math.sqrt(reps)
 

@@ -12,7 +12,7 @@ from ebfl.datasets import (  # noqa: E402
     load_tff_emnist,
     tff_emnist_writers,
 )
-from ebfl.experiments.fedhdp_data import NONPRIVATE, fedhdp_emnist  # noqa: E402
+from ebfl.fedhdp.data import NONPRIVATE, fedhdp_emnist  # noqa: E402
 from ebfl.learning.torch.data import tff_emnist_federation  # noqa: E402
 
 

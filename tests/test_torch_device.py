@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten, tree_map  # noqa: E402
 
 from ebfl.cli import main  # noqa: E402
+from ebfl.fedhdp.algorithm import FedHDP  # noqa: E402
 from ebfl.learning.torch import (  # noqa: E402
     MLP,
     AdaPeD,
@@ -34,7 +35,6 @@ from ebfl.learning.torch import (  # noqa: E402
     train,
 )
 from ebfl.learning.torch.baselines import APFL, FedAvgFT  # noqa: E402
-from ebfl.learning.torch.fedhdp import FedHDP  # noqa: E402
 from ebfl.learning.torch.functional import check_device, fresh_params  # noqa: E402
 from ebfl.learning.torch.partial import FedAlt  # noqa: E402
 from ebfl.learning.torch.perada import PerAda  # noqa: E402

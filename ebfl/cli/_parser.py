@@ -273,7 +273,7 @@ def build_parser():
     _add_json(dp)
     dp.set_defaults(func=_cmd_accounting_dp_pfl)
 
-    from ebfl.validation.checks import CHECKS
+    from ebfl.validation.registry import CHECKS
 
     val = sub.add_parser("validate", help="Monte Carlo checks of the paper's theorems")
     val.add_argument("names", nargs="*", metavar="NAME",

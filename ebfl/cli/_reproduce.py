@@ -190,7 +190,7 @@ def _check_folder_to_create(path, option):
 
 
 def _cmd_reproduce_fedhdp(args):
-    from ebfl.experiments.fedhdp import plot_sweep, reproduce_fedhdp
+    from ebfl.fedhdp.experiment import plot_sweep, reproduce_fedhdp
 
     _check_seeds_and_rounds(args)
     table = "sweep" if args.sweep else "3"
@@ -298,7 +298,7 @@ def _render_perada(p):
 
 
 def _cmd_reproduce_dp_pfl(args):
-    from ebfl.experiments.dppfl import plot_dppfl, reproduce_dppfl
+    from ebfl.dppfl.experiment import plot_dppfl, reproduce_dppfl
 
     payload = reproduce_dppfl(quick=args.quick, reps=args.reps,
                               checkpoint_dir=args.checkpoint_dir, jobs=args.jobs,

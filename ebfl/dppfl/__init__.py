@@ -11,11 +11,14 @@ which every device adds Gaussian noise to what it shares:
   variability and dropping, private or not;
 * :mod:`ebfl.dppfl.accounting`: Theorem 5's noise calibration beside a
   rigorous accountant;
-* :mod:`ebfl.dppfl.theory`: the lemmas and theorems as computable checks;
+* :mod:`ebfl.dppfl.theory`: the lemmas and theorems as computable checks,
+  on the exact minimizers of :mod:`ebfl.dppfl.exact`;
+* :mod:`ebfl.dppfl.checks`: the ``dppfl_*`` rows of ``ebfl validate``;
 * :mod:`ebfl.dppfl.data`: devices' data (:class:`DeviceData`) and the
   paper's smartphone task;
 * :mod:`ebfl.dppfl.federated`: the same algorithm on ebfl's two runtimes
-  (in process and Flower).
+  (in process and Flower);
+* :mod:`ebfl.dppfl.experiment`: ``ebfl reproduce dp-pfl`` (Figures 2-5).
 """
 
 from ebfl.dppfl.accounting import (

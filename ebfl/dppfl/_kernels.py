@@ -268,3 +268,82 @@ def _iterations(X, y, sqnorm, offsets, alpha, V, omega, lam, xi, beta, loss, gam
 iterations_parallel = njit(parallel=True, cache=CACHE, fastmath=_FAST)(_iterations)
 #: The serial build, for running many fits side by side on threads (it releases the GIL).
 iterations_serial = njit(parallel=False, nogil=True, cache=CACHE, fastmath=_FAST)(_iterations)
+
+
+# ------------------------------------------------------------------ exact solvers
+# The coordinate sweeps of ebfl.dppfl.exact: the local subproblem (7) and the dual (5)
+# minimized to a KKT tolerance (the theory checks need exact minimizers).
+
+@njit(cache=CACHE)
+def _local_sweeps(X, y, sqnorm, alpha, a, w, c, loss, gamma, step_tol, max_sweeps):
+    """Cyclic exact coordinate minimization of (7) in a = alpha + Delta alpha, in place.
+
+    Stops after a sweep whose largest step is <= ``step_tol`` or after
+    ``max_sweeps``; returns the number of sweeps.
+    """
+    n, d = X.shape
+    v = np.zeros(d)
+    for i in range(n):
+        diff = a[i] - alpha[i]
+        for k in range(d):
+            v[k] += diff * X[i, k]
+    sweeps = 0
+    while sweeps < max_sweeps:
+        sweeps += 1
+        largest = 0.0
+        for i in range(n):
+            z = 0.0
+            for k in range(d):
+                z += X[i, k] * (w[k] + c * v[k])
+            new = coordinate_update(loss, gamma, y[i], a[i], z, c * sqnorm[i])
+            delta = new - a[i]
+            if delta != 0.0:
+                a[i] = new
+                for k in range(d):
+                    v[k] += delta * X[i, k]
+                largest = max(largest, abs(delta))
+        if largest <= step_tol:
+            break
+    return sweeps
+
+
+@njit(cache=CACHE)
+def _dual_sweeps(X, y, sqnorm, offsets, omega, lam, a, loss, gamma, step_tol, max_sweeps):
+    """Cyclic exact coordinate minimization of the dual (5), in place; returns the sweeps.
+
+    Along alpha_i of device t, D has slope l*'(-a) + x_i^T w_t(alpha) and
+    curvature Omega_tt ||x_i||^2 / (2 lambda): the step of (7) with c = Omega_tt / (2 lambda).
+    """
+    m = offsets.size - 1
+    d = X.shape[1]
+    S = np.zeros((m, d))
+    for t in range(m):
+        for i in range(offsets[t], offsets[t + 1]):
+            for k in range(d):
+                S[t, k] += a[i] * X[i, k]
+    w = np.empty(d)
+    sweeps = 0
+    while sweeps < max_sweeps:
+        sweeps += 1
+        largest = 0.0
+        for t in range(m):
+            for k in range(d):
+                w[k] = 0.0
+                for s in range(m):
+                    w[k] += omega[t, s] * S[s, k] / (2.0 * lam)
+            scale = omega[t, t] / (2.0 * lam)
+            for i in range(offsets[t], offsets[t + 1]):
+                z = 0.0
+                for k in range(d):
+                    z += X[i, k] * w[k]
+                new = coordinate_update(loss, gamma, y[i], a[i], z, scale * sqnorm[i])
+                delta = new - a[i]
+                if delta != 0.0:
+                    a[i] = new
+                    for k in range(d):
+                        S[t, k] += delta * X[i, k]
+                        w[k] += scale * delta * X[i, k]
+                    largest = max(largest, abs(delta))
+        if largest <= step_tol:
+            break
+    return sweeps

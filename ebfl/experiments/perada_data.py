@@ -41,8 +41,13 @@ from ebfl._validation import (
     check_probability,
     check_real_scalar,
 )
-from ebfl.experiments.fedhdp_data import _range_summary, _range_text
-from ebfl.learning.partition import MAX_ALPHA, dirichlet_least_samples, split_like_train
+from ebfl.learning.partition import (
+    MAX_ALPHA,
+    count_summary,
+    count_summary_text,
+    dirichlet_least_samples,
+    split_like_train,
+)
 
 if TYPE_CHECKING:  # torch is an optional dependency: imported where a dataset is built
     from ebfl.learning.torch import FederatedDataset
@@ -124,8 +129,8 @@ class PerAdaData:
         return {"name": self.name, "n_clients": self.n_clients,
                 "n_classes": int(fed.n_classes),
                 "feature_shape": list(fed.x_train.shape[2:]),
-                "train_per_client": _range_summary(n_train),
-                "test_per_client": _range_summary(n_test),
+                "train_per_client": count_summary(n_train),
+                "test_per_client": count_summary(n_test),
                 "largest_class_share": {"min": min(top), "max": max(top),
                                         "mean": float(np.mean(top))},
                 "global_test_size": int(self.global_test[1].shape[0]),
@@ -140,8 +145,9 @@ class PerAdaData:
         share = d["largest_class_share"]
         lines = [f"{self.name}: {d['n_clients']} clients, {d['n_classes']} classes, features "
                  f"{tuple(d['feature_shape'])}",
-                 f"  local training samples per client: {_range_text(d['train_per_client'])}",
-                 f"  local test samples per client: {_range_text(d['test_per_client'])}",
+                 "  local training samples per client: "
+                 f"{count_summary_text(d['train_per_client'])}",
+                 f"  local test samples per client: {count_summary_text(d['test_per_client'])}",
                  f"  label skew: the largest class holds {share['min']:.0%}-{share['max']:.0%}"
                  f" of a client's training data (mean {share['mean']:.0%})",
                  f"  global test set: {d['global_test_size']} samples; server validation: "
@@ -395,7 +401,7 @@ def synthetic_perada(*, n_clients=20, alpha=0.1, n_train=3000, n_test=600, serve
     Each class 0-9 is a fixed random set of 120 "stroke" pixels; an image of
     class ``d`` inks each of ``d``'s stroke pixels with probability 0.8 and
     speckles the other pixels with probability 0.03 (the images of
-    :func:`ebfl.experiments.fedhdp_data.synthetic_noniid_mnist`). Labels
+    :func:`ebfl.fedhdp.data.synthetic_noniid_mnist`). Labels
     follow MNIST's class frequencies. The out-of-domain distillation data are
     images of ten other random stroke sets (another "dataset"). Then the
     pipeline of :func:`perada_mnist` runs unchanged: server hold-out,
@@ -436,7 +442,8 @@ def synthetic_perada(*, n_clients=20, alpha=0.1, n_train=3000, n_test=600, serve
     >>> int(data.federated.n_test.sum()) == 120
     True
     """
-    from ebfl.experiments.fedhdp_data import MNIST_TRAIN_COUNTS, _digit_strokes, _draw_images
+    from ebfl.datasets.synthetic_digits import digit_strokes, draw_digit_images
+    from ebfl.fedhdp.data import MNIST_TRAIN_COUNTS
 
     n_clients, alpha, least, server_fraction, seed = _common_iv(
         n_clients, alpha, least_per_class, server_fraction, seed)
@@ -446,12 +453,12 @@ def synthetic_perada(*, n_clients=20, alpha=0.1, n_train=3000, n_test=600, serve
     names, severities = _corruptions_iv(corruptions, severities)
     streams = _streams(seed)
     shapes = np.random.default_rng(np.random.SeedSequence(seed).spawn(_N_STREAMS + 1)[-1])
-    strokes, other = _digit_strokes(shapes), _digit_strokes(shapes)
+    strokes, other = digit_strokes(shapes), digit_strokes(shapes)
     freqs = np.asarray(MNIST_TRAIN_COUNTS, float) / sum(MNIST_TRAIN_COUNTS)
 
     def draw(n, rng, ink):
         y = rng.choice(10, size=n, p=freqs)
-        return _draw_images(ink, y, rng).reshape(n, 1, 28, 28), y.astype(np.int64)
+        return draw_digit_images(ink, y, rng).reshape(n, 1, 28, 28), y.astype(np.int64)
 
     x_train, y_train = draw(n_train, streams[0], strokes)
     x_test, y_test = draw(n_test, streams[3], strokes)

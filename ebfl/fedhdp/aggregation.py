@@ -1,7 +1,7 @@
 """The server's arithmetic in FedHDP (Algorithm 2): group weights and adaptive clipping.
 
 Plain numpy on scalars and small arrays, shared by the torch strategy
-(:class:`ebfl.learning.torch.fedhdp.FedHDP`) and by the tests that check it.
+(:class:`ebfl.fedhdp.algorithm.FedHDP`) and by the tests that check it.
 
 Adaptive clipping follows Andrew, Thakkar, McMahan & Ramaswamy, "Differentially
 private learning with adaptive clipping" (NeurIPS 2021), which Algorithm 2

@@ -257,7 +257,7 @@ def _learning_algorithm(s):
 
 def _fedhdp(model, s):
     """FedHDP on the digits: the first ``opt-out`` of the clients are non-private."""
-    from ebfl.learning.torch.fedhdp import FedHDP
+    from ebfl.fedhdp.algorithm import FedHDP
 
     m = int(s["clients"])
     opt_out = 0.5 if s["opt-out"] is None else float(s["opt-out"])

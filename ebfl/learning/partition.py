@@ -27,8 +27,8 @@ import numpy as np
 
 from ebfl._validation import as_generator, check_int_scalar, check_real_scalar
 
-__all__ = ["dirichlet", "dirichlet_least_samples", "natural", "pathological",
-           "split_like_train", "train_test_split_per_client"]
+__all__ = ["count_summary", "count_summary_text", "dirichlet", "dirichlet_least_samples",
+           "natural", "pathological", "split_like_train", "train_test_split_per_client"]
 
 #: Largest Dirichlet concentration accepted by :func:`dirichlet`.
 MAX_ALPHA = 1e100
@@ -593,3 +593,23 @@ def split_like_train(test_labels, train_parts, train_labels, *, rng=None):
         for j, chunk in enumerate(np.split(idx, np.cumsum(sizes)[:-1])):
             out[j].append(chunk)
     return [np.sort(np.concatenate(p)).astype(np.int64) for p in out]
+
+
+# -- describing a partition ------------------------------------------------------------------
+
+
+def count_summary(counts):
+    """``{"min", "max", "total"}`` of per-client sample counts (for a federation's summary).
+
+    >>> count_summary(np.array([3, 5, 4]))
+    {'min': 3, 'max': 5, 'total': 12}
+    """
+    counts = np.asarray(counts)
+    return {"min": int(counts.min()), "max": int(counts.max()), "total": int(counts.sum())}
+
+
+def count_summary_text(summary):
+    """One line of a :func:`count_summary`: ``"3-5 (12 in all)"``, or ``"4 (12 in all)"``."""
+    lo, hi = summary["min"], summary["max"]
+    span = str(lo) if lo == hi else f"{lo}-{hi}"
+    return f"{span} ({summary['total']} in all)"

@@ -761,8 +761,8 @@ def fedhdp_group_epsilons(sampling_rate, noise_multipliers, rounds, delta, *, ac
     Algorithm 2 divides it by the realized group size N_i^t, which depends on
     who took part: for such a run the epsilon is not a proof. Dividing by the
     expected size q M_i instead (McMahan et al. 2018; ``denominator="expected"``
-    of :class:`~ebfl.learning.torch.fedhdp.FedHDP`) needs no assumption;
-    :meth:`FedHDP.privacy <ebfl.learning.torch.fedhdp.FedHDP.privacy>` records
+    of :class:`~ebfl.fedhdp.algorithm.FedHDP`) needs no assumption;
+    :meth:`FedHDP.privacy <ebfl.fedhdp.algorithm.FedHDP.privacy>` records
     which case a run is in (:mod:`ebfl.privacy.guarantee`).
 
     Examples

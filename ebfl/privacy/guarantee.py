@@ -11,7 +11,7 @@ printed, ``denominator="realized"``), is outside that model: the epsilon is
 then a number computed for a neighbouring mechanism, not a proof for the run.
 
 :func:`dp_fedavg_guarantee` returns the keys that every reported epsilon
-carries (run records, :meth:`ebfl.learning.torch.fedhdp.FedHDP.privacy`, the
+carries (run records, :meth:`ebfl.fedhdp.algorithm.FedHDP.privacy`, the
 experiments' JSON, ``ebfl accounting fedhdp``): ``sampling``,
 ``denominator``, ``neighboring_relation`` (as DP-AdaPeD's
 :class:`~ebfl.privacy.accounting.PrivacySpent`), ``accountant_model``,
@@ -32,7 +32,7 @@ __all__ = ["ACCOUNTANT_MODEL", "DENOMINATORS", "SAMPLINGS", "VALID_FOR", "FedHDP
 
 #: Client sampling of a run (as :func:`ebfl.learning.torch.train`'s ``sampling``).
 SAMPLINGS = ("poisson", "fixed")
-#: What a group's noisy sum is divided by (as :class:`~ebfl.learning.torch.fedhdp.FedHDP`).
+#: What a group's noisy sum is divided by (as :class:`~ebfl.fedhdp.algorithm.FedHDP`).
 DENOMINATORS = ("expected", "realized")
 #: The accountant's model, in words.
 ACCOUNTANT_MODEL = ("Poisson sampling of clients (rate q); each privacy group releases its sum "

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ebfl._validation import as_generator, check_bool, check_int_scalar, check_names
-from ebfl.validation.checks import CHECKS, Check
 from ebfl.validation.engine import CheckResult, judge, make_result, run_replicates
+from ebfl.validation.registry import CHECKS, Check
 
 __all__ = ["CHECKS", "Check", "CheckResult", "ValidationReport", "judge", "make_result",
            "run_replicates", "validate"]

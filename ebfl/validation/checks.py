@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
@@ -39,42 +38,12 @@ from ebfl.privacy.mechanisms import (
 )
 from ebfl.validation import _kernels
 from ebfl.validation.engine import make_result, run_replicates
+from ebfl.validation.registry import CHECKS, register
 
-__all__ = ["CHECKS", "Check"]
+__all__: list[str] = []
 
 GAUSSIAN = {"m": 10_000, "n": 15, "sigma_theta": 0.1, "sigma_x": 0.5, "d": 1, "mu": 0.3}
 BETA = {"m": 10_000, "n": 14, "alpha": 2.0, "beta": 2.0}
-
-
-@dataclass(frozen=True)
-class Check:
-    """A registered check: its function, the statement it tests and its defaults."""
-
-    name: str
-    statement: str
-    func: object
-    defaults: dict
-    reps: int
-    quick_reps: int
-
-    def run(self, reps=None, *, quick=False, rng=None, progress=False, **params):
-        """Run the check; ``params`` override the defaults."""
-        unknown = set(params) - set(self.defaults)
-        if unknown:
-            raise TypeError(f"check {self.name!r} has no parameter(s) {sorted(unknown)}; "
-                            f"it takes {sorted(self.defaults)}")
-        reps = reps if reps is not None else (self.quick_reps if quick else self.reps)
-        return self.func(reps, rng, progress, **{**self.defaults, **params})
-
-
-CHECKS: dict[str, Check] = {}
-
-
-def register(name, statement, defaults, reps=200, quick_reps=50):
-    def wrap(func):
-        CHECKS[name] = Check(name, statement, func, dict(defaults), reps, quick_reps)
-        return func
-    return wrap
 
 
 def _per_client_sq_error(est, theta):
@@ -564,6 +533,3 @@ def check_theorem7(reps, rng, progress, **p):
                         flag="tau clipped steps add up to tau C per round, not sqrt(tau) C, and "
                              "the constant 6 / q^2 scaling needs unstated conditions "
                              "(errata [!13])")]
-
-from ebfl.validation import dppfl_checks  # noqa: E402, F401, I001  (registers dppfl_* checks)
-from ebfl.validation import fedhdp_checks  # noqa: E402, F401  (registers the fedhdp_* checks)

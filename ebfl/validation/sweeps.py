@@ -14,7 +14,7 @@ from ebfl._validation import (
     check_int_scalar,
     check_names,
 )
-from ebfl.validation.checks import CHECKS
+from ebfl.validation.registry import CHECKS, figure_sets
 
 __all__ = ["SWEEPS", "plot_sweeps", "run_sweep"]
 
@@ -60,19 +60,20 @@ def run_sweep(name, *, reps=None, quick=False, rng=0, progress=False):
 def plot_sweeps(directory, *, names=None, reps=None, quick=False, rng=0, progress=False):
     """Save one PNG per sweep in ``directory``; returns the paths.
 
-    ``names``: sweeps to plot (a str is one sweep), all by default; the FedHDP
-    paper's Figures 1-4 (keys of ``ebfl.validation.fedhdp_figures.FIGURES``) too.
+    ``names``: sweeps to plot (a str is one sweep), all by default; the papers'
+    registered validation figures too (FedHDP's Figures 1-4: keys of
+    ``ebfl.fedhdp.figures.FIGURES``).
     """
     from matplotlib.ticker import NullFormatter
 
     from ebfl._plotting import subplots
-    from ebfl.validation.fedhdp_figures import FIGURES, plot_fedhdp_figures
 
     if not isinstance(directory, str | os.PathLike):
         raise TypeError(f"directory must be a path, got {type(directory).__name__}")
-    # The FedHDP paper's Figures 1-4 (ebfl.validation.fedhdp_figures) are drawn too.
-    names = [*SWEEPS, *FIGURES] if names is None else check_names(
-        names, "names", {**SWEEPS, **FIGURES}, what="sweep")
+    # The papers' figures (FedHDP's Figures 1-4, ebfl.fedhdp.figures) are drawn too.
+    figures = {name: plot for names_, plot in figure_sets().values() for name in names_}
+    names = [*SWEEPS, *figures] if names is None else check_names(
+        names, "names", {**SWEEPS, **figures}, what="sweep")
     _options_iv(reps, quick, progress)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -107,8 +108,7 @@ def plot_sweeps(directory, *, names=None, reps=None, quick=False, rng=0, progres
         path = directory / f"{name}.png"
         fig.savefig(path, dpi=120)
         paths.append(str(path))
-    fedhdp = [n for n in names if n in FIGURES]
-    if fedhdp:
-        paths += plot_fedhdp_figures(directory, names=fedhdp, reps=reps, quick=quick, rng=rng,
-                                     progress=progress)
+    for plot in dict.fromkeys(figures[n] for n in names if n in figures):
+        paths += plot(directory, names=[n for n in names if figures.get(n) is plot], reps=reps,
+                      quick=quick, rng=rng, progress=progress)
     return paths

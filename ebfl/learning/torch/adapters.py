@@ -461,7 +461,7 @@ def _widths_iv(widths):
 # --------------------------------------------------------------------------- groups
 
 
-def _model_iv(model):
+def check_model(model):
     if not isinstance(model, _AdapterResNet):
         raise TypeError("model must be a ResNet18Adapters or a SmallResNet, got "
                         f"{type(model).__name__}")
@@ -521,7 +521,7 @@ def parameter_groups(model):
     >>> groups["input"][:2]
     ['conv1.weight', 'bn1.weight']
     """
-    _model_iv(model)
+    check_model(model)
     names = list(model.state_dict())
     adapter, bn = set(), set()
     for prefix, module in model.named_modules():

@@ -46,7 +46,7 @@ from ebfl.learning.torch.functional import (
     model_state,
     to_device,
 )
-from ebfl.learning.torch.strategies import _test_accuracy
+from ebfl.learning.torch.strategies import client_test_accuracy
 
 __all__ = ["TrainResult", "evaluate", "evaluate_strategy", "flush_denormals", "train"]
 
@@ -124,7 +124,7 @@ def evaluate(model, stack, data, *, chunk=16, frozen=None):
         logits = torch.cat([client_forward(model, {k: v[lo:lo + chunk] for k, v in stack.items()},
                                            data.x_test[lo:lo + chunk], frozen=frozen)
                             for lo in range(0, m, chunk)])
-    return _test_accuracy(logits, data)
+    return client_test_accuracy(logits, data)
 
 
 @torch.no_grad()

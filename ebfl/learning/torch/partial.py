@@ -89,7 +89,7 @@ from ebfl.learning.torch.perada import (
     check_state_names,
     frozen_batchnorm_eval,
 )
-from ebfl.learning.torch.strategies import Strategy, _model_iv, _weights
+from ebfl.learning.torch.strategies import Strategy, _weights, check_model
 
 __all__ = ["GROUPS", "FedAlt", "FedBN", "FedRep", "FedSim", "LGFedAvg"]
 
@@ -119,7 +119,7 @@ class _Partial(Strategy):
                   "personal_steps": "personal_steps"}
 
     def __init__(self, model, personal, *, lr, lr_personal, weight_decay, pretrained, frozen):
-        self.model = _model_iv(model)
+        self.model = check_model(model)
         names = _state_names(model)
         arg = self._arg_names
         self.personal_names, self.mode = _names_iv(model, personal, arg["personal"], GROUPS,

@@ -53,7 +53,7 @@ from ebfl.learning.torch.functional import (
     sgd_step,
     train_mode,
 )
-from ebfl.learning.torch.strategies import Strategy, _model_iv
+from ebfl.learning.torch.strategies import Strategy, check_model
 
 __all__ = ["PerAda", "ServerDistillation", "check_state_names", "distill", "ensemble_logits",
            "frozen_batchnorm_eval", "kd_batches"]
@@ -502,7 +502,7 @@ class PerAda(ServerDistillation, Strategy):
                  kd_steps=50, kd_lr=0.01, kd_batch_size=128, kd_optimizer="sgd",
                  temperature=1.0, kd_rounds=None, kd_validation=None, kd_patience=None,
                  kd_eval_every=1, trainable=None, weight_decay=0.0):
-        self.model = _model_iv(model)
+        self.model = check_model(model)
         self.lr = check_positive_scalar(lr, "lr")
         self.lr_personal = (self.lr if lr_personal is None
                             else check_positive_scalar(lr_personal, "lr_personal"))

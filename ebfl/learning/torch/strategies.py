@@ -74,15 +74,20 @@ from ebfl.learning.torch.functional import (
     weighted_mean,
 )
 
-__all__ = ["AdaPeD", "DPAdaPeD", "FedAvg", "GaussianRelease", "Local", "Strategy"]
+__all__ = ["AdaPeD", "DPAdaPeD", "FedAvg", "GaussianRelease", "Local", "Strategy", "check_model",
+           "client_test_accuracy"]
 
 
 def _ce_loss(forward, params, x, y):
     return cross_entropy(forward(params, x), y)
 
 
-def _model_iv(model):
-    """The architecture every strategy calls through ``functional_call``."""
+def check_model(model):
+    """Check the architecture a strategy calls through ``functional_call``; returns it.
+
+    Raises TypeError unless ``model`` is a ``torch.nn.Module``, ValueError when it
+    has no trainable parameters or BatchNorm batch counters.
+    """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not any(True for _ in model.parameters()):
@@ -229,11 +234,11 @@ class Strategy(FederatedAlgorithm):
             with eval_mode(self.model):
                 logits = self.client_logits(message, tree_take(client, rows), part,
                                             part.x_test)
-            acc.append(_test_accuracy(logits, part))
+            acc.append(client_test_accuracy(logits, part))
         return {"accuracy": torch.cat(acc)}
 
 
-def _test_accuracy(logits, data):
+def client_test_accuracy(logits, data):
     """Each client's accuracy of ``logits`` (K, n_test_max, classes) on its own test rows
     (the padding rows past ``data.n_test`` excluded)."""
     hit = (logits.argmax(-1) == data.y_test).float()
@@ -281,7 +286,7 @@ class _PlainSGD(Strategy):
     """Shared by FedAvg and Local: one learning rate and weight decay."""
 
     def __init__(self, model, lr=0.1, *, weight_decay=1e-4):
-        self.model = _model_iv(model)
+        self.model = check_model(model)
         self.lr = check_positive_scalar(lr, "lr")
         self.weight_decay = check_nonnegative_scalar(weight_decay, "weight_decay")
 
@@ -412,7 +417,7 @@ class AdaPeD(Strategy):
 
     def __init__(self, model, lr_theta=0.1, lr_mu=0.1, lr_psi=3e-2, *, psi0=4.0, psi_floor=0.5,
                  weight_decay=1e-4, fine_tune=False):
-        self.model = _model_iv(model)
+        self.model = check_model(model)
         self.lr_theta = check_positive_scalar(lr_theta, "lr_theta")
         self.lr_mu = check_positive_scalar(lr_mu, "lr_mu")
         self.lr_psi = check_nonnegative_scalar(lr_psi, "lr_psi")

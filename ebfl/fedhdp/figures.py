@@ -25,15 +25,17 @@ from pathlib import Path
 import numpy as np
 
 from ebfl._validation import as_generator, check_bool, check_int_scalar, check_names
+from ebfl.fedhdp import levels as L
 from ebfl.fedhdp import theory as T
-from ebfl.validation.engine import run_replicates
-from ebfl.validation.fedhdp_checks import (
+from ebfl.fedhdp.checks import (
     PHI,
     draw_clients,
     draw_regression_clients,
     personalized,
     server_estimate,
 )
+from ebfl.validation.engine import run_replicates
+from ebfl.validation.registry import register_figures
 
 __all__ = ["FIGURES", "plot_fedhdp_figures"]
 
@@ -128,20 +130,20 @@ def _local_figure(p, rng, reps, progress, *, regression):
         for label, counts, g in _scenarios(p):
             model = (counts, p["alpha2"], p["tau2"], (0.0, p["gamma2"]))
             ratios = (1.0, 1.0) if hdp else None
-            curve = d * T.levels_personalized_mse(grid, g, *model, ratios=ratios)
+            curve = d * L.levels_personalized_mse(grid, g, *model, ratios=ratios)
             line, = ax.plot(grid, curve, "-", label=f"client {label}: formula")
             mean, se = sims[label]["hdp" if hdp else "opt"]
             ax.errorbar(LAMBDA_POINTS, mean, yerr=1.96 * se, fmt="o", ms=4,
                         color=line.get_color(), label=f"client {label}: Monte Carlo")
-            opt = T.levels_optimal_lambda_exact(g, *model, ratios=ratios)
+            opt = L.levels_optimal_lambda_exact(g, *model, ratios=ratios)
             ax.plot([opt.lam], [d * opt.mse], "*", ms=14, color=line.get_color(),
                     markeredgecolor="k", label=f"client {label}: minimizer lambda="
                     f"{opt.lam:.3g}")
             if not hdp:
-                lam = T.levels_optimal_lambda(g, *model)
-                ax.plot([lam], [d * T.levels_personalized_mse(lam, g, *model)], "x", ms=10,
+                lam = L.levels_optimal_lambda(g, *model)
+                ax.plot([lam], [d * L.levels_personalized_mse(lam, g, *model)], "x", ms=10,
                         color="k", label=f"client {label}: paper's lambda*={lam:.3g}")
-                ax.axhline(d * T.levels_bayes_local_mse(g, *model), color=line.get_color(),
+                ax.axhline(d * L.levels_bayes_local_mse(g, *model), color=line.get_color(),
                            ls=":", lw=1, label=f"client {label}: Bayes MSE, eq. (46)")
         ax.set_xscale("log")
         ax.set_xlabel("lambda")
@@ -159,7 +161,7 @@ def _local_points(rng, reps, p, counts, g, d, regression, progress):
     """Monte Carlo local MSE at LAMBDA_POINTS, for r = 1 and r*: {"hdp": .., "opt": ..}."""
     counts = np.asarray(counts)
     model = (counts, p["alpha2"], p["tau2"], (0.0, p["gamma2"]))
-    r_star = T.levels_optimal_ratios(*model)
+    r_star = L.levels_optimal_ratios(*model)
     start = int(counts[:g].sum())
     sl = slice(start, start + int(counts[g]))
 
@@ -269,3 +271,7 @@ def plot_fedhdp_figures(directory, *, names=None, reps=None, quick=False, rng=0,
         fig.savefig(path, dpi=120)
         paths.append(str(path))
     return paths
+
+
+# `ebfl validate --plot` (ebfl.validation.sweeps.plot_sweeps) draws them with the sweeps.
+register_figures("fedhdp", FIGURES, plot_fedhdp_figures)

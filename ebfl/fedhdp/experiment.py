@@ -4,7 +4,7 @@ Protocol (Section 5 and Table 7 of "Federated learning with heterogeneous
 differential privacy"), non-IID MNIST:
 
 * 2,000 clients holding one digit each, 5 % non-private
-  (:func:`ebfl.experiments.fedhdp_data.noniid_mnist`; the skewed variant draws
+  (:func:`ebfl.fedhdp.data.noniid_mnist`; the skewed variant draws
   the non-private clients from the clients holding a 7);
 * the FC 784-50-10 network (Table 6);
 * 500 rounds, 5 % of the clients per round (q = 0.05, Poisson sampling, so
@@ -20,7 +20,7 @@ differential privacy"), non-IID MNIST:
   the paper's "variance across clients" is 100 x the variance of the
   per-client accuracies (as fractions), which reproduces its printed values.
 
-The algorithms (all with Ditto personalization, :mod:`ebfl.learning.torch.fedhdp`):
+The algorithms (all with Ditto personalization, :mod:`ebfl.fedhdp.algorithm`):
 Non-private+Ditto, DP-FedAvg+Ditto (every client private), HDP-FedAvg+Ditto
 (FedHDP with r = 1) and FedHDP with the ratio r.
 
@@ -192,8 +192,8 @@ def fedhdp_metrics(global_acc_server, global_acc, personal_acc, groups, *, all_p
 def make_algorithm(name, fed, *, r=None, lam=0.005, protocol=MNIST_PROTOCOL,
                    denominator="realized"):
     """The strategy of one of :data:`ALGORITHMS` on the federation ``fed``."""
+    from ebfl.fedhdp import algorithm as f
     from ebfl.learning.torch import MLP
-    from ebfl.learning.torch import fedhdp as f
 
     n_features = int(np.prod(fed.data.x_train.shape[2:]))
     model = MLP(n_features, fed.data.n_classes, hidden=(protocol["hidden"],))
@@ -306,7 +306,7 @@ def run_fedhdp(fed, algorithm, *, r=None, lam=0.005, protocol=MNIST_PROTOCOL, ro
 
 def load_federation(dataset, *, quick=False, seed=0, directory=None, download=True):
     """The federation of ``dataset`` (see :data:`DATASETS`); ``quick``: 200 clients."""
-    from ebfl.experiments import fedhdp_data as fd
+    from ebfl.fedhdp import data as fd
 
     dataset = check_choice(dataset, "dataset", tuple(DATASETS))
     skewed = dataset.endswith("skewed")
@@ -362,7 +362,7 @@ def reproduce_fedhdp(dataset="mnist", *, table="3", lam=0.005, ratios=None, seed
     """
     from pathlib import Path
 
-    from ebfl.experiments.fedhdp_data import fedhdp_paper_numbers
+    from ebfl.fedhdp.data import fedhdp_paper_numbers
     from ebfl.learning.torch.functional import check_device
 
     dataset = check_choice(dataset, "dataset", tuple(DATASETS))

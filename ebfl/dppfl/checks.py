@@ -24,10 +24,11 @@ import math
 import numpy as np
 
 from ebfl.dppfl import _kernels
+from ebfl.dppfl import exact as E
 from ebfl.dppfl import theory as T
 from ebfl.dppfl.objective import device_sums, dual_objective
-from ebfl.validation.checks import CHECKS, register
 from ebfl.validation.engine import make_result, run_replicates
+from ebfl.validation.registry import CHECKS, register
 
 __all__ = ["draw_instance", "sdca_replay"]
 
@@ -209,14 +210,14 @@ def check_corollary2(reps, rng, progress, **p):
             for loss, lam in settings:
                 alpha, W = _state(g, X, y, offsets, omega, lam, loss)
                 args = (X_t, y_t, alpha[:n_t], W[0], omega[0, 0], lam, beta)
-                sol = T.solve_local_exactly(*args, loss, p["gamma"])
+                sol = E.solve_local_exactly(*args, loss, p["gamma"])
                 c = beta * omega[0, 0] / (2.0 * lam)
                 u = W[0] + c * (X_t.T @ sol.dalpha)
                 worst = max((T.corollary2_difference(*args, j, x_new, y_new, loss, p["gamma"])
                              for j, x_new, y_new in _replacements(g, X_t, y_t, u,
                                                                   p["rows_replaced"])),
                             key=lambda res: res.ratio)
-                modulus, claimed = T.local_strong_convexity(X_t, omega[0, 0], lam, beta, loss,
+                modulus, claimed = E.local_strong_convexity(X_t, omega[0, 0], lam, beta, loss,
                                                             p["gamma"])
                 out[f"{loss}_{lam}_ratio"][r] = worst.ratio
                 out[f"{loss}_{lam}_difference"][r] = worst.certified_difference
@@ -370,8 +371,8 @@ def sdca_replay(X, y, offsets, omega, lam, xi, iterations, loss, gamma, seed, dr
         for t in range(m):
             lo, hi = offsets[t], offsets[t + 1]
             args = (X[lo:hi], y[lo:hi], alpha[lo:hi], W[t], omega[t, t], lam, beta)
-            best = T.solve_local_exactly(*args, loss, gamma).objective
-            start = T.local_objective(np.zeros(hi - lo), *args, loss, gamma)
+            best = E.solve_local_exactly(*args, loss, gamma).objective
+            start = E.local_objective(np.zeros(hi - lo), *args, loss, gamma)
             c = beta * omega[t, t] / (2.0 * lam)
             values = []
             for i in range(draws):  # draw 0 is the run's own (seed), the others seed + i
@@ -380,7 +381,7 @@ def sdca_replay(X, y, offsets, omega, lam, xi, iterations, loss, gamma, seed, dr
                 dalpha, v = np.empty(hi - lo), np.empty(d)
                 _kernels.sdca_device(X, y, sqnorm, lo, hi, alpha, W[t], c, code, gamma, n_min,
                                      key, dalpha, v)
-                values.append(T.local_objective(dalpha, *args, loss, gamma))
+                values.append(E.local_objective(dalpha, *args, loss, gamma))
                 if i == 0:
                     own_dalpha, own_v = dalpha, v
             progress = start - best
@@ -409,11 +410,11 @@ def check_linear_rate(reps, rng, progress, **p):
         out = {key: np.empty(n) for key in keys}
         for r in range(n):
             X, y, offsets, omega = draw_instance(g, m, n_t, d)
-            best = T.solve_dual_exactly(X, y, offsets, omega, lam, loss, gamma).objective
+            best = E.solve_dual_exactly(X, y, offsets, omega, lam, loss, gamma).objective
             s = T.theorem3_s(X, offsets, omega, lam, xi * m, gamma)
             # Theta = 0: exact local solves, deterministic, so (14) holds at every step
-            run = T.exact_local_run(X, y, offsets, omega, lam, xi, iterations, loss, gamma)
-            fit = T.linear_rate(run.history, optimum=best)
+            run = E.exact_local_run(X, y, offsets, omega, lam, xi, iterations, loss, gamma)
+            fit = E.linear_rate(run.history, optimum=best)
             bound = T.theorem3_rate(xi, 0.0, s)
             out["exact_rate"][r], out["exact_bound"][r] = fit.worst_step, bound
             out["exact_excess"][r] = fit.worst_step - bound
@@ -434,7 +435,7 @@ def check_linear_rate(reps, rng, progress, **p):
             fitted = np.array([row["dual"] for row in sdca.history])
             out["replay_error"][r] = float(np.max(np.abs(fitted - duals)))
             theta = float(thetas.max())  # Assumption 1 bounds every conditional mean
-            rate = T.linear_rate(sdca.history, optimum=best).rate
+            rate = E.linear_rate(sdca.history, optimum=best).rate
             sdca_bound = T.theorem3_rate(xi, min(theta, 1.0 - 1e-12), s)
             out["sdca_rate"][r], out["sdca_bound"][r], out["theta"][r] = rate, sdca_bound, theta
             out["sdca_excess"][r] = rate - sdca_bound
@@ -513,8 +514,8 @@ def check_theorem4(reps, rng, progress, **p):
         excess = np.empty(k)
         for r in range(k):
             X, y, offsets, omega = draw_instance(g, m, n_t, d)
-            best = T.solve_dual_exactly(X, y, offsets, omega, q["lam"]).objective
-            run = T.exact_local_run(X, y, offsets, omega, q["lam"], xi, K, average_after=K0)
+            best = E.solve_dual_exactly(X, y, offsets, omega, q["lam"]).objective
+            run = E.exact_local_run(X, y, offsets, omega, q["lam"], xi, K, average_after=K0)
             excess[r] = dual_objective(X, y, offsets, run.average, omega, q["lam"]) - best
         return {"excess": excess}
 

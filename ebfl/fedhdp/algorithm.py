@@ -62,7 +62,7 @@ from ebfl.learning.torch.functional import (
     cross_entropy,
     replicate,
 )
-from ebfl.learning.torch.strategies import EVAL_CHUNK, Strategy, _model_iv, _test_accuracy
+from ebfl.learning.torch.strategies import EVAL_CHUNK, Strategy, check_model, client_test_accuracy
 from ebfl.privacy.dp_fedavg import adaptive_clipping_noise
 
 __all__ = ["FedHDP", "dp_fedavg_ditto", "hdp_fedavg_ditto", "non_private_ditto"]
@@ -169,7 +169,7 @@ class FedHDP(Strategy):
                  noise_multiplier=(0.0, 1.5), clip=0.5, adaptive=True, clip_lr=0.2,
                  target_quantile=0.5, count_noise=None, denominator="realized",
                  weight_decay=0.0):
-        self.model = _model_iv(model)
+        self.model = check_model(model)
         self.groups = _groups_iv(groups)
         n_groups = int(self.groups.max()) + 1
         self.lr = check_positive_scalar(lr, "lr")
@@ -363,7 +363,7 @@ class FedHDP(Strategy):
             part = data.subset(np.arange(lo, min(lo + EVAL_CHUNK, k)))
             logits = client_forward(self.model, replicate(message["global"], part.n_clients),
                                     part.x_test)
-            acc.append(_test_accuracy(logits, part))
+            acc.append(client_test_accuracy(logits, part))
         return {**out, "global_accuracy": torch.cat(acc)}
 
     def privacy(self, delta, *, rounds, sampling_rate, accountant="rdp", sampling=None):

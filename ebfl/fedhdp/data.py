@@ -31,6 +31,8 @@ import numpy as np
 
 from ebfl._paths import paper_numbers
 from ebfl._validation import check_bool, check_choice, check_int_scalar, check_probability
+from ebfl.datasets.synthetic_digits import digit_strokes, draw_digit_images
+from ebfl.learning.partition import count_summary, count_summary_text
 
 if TYPE_CHECKING:  # torch is an optional dependency: imported where a dataset is built
     from ebfl.learning.torch import FederatedDataset
@@ -46,7 +48,6 @@ PAPER_TABLES = (3, 4, 8, 9, 10, 11)
 SKEWED_DIGIT = 7
 #: MNIST's training images per digit 0-9 (the synthetic variant mimics these frequencies).
 MNIST_TRAIN_COUNTS = (5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949)
-_SIDE = 28
 
 
 @dataclass(frozen=True)
@@ -119,8 +120,8 @@ class FedHDPData:
                "n_classes": int(self.data.n_classes),
                "feature_shape": list(self.data.x_train.shape[2:]),
                "n_nonprivate": int(self.nonprivate.size), "n_private": int(self.private.size),
-               "train_per_client": _range_summary(n_train),
-               "test_per_client": _range_summary(n_test),
+               "train_per_client": count_summary(n_train),
+               "test_per_client": count_summary(n_test),
                "server_test_size": int(self.y_server_test.shape[0])}
         if self.client_digit is not None:
             k = 10
@@ -136,8 +137,8 @@ class FedHDPData:
         tr, te = d["train_per_client"], d["test_per_client"]
         lines = [f"{self.name}: {d['n_clients']} clients, {d['n_classes']} classes, features "
                  f"{tuple(d['feature_shape'])}",
-                 f"  training samples per client: {_range_text(tr)}; local test samples per "
-                 f"client: {_range_text(te)}",
+                 f"  training samples per client: {count_summary_text(tr)}; local test "
+                 f"samples per client: {count_summary_text(te)}",
                  f"  non-private clients: {d['n_nonprivate']} "
                  f"({d['n_nonprivate'] / d['n_clients']:.1%}); private: {d['n_private']}",
                  f"  server test set: {d['server_test_size']} samples"]
@@ -145,15 +146,6 @@ class FedHDPData:
             lines.append(f"  clients per digit 0-9: {d['clients_per_digit']}")
             lines.append(f"  non-private clients per digit: {d['nonprivate_per_digit']}")
         return "\n".join(lines)
-
-
-def _range_summary(counts):
-    return {"min": int(counts.min()), "max": int(counts.max()), "total": int(counts.sum())}
-
-
-def _range_text(r):
-    span = str(r["min"]) if r["min"] == r["max"] else f"{r['min']}-{r['max']}"
-    return f"{span} ({r['total']} in all)"
 
 
 # -- the one-digit-per-client partition ----------------------------------------------------
@@ -416,27 +408,6 @@ def _federated(x_train, y_train, train_idx, x_test, y_test, test_idx, *, n_class
 # -- the synthetic stand-in ------------------------------------------------------------------
 
 
-def _digit_strokes(rng, n_ink=120):
-    """One random set of ``n_ink`` "stroke" pixels per digit (the digits' shapes)."""
-    masks = np.zeros((10, _SIDE * _SIDE), bool)
-    for d in range(10):
-        masks[d, rng.choice(_SIDE * _SIDE, n_ink, replace=False)] = True
-    return masks
-
-
-def _draw_images(strokes, labels, rng):
-    """Noisy images of ``labels``: stroke pixels inked with probability 0.8 (intensity
-    U(0.6, 1)), other pixels speckled with probability 0.03 (intensity U(0, 0.5))."""
-    n = labels.size
-    on_stroke = strokes[labels]
-    ink = on_stroke & (rng.random((n, _SIDE * _SIDE)) < 0.8)
-    speck = ~on_stroke & (rng.random((n, _SIDE * _SIDE)) < 0.03)
-    x = np.zeros((n, _SIDE * _SIDE), np.float32)
-    x[ink] = rng.uniform(0.6, 1.0, int(ink.sum()))
-    x[speck] = rng.uniform(0.0, 0.5, int(speck.sum()))
-    return x
-
-
 def synthetic_noniid_mnist(*, n_clients=200, samples_per_client=30, test_per_client=10,
                            n_server_test=1000, skewed=False, nonprivate_fraction=0.05, seed=0):
     """A download-free stand-in for :func:`noniid_mnist`: random 28 x 28 images, one digit
@@ -490,14 +461,14 @@ def synthetic_noniid_mnist(*, n_clients=200, samples_per_client=30, test_per_cli
     rng_train, rng_test, rng_groups, rng_images = _streams(seed)
     client_digit = rng_train.permutation(np.repeat(np.arange(10),
                                                    _apportion(MNIST_TRAIN_COUNTS, n_clients)))
-    strokes = _digit_strokes(rng_images)
+    strokes = digit_strokes(rng_images)
     y_train = np.repeat(client_digit, s)
     y_test = np.repeat(client_digit, t)
-    x_train = _draw_images(strokes, y_train, rng_train).reshape(n_clients, s, -1)
-    x_test = _draw_images(strokes, y_test, rng_test).reshape(n_clients, t, -1)
+    x_train = draw_digit_images(strokes, y_train, rng_train).reshape(n_clients, s, -1)
+    x_test = draw_digit_images(strokes, y_test, rng_test).reshape(n_clients, t, -1)
     y_server = rng_test.permutation(np.repeat(np.arange(10),
                                               _apportion(MNIST_TRAIN_COUNTS, n_server)))
-    x_server = _draw_images(strokes, y_server, rng_test)
+    x_server = draw_digit_images(strokes, y_server, rng_test)
     groups = _groups_iv(client_digit, nonprivate_fraction, skewed, rng_groups)
 
     from ebfl.learning.torch import FederatedDataset

@@ -28,9 +28,10 @@ import math
 
 import numpy as np
 
+from ebfl.fedhdp import levels as L
 from ebfl.fedhdp import theory as T
-from ebfl.validation.checks import CHECKS, register
 from ebfl.validation.engine import make_result, run_replicates
+from ebfl.validation.registry import CHECKS, register
 
 __all__ = ["LEVELS", "POINT", "REGRESSION", "bayes_estimates", "draw_clients",
            "draw_regression_clients", "personalized", "server_estimate"]
@@ -313,7 +314,7 @@ def _levels_rows(name, statement, p, sim, model_args, *, d, paper_lambdas=None):
     """Per-group rows: MSE at the exact minimizer and the Bayes estimator's MSE (x d)."""
     rows = []
     for gi in range(len(model_args[0])):
-        opt = T.levels_optimal_lambda_exact(gi, *model_args)
+        opt = L.levels_optimal_lambda_exact(gi, *model_args)
         rows.append(make_result(name, f"group {gi + 1}: MSE at the exact minimizer "
                                 f"lambda={opt.lam:.5g}", statement, "exact", d * opt.mse,
                                 sim[f"exact{gi}"], params={**p, "lam": opt.lam}))
@@ -321,10 +322,10 @@ def _levels_rows(name, statement, p, sim, model_args, *, d, paper_lambdas=None):
             lam = paper_lambdas[gi]
             rows.append(make_result(
                 name, f"group {gi + 1}: MSE at lambda*={lam:.5g} of eq. (50)", statement,
-                "exact", d * T.levels_personalized_mse(lam, gi, *model_args), sim[f"paper{gi}"],
+                "exact", d * L.levels_personalized_mse(lam, gi, *model_args), sim[f"paper{gi}"],
                 params={**p, "lam": lam}, flag=APPROX_FLAG if model_args[3][gi] else ""))
         rows.append(make_result(name, f"group {gi + 1}: Bayes estimator MSE = eq. (46)/(73)",
-                                statement, "exact", d * T.levels_bayes_local_mse(gi, *model_args),
+                                statement, "exact", d * L.levels_bayes_local_mse(gi, *model_args),
                                 sim[f"bayes{gi}"], params=p))
     return rows
 
@@ -332,8 +333,8 @@ def _levels_rows(name, statement, p, sim, model_args, *, d, paper_lambdas=None):
 def _levels_step(draw, p, paper_lambdas=None):
     counts = np.asarray(p["counts"])
     model_args = (p["counts"], p["alpha2"], p["tau2"], p["gammas2"])
-    ratios = T.levels_optimal_ratios(*model_args)
-    exact = [T.levels_optimal_lambda_exact(gi, *model_args).lam for gi in range(counts.size)]
+    ratios = L.levels_optimal_ratios(*model_args)
+    exact = [L.levels_optimal_lambda_exact(gi, *model_args).lam for gi in range(counts.size)]
 
     def step(g, k):
         phi_j, phi_hat, psi = draw(g, k)
@@ -358,7 +359,7 @@ def _levels_step(draw, p, paper_lambdas=None):
 def check_regression(reps, rng, progress, **p):
     model_args = (p["counts"], p["alpha2"], p["tau2"], p["gammas2"])
     d = p["d"]
-    paper = T.two_level_optimal_lambdas(*model_args)
+    paper = L.two_level_optimal_lambdas(*model_args)
 
     def draw(g, k):
         return draw_regression_clients(g, k, *model_args, d=d, n_samples=p["n_samples"])
@@ -366,9 +367,9 @@ def check_regression(reps, rng, progress, **p):
     sim = run_replicates(_levels_step(draw, p, paper), reps, rng, chunk=CHUNK // 4,
                          progress=progress, desc="fedhdp regression")
     statement = CHECKS["fedhdp_regression"].statement
-    r_star = T.two_level_optimal_ratio(*model_args)
+    r_star = L.two_level_optimal_ratio(*model_args)
     rows = [make_result("fedhdp_regression", f"server MSE at r*={r_star:.4g}: d x eq. (34)",
-                        statement, "exact", d * T.two_level_server_covariance(*model_args),
+                        statement, "exact", d * L.two_level_server_covariance(*model_args),
                         sim["server"], params=p)]
     return rows + _levels_rows("fedhdp_regression", statement, p, sim, model_args, d=d,
                                paper_lambdas=paper)
@@ -385,8 +386,8 @@ def check_levels(reps, rng, progress, **p):
     sim = run_replicates(_levels_step(draw, p), reps, rng, chunk=CHUNK, progress=progress,
                          desc="fedhdp levels")
     statement = CHECKS["fedhdp_levels"].statement
-    ratios = T.levels_optimal_ratios(*model_args)
+    ratios = L.levels_optimal_ratios(*model_args)
     rows = [make_result("fedhdp_levels", "server MSE at r*_i of eq. (65) = eq. (62)", statement,
-                        "exact", T.levels_server_variance(*model_args), sim["server"],
+                        "exact", L.levels_server_variance(*model_args), sim["server"],
                         params={**p, "ratios": tuple(ratios.tolist())})]
     return rows + _levels_rows("fedhdp_levels", statement, p, sim, model_args, d=1)
