@@ -1,8 +1,8 @@
 """Bad input and regressions of FedHDP's privacy accounting and theory.
 
-The corpus covers every public function of :mod:`ebfl.privacy.dp_fedavg`,
-:mod:`ebfl.fedhdp`, :mod:`ebfl.privacy.fractional_rdp` and
-:mod:`ebfl.privacy.guarantee` with the shared machinery of
+The corpus covers every public function of :mod:`ebfl.privacy.accounting.dp_fedavg`,
+:mod:`ebfl.fedhdp`, :mod:`ebfl.privacy.accounting.rdp` and
+:mod:`ebfl.privacy.accounting.guarantee` with the shared machinery of
 :mod:`tests.badinput`; then regressions of three reported problems: an epsilon
 reported without the conditions it is a proof under, a PLD inverse that
 returned far more noise than RDP shows to be enough, and fractional Renyi
@@ -21,10 +21,10 @@ import pytest
 from dp_accounting.rdp import rdp_privacy_accountant
 
 import ebfl.fedhdp as fedhdp
-import ebfl.privacy.dp_fedavg as dpf
-from ebfl.privacy.accounting import quiet_absl
-from ebfl.privacy.fractional_rdp import poisson_gaussian_rdp
-from ebfl.privacy.guarantee import dp_fedavg_guarantee
+import ebfl.privacy.accounting.dp_fedavg as dpf
+from ebfl.privacy.accounting.core import quiet_absl
+from ebfl.privacy.accounting.guarantee import dp_fedavg_guarantee
+from ebfl.privacy.accounting.rdp import poisson_gaussian_rdp
 from tests.badinput import INF, NAN, Case, table_tests
 
 # ------------------------------------------------------------------ dp_fedavg
@@ -41,13 +41,13 @@ _ORDERS_BAD = (("orders", np.array([1.0, 2.0]), ValueError),
                ("orders", np.array([2.0, 2e6]), ValueError),
                ("orders", np.zeros((2, 2)) + 2.0, ValueError),
                ("orders", np.array([]), ValueError),
-               ("orders", np.linspace(1.5, 64.0, 1001), ValueError, "at most 1000"))
-_NOISE_BAD = (("noise_multiplier", 1e-4, ValueError), ("noise_multiplier", 2e6, ValueError))
+               ("orders", np.linspace(1.5, 64.0, 10_001), ValueError, "at most 10000"))
+_NOISE_BAD = (("noise_multiplier", 1e-4, ValueError), ("noise_multiplier", 2e8, ValueError))
 _ROUNDS_BAD = (("rounds", 2**53 + 1, ValueError), ("rounds", 10**9 + 0.5, TypeError))
 _ACCOUNTANT_BAD = (("accountant", "moments", ValueError), ("accountant", ["rdp"], TypeError),
                    ("accountant", None, ValueError))
 _VDI_BAD = (("value_discretization_interval", 1e-9, ValueError),
-            ("value_discretization_interval", 0.5, ValueError))
+            ("value_discretization_interval", 2.0, ValueError))
 
 
 def _orders():
@@ -82,7 +82,7 @@ DP_FEDAVG = [
          lambda: _setting(delta=1e-5, accountant="pld", value_discretization_interval=1e-2),
          scalars={"value_discretization_interval": "positive"},
          bad=(("noise_multiplier", 1e-3, ValueError, "would need"),
-              ("rounds", 10**9, ValueError, "would compose")),
+              ("rounds", 10**9, ValueError, "for the composed privacy loss")),
          # a PLD that cannot be built in memory is refused by name, never attempted
          extreme=(("rounds", 2**53), ("rounds", 10**9), ("noise_multiplier", 1e-3))),
     Case("dp_fedavg_noise_multiplier", dpf.dp_fedavg_noise_multiplier,
@@ -117,7 +117,7 @@ DP_FEDAVG = [
               + (("noise_multipliers", np.array([0.0, -1.0]), ValueError),
                  ("noise_multipliers", np.array([0.0, 1e-5]), ValueError,
                   r"noise_multipliers\[1\]"),
-                 ("noise_multipliers", np.array([2e6]), ValueError),
+                 ("noise_multipliers", np.array([2e8]), ValueError),
                  ("noise_multipliers", np.zeros((2, 2)), ValueError),
                  ("noise_multipliers", np.array([]), ValueError),
                  ("noise_multipliers", np.full(1001, 1.5), ValueError, "at most 1000"),
@@ -380,7 +380,7 @@ def test_where_pld_is_tighter_its_noise_is_returned_and_certifies_the_target():
 
 def test_a_billion_rounds_is_computed_or_refused_quickly():
     t0 = time.perf_counter()
-    with pytest.raises(ValueError, match="would compose rounds=1000000000"):
+    with pytest.raises(ValueError, match="composed privacy loss .* after rounds=1000000000"):
         dpf.dp_fedavg_epsilon(sampling_rate=0.01, noise_multiplier=10.0, rounds=10**9,
                               delta=1e-5, accountant="pld")
     cal = dpf.dp_fedavg_noise_multiplier(sampling_rate=0.01, rounds=10**9, delta=1e-5,
@@ -412,7 +412,7 @@ def test_fractional_orders_are_tight_upper_bounds_below_dp_accountings(q, z):
     assert np.all(np.isfinite(ours)) and np.all(ours <= oracle * (1 + 2e-8))  # its 1e-8 margin
     at_two = _dp_accounting_rdp(q, z, [2.0])[0]
     assert np.all(np.diff(np.r_[ours, at_two]) >= 0)
-    from ebfl.privacy.fractional_rdp import _log_a_minus_one
+    from ebfl.privacy.accounting.rdp import _log_a_minus_one
 
     for alpha in (2.0, 3.0):  # the quadrature itself, where dp-accounting is exact
         quad = np.logaddexp(0.0, _log_a_minus_one(q, z, alpha)) / (alpha - 1.0)

@@ -1,4 +1,4 @@
-"""DP-FedAvg / FedHDP client-level accounting (ebfl.privacy.dp_fedavg).
+"""DP-FedAvg / FedHDP client-level accounting (ebfl.privacy.accounting.dp_fedavg).
 
 The FedHDP paper's Table 7 guarantees are reproduced to three decimals; the
 RDP curve is checked against a naive computation (the binomial expansion of
@@ -17,7 +17,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import integrate, special
 
 from ebfl.cli import main
-from ebfl.privacy.dp_fedavg import (
+from ebfl.privacy.accounting.dp_fedavg import (
     TFP_ORDERS,
     adaptive_clipping_effective_noise,
     adaptive_clipping_noise,
@@ -272,7 +272,7 @@ def test_group_epsilons_refuse_bad_input(args, match):
     ({"sampling_rate": math.nan}, "sampling_rate"),
     ({"sampling_rate": "0.1"}, "sampling_rate"),
     ({"noise_multiplier": 0.0}, "noise_multiplier"),
-    ({"noise_multiplier": 1e7}, r"noise_multiplier must lie in \[0.001, 1e\+06\]"),
+    ({"noise_multiplier": 1e9}, r"noise_multiplier must be a real number in \[0.001, 1e\+08\]"),
     ({"rounds": 0}, "rounds"),
     ({"rounds": 2.5}, "rounds"),
     ({"delta": 0.0}, "delta"),
@@ -284,7 +284,7 @@ def test_group_epsilons_refuse_bad_input(args, match):
     ({"value_discretization_interval": 1e-9}, "value_discretization_interval"),
     ({"accountant": "pld", "noise_multiplier": 0.01}, "accountant='pld' would need"),
     ({"accountant": "pld", "noise_multiplier": 0.3, "sampling_rate": 1.0},
-     "accountant='pld' would compose"),
+     "accountant='pld' would"),
 ])
 def test_bad_input_names_the_argument(change, match):
     kw = {**_kw(0.05, 1.5), **change}

@@ -98,7 +98,7 @@ def integer_order_classic_epsilon(q, s1, s2, releases, delta, max_gamma):
     gammas = np.arange(1, max_gamma + 1, dtype=float)
     acc = rdp_privacy_accountant.RdpAccountant(list(gammas + 1), A._RELATION)
     acc.compose(A._iteration_event(q, s1, s2), releases)
-    return rdp_to_epsilon(gammas + 1, np.asarray(acc.rdp), delta, method="classic")
+    return rdp_to_epsilon(gammas + 1, np.asarray(acc.rdp), delta, conversion="classic")
 
 
 # --------------------------------------------------------------------------- Theorem 5
@@ -353,7 +353,7 @@ def test_corollary4_with_q_zero_is_the_exact_gaussian_at_integer_orders():
     s2, releases, delta = 7.0, 300, 1e-6
     gammas = np.arange(1.0, 5001.0)
     classic = rdp_to_epsilon(gammas + 1, releases * (gammas + 1) / (2 * s2**2), delta,
-                             method="classic")
+                             conversion="classic")
     assert corollary4_epsilon(2.0, s2, 0.0, releases, delta) == pytest.approx(classic,
                                                                                 rel=1e-13)
 
@@ -457,7 +457,10 @@ def test_report_per_device():
 def test_report_coarsens_the_pld_grid_instead_of_failing(monkeypatch):
     fine = dppfl_privacy_report(8.0, 1e-3, inner=100, outer=2, sampling_rate=0.5)
     assert fine["delivered"]["pld_value_discretization_interval"] == A.DEFAULT_VDI
+    from ebfl.privacy.accounting import core
+
     monkeypatch.setattr(A, "MAX_PLD_POINTS", 1e5)   # as if epsilon were much larger
+    monkeypatch.setattr(core, "MAX_PLD_POINTS", 1e5)
     coarse = dppfl_privacy_report(8.0, 1e-3, inner=100, outer=2, sampling_rate=0.5)
     vdi = coarse["delivered"]["pld_value_discretization_interval"]
     assert vdi > 3 * A.DEFAULT_VDI

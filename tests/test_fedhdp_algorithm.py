@@ -28,7 +28,7 @@ from ebfl.fedhdp.algorithm import (  # noqa: E402
 )
 from ebfl.learning.torch import MLP, LogisticModel, train  # noqa: E402
 from ebfl.learning.torch.functional import replicate  # noqa: E402
-from ebfl.privacy.dp_fedavg import adaptive_clipping_noise  # noqa: E402
+from ebfl.privacy.accounting.dp_fedavg import adaptive_clipping_noise  # noqa: E402
 from tests.test_federated import assert_trees_close, drive_one_client_at_a_time  # noqa: E402
 from tests.test_torch_engine import _digits_clients  # noqa: E402
 

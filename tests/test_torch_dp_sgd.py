@@ -42,7 +42,7 @@ from ebfl.learning.torch.perada_dp import (  # noqa: E402
     client_epsilons,
     client_sampling_rates,
 )
-from ebfl.privacy.dp_fedavg import dp_fedavg_epsilon  # noqa: E402
+from ebfl.privacy.accounting.dp_fedavg import dp_fedavg_epsilon  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

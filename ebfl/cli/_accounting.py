@@ -28,7 +28,7 @@ def _cmd_accounting_dp_adaped(args):
         "setting": {k: v for k, v in mech.items() if v is not None},
         "delta": args.delta,
         "theorem7_epsilon_lemma2": rdp_to_epsilon(orders, rdp, args.delta),
-        "theorem7_epsilon_classic": rdp_to_epsilon(orders, rdp, args.delta, method="classic"),
+        "theorem7_epsilon_classic": rdp_to_epsilon(orders, rdp, args.delta, conversion="classic"),
         "epsilon": correct.epsilon,
         "accountant": correct.accountant, "sampling": args.sampling, "trust": args.trust,
         "neighboring_relation": correct.neighboring_relation, "n_rounds": correct.n_rounds,
@@ -46,8 +46,9 @@ def _cmd_accounting_dp_adaped(args):
 
 
 def _cmd_accounting_fedhdp(args):
-    from ebfl.privacy.dp_fedavg import NOISE_MULTIPLIER_RANGE, dp_fedavg_epsilon
-    from ebfl.privacy.guarantee import VALID_FOR, dp_fedavg_guarantee
+    from ebfl.privacy.accounting.core import NOISE_MULTIPLIER_RANGE
+    from ebfl.privacy.accounting.dp_fedavg import dp_fedavg_epsilon
+    from ebfl.privacy.accounting.guarantee import VALID_FOR, dp_fedavg_guarantee
 
     lo, hi = NOISE_MULTIPLIER_RANGE  # the library's own refusals would name its arguments
     if args.sampling_rate > 1 or not lo <= args.noise <= hi:

@@ -18,7 +18,7 @@ from ebfl._validation import (
     real_dtype_array,
     short_repr,
 )
-from ebfl.privacy.accounting import DEFAULT_ORDERS
+from ebfl.privacy.accounting.core import NOISE_MULTIPLIER_RANGE
 
 #: Largest number of devices m where an (m, m) task covariance Omega is built
 #: (800 MB of float64 at the limit, more for its eigendecomposition).
@@ -31,10 +31,6 @@ MAX_MODEL_ENTRIES = 10**8
 MAX_ITERATIONS = 10**7
 #: Largest number of releases of the accountants (exact as a float).
 MAX_RELEASES = 2**53
-#: Accepted noise multipliers of the accountants.
-NOISE_MULTIPLIER_RANGE = (1e-3, 1e8)
-#: Accepted PLD discretization intervals.
-VDI_RANGE = (1e-6, 1.0)
 #: Accepted lambda of problem (1): W = Omega V / (2 lambda) and the curvature
 #: beta Omega_tt / (2 lambda) stay finite for data of row norm <= 1.
 LAM_RANGE = (1e-100, 1e100)
@@ -137,10 +133,6 @@ def releases_iv(releases, name="releases"):
     return check_int_scalar(releases, name, minimum=1, maximum=MAX_RELEASES)
 
 
-def delta_iv(delta):
-    return check_real_scalar(delta, "delta", low=0.0, high=1.0, low_open=True, high_open=True)
-
-
 def in_range_iv(x, name, lo, hi, what):
     """``x`` as a float64 array of ndim 0 or 1, every entry in [lo, hi] (NaN refused)."""
     x = vector_iv(x, name)
@@ -185,23 +177,6 @@ def broadcast(**arrays):
     except ValueError:
         shapes = ", ".join(f"{k} {np.shape(v)}" for k, v in arrays.items())
         raise ValueError(f"per-device arrays must have one common length: {shapes}") from None
-
-
-def vdi_iv(vdi):
-    lo, hi = VDI_RANGE
-    return check_real_scalar(vdi, "value_discretization_interval", low=lo, high=hi)
-
-
-def orders_iv(orders):
-    if orders is None:
-        return np.array(DEFAULT_ORDERS)
-    orders = as_real_array(orders, "orders")
-    if orders.ndim != 1 or orders.size == 0 or not np.all(np.isfinite(orders)):
-        raise ValueError("orders must be a non-empty 1-D array of finite Renyi orders > 1")
-    if np.any(orders <= 1.0):
-        raise ValueError(f"orders must all be > 1 (Renyi orders), smallest is "
-                         f"{float(orders.min())!r}")
-    return orders
 
 
 def as_output(arr, scalar):

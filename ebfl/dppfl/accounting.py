@@ -52,7 +52,6 @@ import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
-from dp_accounting.rdp import rdp_privacy_accountant
 
 from ebfl._validation import (
     check_bool,
@@ -63,19 +62,25 @@ from ebfl._validation import (
 )
 from ebfl.dppfl._checks import (
     MAX_RELEASES,
-    NOISE_MULTIPLIER_RANGE,
-    VDI_RANGE,
     as_output,
     broadcast,
-    delta_iv,
     noise_iv,
-    orders_iv,
     positive_rate_iv,
     releases_iv,
     sampling_rate_iv,
-    vdi_iv,
 )
-from ebfl.privacy.accounting import DEFAULT_ORDERS, quiet_absl
+from ebfl.privacy.accounting.accountant import Accountant
+from ebfl.privacy.accounting.core import (
+    DEFAULT_ORDERS,
+    DEFAULT_VDI,
+    MAX_PLD_POINTS,
+    NOISE_MULTIPLIER_RANGE,
+    VDI_RANGE,
+    check_delta,
+    check_orders,
+    check_vdi,
+    pld_points_refusal,
+)
 
 __all__ = [
     "CalibrationConditionWarning",
@@ -93,11 +98,6 @@ __all__ = [
 #: integer s**releases, whose cost grows with releases: 2 s at 10**6 releases,
 #: minutes at 10**7, beyond reach at 10**9. The RDP accountant has no limit.
 MAX_PLD_RELEASES = 10**6
-#: The default PLD discretization interval.
-DEFAULT_VDI = 1e-4
-#: Largest PLD grid accepted, in points (one release's, and the composed loss range):
-#: measured 200 to 420 bytes a point at the peak of dp-accounting's composition.
-MAX_PLD_POINTS = 2e6
 #: Standard deviations of a Gaussian's privacy loss that dp-accounting keeps each side.
 _PLD_TAIL_SDS = 10.0
 
@@ -303,7 +303,7 @@ def calibrate_theorem5(epsilon, delta, *, releases, sampling_rate, active_probab
     ('q < 1/(16 sigma1) (Corollary 4)',)
     """
     epsilon = check_positive_scalar(epsilon, "epsilon")
-    delta = delta_iv(delta)
+    delta = check_delta(delta)
     releases = releases_iv(releases)
     q = positive_rate_iv(sampling_rate)
     p = check_real_scalar(active_probability, "active_probability", low=0.0, high=1.0,
@@ -354,10 +354,9 @@ def _iteration_event(q, sigma1, sigma2):
 
 
 def _rdp_epsilon(q, sigma1, sigma2, releases, delta, orders):
-    acc = rdp_privacy_accountant.RdpAccountant(orders, _RELATION)
-    with quiet_absl():
-        acc.compose(_iteration_event(q, sigma1, sigma2), releases)
-    return float(acc.get_epsilon(delta))
+    """By the core's accountant: the same RDP and conversion as every accountant of ebfl."""
+    acc = Accountant(orders=orders).compose(_iteration_event(q, sigma1, sigma2), releases)
+    return acc.get_epsilon(delta)
 
 
 def _pld_points(q, sigma1, sigma2, releases, delta, vdi):
@@ -381,13 +380,9 @@ def _pld_points(q, sigma1, sigma2, releases, delta, vdi):
 
 def _pld_refusal(q, sigma1, sigma2, releases, delta, vdi):
     """Why the PLD accountant is refused here (too much memory), or None."""
-    points = _pld_points(q, sigma1, sigma2, releases, delta, vdi)
-    if points <= MAX_PLD_POINTS:
-        return None
-    return (f"accountant='pld' would need a grid of about {points:.2g} points (at most "
-            f"{MAX_PLD_POINTS:g}) for q={q:g}, sigma1={sigma1:g}, sigma2={sigma2:g}, "
-            f"{releases} releases: raise value_discretization_interval (now {vdi:g}) or use "
-            "accountant='rdp'")
+    return pld_points_refusal(_pld_points(q, sigma1, sigma2, releases, delta, vdi),
+                              what=f"for q={q:g}, sigma1={sigma1:g}, sigma2={sigma2:g}, "
+                                   f"{releases} releases", vdi=vdi)
 
 
 def _pld_epsilon(q, sigma1, sigma2, releases, delta, vdi):
@@ -426,18 +421,17 @@ def rigorous_epsilon(sigma1, sigma2, sampling_rate, releases, delta, *, accounta
     delta : float
         In (0, 1).
     accountant : {"rdp", "pld"}, default="rdp"
-        ``"rdp"``: dp-accounting's Renyi DP accountant (exact RDP of the
-        subsampled Gaussian at integer orders, an upper bound at fractional
-        ones), converted by its improved conversion (Balle et al. 2020).
+        ``"rdp"``: the core's Renyi DP accountant
+        (:class:`ebfl.privacy.accounting.Accountant`: exact RDP of the
+        subsampled Gaussian at every order, the same curve as every accountant
+        of ebfl), converted by the improved conversion (Balle et al. 2020).
         ``"pld"``: its privacy-loss-distribution accountant (tighter;
         pessimistic discretization, still an upper bound).
     orders : array_like, optional
-        Renyi orders > 1 (RDP only); default dp-accounting's grid 1.1 ... 1024,
-        the project's convention (``ebfl.privacy.accounting.DEFAULT_ORDERS``).
-        Fractional orders at which dp-accounting's series does not converge
-        are left out (it says so through absl logging, silenced here).
+        Renyi orders in (1, 1e6] (RDP only); default dp-accounting's grid 1.25
+        ... 1024, the project's convention (``ebfl.privacy.accounting.DEFAULT_ORDERS``).
     value_discretization_interval : float, default=1e-4
-        PLD grid step, in [1e-6, 1]. A setting whose grid would exceed 1e6
+        PLD grid step, in [1e-8, 1]. A setting whose grid would exceed 2e6
         points (large epsilon, tiny noise) is refused with a ValueError.
 
     Returns
@@ -459,17 +453,17 @@ def rigorous_epsilon(sigma1, sigma2, sampling_rate, releases, delta, *, accounta
     ...                          warn=False)
     >>> eps = rigorous_epsilon(cal.sigma1, cal.sigma2, cal.sampling_rate, 20000, 1e-3)
     >>> eps.round(2).tolist()
-    [9.23, 9.07]
+    [9.09, 9.07]
     """
     scalar = all(np.ndim(a) == 0 for a in (sigma1, sigma2, sampling_rate))
     s1 = noise_iv(sigma1, "sigma1")
     s2 = noise_iv(sigma2, "sigma2")
     q = sampling_rate_iv(sampling_rate)
     releases = releases_iv(releases)
-    delta = delta_iv(delta)
+    delta = check_delta(delta)
     accountant = check_choice(accountant, "accountant", _ACCOUNTANTS)
-    orders = orders_iv(orders)
-    vdi = vdi_iv(value_discretization_interval)
+    orders = check_orders(orders)
+    vdi = check_vdi(value_discretization_interval)
     q, s1, s2 = broadcast(sampling_rate=q, sigma1=s1, sigma2=s2)
 
     def one(key):
@@ -623,7 +617,7 @@ def corollary4_epsilon(sigma1, sigma2, sampling_rate, releases, delta, *, form="
     s2 = noise_iv(sigma2, "sigma2")
     q = sampling_rate_iv(sampling_rate)
     releases = releases_iv(releases)
-    delta = delta_iv(delta)
+    delta = check_delta(delta)
     form = check_choice(form, "form", _FORMS)
     restrict = check_bool(restrict_order, "restrict_order")
     warn = check_bool(warn, "warn")
@@ -707,7 +701,7 @@ def dppfl_privacy_report(epsilon, delta, *, inner=2000, outer=10, drop_probabili
     drop = check_real_scalar(drop_probability, "drop_probability", low=0.0, high=1.0,
                              high_open=True)
     epsilon = check_positive_scalar(epsilon, "epsilon")
-    delta = delta_iv(delta)
+    delta = check_delta(delta)
     ratio = check_positive_scalar(ratio, "ratio")
     q = positive_rate_iv(sampling_rate)
     _report_epsilon_iv(epsilon, delta, releases, q, 1.0 - drop, ratio)
@@ -869,7 +863,7 @@ def calibrate_rdp(epsilon, delta, *, releases, sampling_rate, ratio=1.0):
     True
     """
     epsilon = check_positive_scalar(epsilon, "epsilon")
-    delta = delta_iv(delta)
+    delta = check_delta(delta)
     releases = releases_iv(releases)
     q = positive_rate_iv(sampling_rate)
     if q.ndim:

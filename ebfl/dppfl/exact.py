@@ -49,6 +49,20 @@ from ebfl.dppfl.objective import (
     primal_objective,
 )
 
+__all__ = [
+    "DualSolution",
+    "ExactRun",
+    "LinearRate",
+    "LocalSolution",
+    "exact_local_run",
+    "linear_rate",
+    "local_objective",
+    "local_solution_quality",
+    "local_strong_convexity",
+    "solve_dual_exactly",
+    "solve_local_exactly",
+]
+
 _LOSS_CODES = {"hinge": _kernels.HINGE, "smoothed_hinge": _kernels.SMOOTHED_HINGE,
                "squared": _kernels.SQUARED}
 #: Rows may exceed norm 1 by this much (rounding of an l2-normalization).

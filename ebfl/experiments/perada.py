@@ -45,7 +45,7 @@ from ebfl._validation import (
     check_positive_scalar,
     check_real_scalar,
 )
-from ebfl.privacy.accounting import quiet_absl
+from ebfl.privacy.accounting.core import quiet_absl
 
 __all__ = ["FULL", "QUICK", "PerAdaProtocol", "TABLE1_METHODS", "check_backbone_weights",
            "plot_perada", "reproduce_perada", "run_method"]

@@ -18,7 +18,7 @@ cites:
   updates, and its multiplier is z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2), so
   that the update and the count together are accounted as one Gaussian
   mechanism with multiplier z (Andrew et al., Theorem 1;
-  :func:`ebfl.privacy.dp_fedavg.adaptive_clipping_noise`).
+  :func:`ebfl.privacy.accounting.dp_fedavg.adaptive_clipping_noise`).
 
 Flower 1.41's adaptive-clipping wrappers get the last two points wrong (their
 clip norm follows the fraction of *clipped* updates, and their noise uses the

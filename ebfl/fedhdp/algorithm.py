@@ -63,7 +63,7 @@ from ebfl.learning.torch.functional import (
     replicate,
 )
 from ebfl.learning.torch.strategies import EVAL_CHUNK, Strategy, check_model, client_test_accuracy
-from ebfl.privacy.dp_fedavg import adaptive_clipping_noise
+from ebfl.privacy.accounting.dp_fedavg import adaptive_clipping_noise
 
 __all__ = ["FedHDP", "dp_fedavg_ditto", "hdp_fedavg_ditto", "non_private_ditto"]
 
@@ -139,7 +139,7 @@ class FedHDP(Strategy):
     noise_multiplier : float or sequence of float
         z_i per group, the multiplier each group's privacy is accounted at (0:
         no noise). With adaptive clipping the update noise uses z_Delta
-        (:func:`~ebfl.privacy.dp_fedavg.adaptive_clipping_noise`).
+        (:func:`~ebfl.privacy.accounting.dp_fedavg.adaptive_clipping_noise`).
     clip : float or None
         S^0, the initial clip norm (Table 7: 0.5); None: no clipping and no
         noise (the non-private baseline).
@@ -390,12 +390,12 @@ class FedHDP(Strategy):
 
         Returns
         -------
-        ebfl.privacy.guarantee.FedHDPPrivacy
+        ebfl.privacy.accounting.guarantee.FedHDPPrivacy
             ``epsilon`` per group (inf for a group with z = 0), ``in_model``,
             ``guarantee`` and ``condition``.
         """
-        from ebfl.privacy.dp_fedavg import fedhdp_group_epsilons
-        from ebfl.privacy.guarantee import FedHDPPrivacy, dp_fedavg_guarantee
+        from ebfl.privacy.accounting.dp_fedavg import fedhdp_group_epsilons
+        from ebfl.privacy.accounting.guarantee import FedHDPPrivacy, dp_fedavg_guarantee
 
         terms = dp_fedavg_guarantee(sampling=sampling, denominator=self.denominator)
         sampling_rate = check_real_scalar(sampling_rate, "sampling_rate", low=0.0, high=1.0,

@@ -25,14 +25,14 @@ Non-private+Ditto, DP-FedAvg+Ditto (every client private), HDP-FedAvg+Ditto
 (FedHDP with r = 1) and FedHDP with the ratio r.
 
 Privacy: the (epsilon, delta) of each run comes from the accountant
-(:func:`ebfl.privacy.dp_fedavg.dp_fedavg_epsilon`, Poisson-sampled Gaussian at
+(:func:`ebfl.privacy.accounting.dp_fedavg.dp_fedavg_epsilon`, Poisson-sampled Gaussian at
 z = 1.5, q = 0.05, 500 rounds): 3.608 at delta = 1e-4, the paper's 3.6. The
 paper's Algorithm 2 divides each group's noisy sum by the round's realized
 count N_i^t, which depends on who took part; the accountant's epsilon is a
 proof for the variant with expected counts (``denominator="expected"``), which
 this module runs on request. Every run record and table row carries
 ``guarantee`` (``"proof"`` or ``"conditional"``), ``in_model`` and
-``condition`` beside its epsilon (:func:`ebfl.privacy.guarantee.dp_fedavg_guarantee`).
+``condition`` beside its epsilon (:func:`ebfl.privacy.accounting.guarantee.dp_fedavg_guarantee`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ebfl._validation import check_bool, check_choice, check_int_scalar
-from ebfl.privacy.guarantee import DENOMINATORS, dp_fedavg_guarantee
+from ebfl.privacy.accounting.guarantee import DENOMINATORS, dp_fedavg_guarantee
 
 __all__ = [
     "ALGORITHMS",
@@ -124,7 +124,7 @@ class FedHDPRun:
         What ``epsilon`` is a proof for: ``sampling``, ``denominator``,
         ``neighboring_relation``, ``accountant_model``, ``in_model``,
         ``guarantee`` (``"proof"`` or ``"conditional"``) and ``condition``
-        (:func:`ebfl.privacy.guarantee.dp_fedavg_guarantee`).
+        (:func:`ebfl.privacy.accounting.guarantee.dp_fedavg_guarantee`).
     """
 
     algorithm: str
@@ -292,7 +292,7 @@ def run_fedhdp(fed, algorithm, *, r=None, lam=0.005, protocol=MNIST_PROTOCOL, ro
                              all_nonprivate=algorithm == "Non-Private+Ditto")
     epsilon = math.inf
     if algorithm != "Non-Private+Ditto":
-        from ebfl.privacy.dp_fedavg import dp_fedavg_epsilon
+        from ebfl.privacy.accounting.dp_fedavg import dp_fedavg_epsilon
 
         epsilon = float(dp_fedavg_epsilon(sampling_rate=k / fed.n_clients,
                                           noise_multiplier=p["noise_multiplier"],

@@ -2,18 +2,16 @@
 
 from ebfl.privacy.accounting import (
     DPAdaPeDAccountant,
-    PrivacySpent,
-    dp_adaped_epsilon,
-    rdp_to_delta,
-    rdp_to_epsilon,
-    theorem7_rdp,
-)
-from ebfl.privacy.dp_fedavg import (
     DPFedAvgPrivacy,
+    PrivacySpent,
     adaptive_clipping_noise,
+    dp_adaped_epsilon,
     dp_fedavg_epsilon,
     dp_fedavg_noise_multiplier,
     fedhdp_group_epsilons,
+    rdp_to_delta,
+    rdp_to_epsilon,
+    theorem7_rdp,
 )
 from ebfl.privacy.estimators import (
     PrivateBernoulliEstimate,

@@ -174,7 +174,7 @@ def theorem4_shrinkage(x, n, release, included, sums):
 
 def corrected_shrinkage(x, n, release, included, sums, inv_trials_total, mechanism, variance,
                          ucb_z):
-    """The weights of :func:`private_bernoulli_corrected` (see its Notes).
+    """The weights of :func:`~ebfl.privacy.private_bernoulli_corrected` (see its Notes).
 
     ``inv_trials_total``: sum of 1/n_l over the m clients in ``sums``; ``mechanism``:
     the Laplace mechanism of the releases (its variance is subtracted).

@@ -4,9 +4,9 @@ A check is registered where its paper lives: the generative framework's in
 :mod:`ebfl.validation.checks`, FedHDP's in :mod:`ebfl.fedhdp.checks`, DP-PFL's in
 :mod:`ebfl.dppfl.checks`. Those packages sit above this layer (they import it to
 register), so the registry names them in :data:`PROVIDERS` instead of importing
-them, and imports them the first time anyone reads :data:`CHECKS` or
+them, and imports them the first time anyone reads :data:`~ebfl.validation.CHECKS` or
 :func:`figure_sets`: the same plug-in pattern as entry points, without packaging
-metadata. Reading :data:`CHECKS` therefore always shows every check, in
+metadata. Reading :data:`~ebfl.validation.CHECKS` therefore always shows every check, in
 :data:`PROVIDERS` order.
 """
 

@@ -6,7 +6,7 @@ clips each sample's gradient to L2 norm at most C, sums the clipped gradients,
 adds N(0, (z C)^2) to every coordinate and divides by the *expected* batch
 size q n. Under add-or-remove-one-sample neighbours one step is the
 Poisson-subsampled Gaussian mechanism of rate q and noise multiplier z, the
-event :func:`ebfl.privacy.dp_fedavg.dp_fedavg_epsilon` accounts (there with
+event :func:`ebfl.privacy.accounting.dp_fedavg.dp_fedavg_epsilon` accounts (there with
 clients in place of samples).
 
 Everything is vectorized over K stacked clients with ``torch.func``: a

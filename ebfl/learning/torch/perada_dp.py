@@ -68,11 +68,8 @@ from ebfl.learning.torch.functional import (
     sgd_step,
 )
 from ebfl.learning.torch.perada import _KEY_RANGE, DROPOUT_KEY, PerAda
-from ebfl.privacy.dp_fedavg import (
-    NOISE_MULTIPLIER_RANGE,
-    dp_fedavg_epsilon,
-    dp_fedavg_noise_multiplier,
-)
+from ebfl.privacy.accounting.core import NOISE_MULTIPLIER_RANGE
+from ebfl.privacy.accounting.dp_fedavg import dp_fedavg_epsilon, dp_fedavg_noise_multiplier
 
 __all__ = ["ClientPrivacy", "DPDitto", "DPPerAda", "batchnorm_eval", "calibrate_noise_multiplier",
            "client_epsilons", "client_sampling_rates"]
@@ -268,7 +265,7 @@ def client_epsilons(n_train, *, noise_multiplier, rounds, local_steps, delta, sa
     (one on each of its two models per local iteration, each on a fresh Poisson
     batch at rate q_m); each step is a Poisson-subsampled Gaussian event of
     noise multiplier z, and all of them compose. The count is passed to
-    :func:`ebfl.privacy.dp_fedavg.dp_fedavg_epsilon` as its number of
+    :func:`ebfl.privacy.accounting.dp_fedavg.dp_fedavg_epsilon` as its number of
     "rounds" (the same event, with samples in place of clients).
 
     Parameters
@@ -276,7 +273,7 @@ def client_epsilons(n_train, *, noise_multiplier, rounds, local_steps, delta, sa
     n_train : array_like of int (m,)
         Training samples per client.
     noise_multiplier : float
-        z: 0 (epsilon = +inf) or in [1e-3, 1e6].
+        z: 0 (epsilon = +inf) or in [1e-3, 1e8].
     rounds : int
         Rounds of the run (>= 0).
     local_steps : int
@@ -290,7 +287,7 @@ def client_epsilons(n_train, *, noise_multiplier, rounds, local_steps, delta, sa
         participation as in Table 4 of PerAda). With partial participation and
         no count given, ``rounds`` makes every epsilon an upper bound.
     accountant : {"rdp", "pld"}
-        As :func:`~ebfl.privacy.dp_fedavg.dp_fedavg_epsilon`.
+        As :func:`~ebfl.privacy.accounting.dp_fedavg.dp_fedavg_epsilon`.
 
     Returns
     -------
@@ -337,7 +334,7 @@ def calibrate_noise_multiplier(epsilon, delta, *, n_train, rounds, local_steps,
 
     The binding client is the one with the largest rate q_m (the smallest
     client under a fixed ``expected_batch``); z is
-    :func:`~ebfl.privacy.dp_fedavg.dp_fedavg_noise_multiplier` at that rate
+    :func:`~ebfl.privacy.accounting.dp_fedavg.dp_fedavg_noise_multiplier` at that rate
     over ``2 * rounds * local_steps`` steps.
 
     Parameters
@@ -350,7 +347,7 @@ def calibrate_noise_multiplier(epsilon, delta, *, n_train, rounds, local_steps,
 
     Returns
     -------
-    ebfl.privacy.dp_fedavg.NoiseCalibration
+    ebfl.privacy.accounting.dp_fedavg.NoiseCalibration
         Its ``rounds`` field holds the step count, ``sampling_rate`` the binding
         client's rate; ``converged`` False (with a RuntimeWarning) when the
         target is out of reach.
@@ -506,7 +503,7 @@ class DPPerAda(_DPSGDClients, PerAda):
     clip : float
         C > 0, the per-sample L2 clip over the adapter's parameters.
     noise_multiplier : float
-        z: 0 (no privacy) or in [1e-3, 1e6]; noise N(0, (z C)^2) per coordinate.
+        z: 0 (no privacy) or in [1e-3, 1e8]; noise N(0, (z C)^2) per coordinate.
     sampling_rate : float, optional
         The same Poisson rate q in (0, 1] for every client.
     expected_batch : float, optional

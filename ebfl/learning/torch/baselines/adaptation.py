@@ -1,6 +1,7 @@
 """Adapting a global model on each client's own training set, and the baselines' shared parts.
 
-:func:`full_batch_steps` and :func:`minibatch_steps` are the local fine-tuning of
+:func:`~ebfl.learning.torch.baselines.full_batch_steps` and
+:func:`~ebfl.learning.torch.baselines.minibatch_steps` are the local fine-tuning of
 :class:`~ebfl.learning.torch.baselines.FedAvgFT` and
 :class:`~ebfl.learning.torch.baselines.PerFedAvg` at evaluation time; the mixins
 below hold what every baseline with one global model shares.
@@ -127,8 +128,8 @@ def minibatch_steps(model, stack, data, steps, lr, weight_decay=0.0, *, batch_si
     ``stream_seed(seed, 0, c, "evaluate")`` (:mod:`ebfl.federated.streams`), so
     it gets the same batches whether it is adapted alone or with others, and
     the draws are independent of the training run's. Much cheaper than
-    :func:`full_batch_steps` on large clients. The model runs in its current
-    mode (in train mode, BatchNorm running statistics in the stack are updated).
+    :func:`~ebfl.learning.torch.baselines.full_batch_steps` on large clients. The model
+    runs in its current mode (in train mode, BatchNorm running statistics in the stack are updated).
 
     Parameters
     ----------

@@ -250,7 +250,7 @@ class DPFedEM(GaussianRelease, FedEM):
     clip, noise : float
         C > 0 and sigma >= 0.
     **kwargs
-        As :class:`FedEM`.
+        As :class:`~ebfl.learning.torch.baselines.FedEM`.
 
     Examples
     --------

@@ -34,7 +34,8 @@ class FedAvgFT(_OneGlobalModel, _AdaptedGlobal, FedAvg):
     training set, computed at evaluation time in :meth:`personal`. Ozkara et
     al. give no fine-tuning details (Section 4.1): full-batch steps make the
     personal models deterministic; with ``finetune_batch`` the minibatches
-    come from each client's own stream (see :func:`minibatch_steps`; the
+    come from each client's own stream (see
+    :func:`~ebfl.learning.torch.baselines.minibatch_steps`; the
     client keeps its stream's seed, derived from the run's seed and its id,
     in its state ``adapt_seed``). The learning-rate decay is not applied to
     the fine-tuning. Fine-tuning runs in train mode: BatchNorm layers normalize

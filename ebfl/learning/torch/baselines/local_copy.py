@@ -260,7 +260,8 @@ class PerFedAvg(_AdaptedGlobal, _LocalCopyOfGlobal):
     is one adaptation step ``w - alpha grad f_i(w)`` from the global model on
     its whole training set (full batch, deterministic), or on one minibatch of
     ``adapt_batch`` samples from the client's own stream (as
-    :class:`FedAvgFT`'s ``finetune_batch``); computed in :meth:`personal`, like
+    :class:`~ebfl.learning.torch.baselines.FedAvgFT`'s ``finetune_batch``); computed in
+    :meth:`personal`, like
     the paper's evaluation after one local step. Notation is Fallah et al.'s:
     alpha the adaptation (inner) rate, beta the outer rate. Only beta decays per
     epoch; alpha, which also defines the evaluated model, stays fixed; weight

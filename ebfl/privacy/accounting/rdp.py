@@ -1,4 +1,12 @@
-"""Renyi DP of the Poisson-subsampled Gaussian at fractional orders, by quadrature.
+"""Renyi DP of the Gaussian mechanisms every accountant of ebfl composes.
+
+:func:`event_rdp` is the one RDP of a mechanism event under add/remove-one
+neighbours: the Gaussian in closed form, the Poisson-subsampled Gaussian by
+:func:`poisson_gaussian_rdp` (exact at every order, below), their
+compositions by addition; any other event by dp-accounting.
+
+The Poisson-subsampled Gaussian at fractional orders, by quadrature
+-------------------------------------------------------------------
 
 Under add/remove-one neighbours, one round of DP-FedAvg (sampling rate q,
 noise multiplier z) has RDP of order alpha > 1
@@ -37,9 +45,15 @@ from dp_accounting.privacy_accountant import NeighboringRelation
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import integrate, special
 
-from ebfl.privacy.accounting import quiet_absl
+from ebfl.privacy.accounting.core import (
+    NOISE_MULTIPLIER_RANGE,
+    check_noise_multiplier,
+    check_orders,
+    check_sampling_rate,
+    quiet_absl,
+)
 
-__all__ = ["poisson_gaussian_rdp"]
+__all__ = ["event_rdp", "poisson_gaussian_rdp"]
 
 #: Standard deviations kept on each side of the integrand's peaks (the
 #: Gaussian factor is below exp(-800) of its peak beyond them).
@@ -174,7 +188,7 @@ def poisson_gaussian_rdp(sampling_rate, noise_multiplier, orders):
     sampling_rate : float
         q in (0, 1].
     noise_multiplier : float
-        z in [1e-3, 1e6] (noise std over the L2 sensitivity).
+        z in [1e-3, 1e8] (noise std over the L2 sensitivity).
     orders : array_like (n,)
         Renyi orders in (1, 1e6], at most 1000 of them.
 
@@ -196,10 +210,8 @@ def poisson_gaussian_rdp(sampling_rate, noise_multiplier, orders):
     >>> [round(float(v), 6) for v in rdp]  # dp-accounting's series: 0.003597 at 1.5
     [0.003054, 0.004287]
     """
-    from ebfl.privacy.dp_fedavg import _noise_iv, _orders_iv, _sampling_rate_iv
-
-    return _rdp(_sampling_rate_iv(sampling_rate), _noise_iv(noise_multiplier),
-                _orders_iv(orders))
+    return _rdp(check_sampling_rate(sampling_rate), check_noise_multiplier(noise_multiplier),
+                check_orders(orders))
 
 
 def _rdp(q, z, orders):
@@ -233,3 +245,52 @@ def _order_rdp(q, z, alpha):
         return float(np.logaddexp(0.0, _log_a_minus_one_integer(q, z, alpha))) / (alpha - 1.0)
     log_a = float(np.logaddexp(0.0, _log_a_minus_one(q, z, alpha)))  # A = 1 + (A - 1)
     return log_a / (alpha - 1.0) * (1.0 + 1e-8)
+
+
+def event_rdp(event, orders):
+    """RDP curve of a dp-accounting event under add/remove-one neighbours, at ``orders``.
+
+    ``GaussianDpEvent`` has RDP alpha/(2 z^2); a ``PoissonSampledDpEvent`` of a
+    Gaussian has :func:`poisson_gaussian_rdp`'s; composed events add their
+    curves and a self-composed one multiplies by its count. Any other event
+    goes to dp-accounting's ``RdpAccountant`` (so does a sampled Gaussian whose noise
+    multiplier is outside [1e-3, 1e8], where the quadrature is not
+    validated; DP-AdaPeD derives such multipliers from its clip norms and
+    noise scales). Every accountant of ebfl
+    computes its RDP here, so two accountants of the same mechanism give the
+    same curve to the last bit.
+
+    Parameters
+    ----------
+    event : dp_accounting.DpEvent
+    orders : ndarray of float64 (n,)
+        Validated Renyi orders (:func:`~ebfl.privacy.accounting.core.check_orders`).
+
+    Returns
+    -------
+    ndarray (n,)
+
+    Examples
+    --------
+    >>> from dp_accounting import dp_event
+    >>> event_rdp(dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(2.0), 10),
+    ...           np.array([2.0, 8.0])).tolist()
+    [2.5, 10.0]
+    """
+    if isinstance(event, dp_event.GaussianDpEvent):
+        return orders / (2.0 * event.noise_multiplier ** 2)
+    lo, hi = NOISE_MULTIPLIER_RANGE
+    if (isinstance(event, dp_event.PoissonSampledDpEvent)
+            and isinstance(event.event, dp_event.GaussianDpEvent)
+            and lo <= event.event.noise_multiplier <= hi):
+        return _rdp(event.sampling_probability, event.event.noise_multiplier, orders)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return sum((event_rdp(e, orders) for e in event.events), np.zeros(orders.size))
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return event.count * event_rdp(event.event, orders)
+    acc = rdp_privacy_accountant.RdpAccountant(orders, NeighboringRelation.ADD_OR_REMOVE_ONE)
+    if not acc.supports(event):
+        raise ValueError(f"dp-accounting's RdpAccountant does not support {event!r}")
+    with quiet_absl():
+        acc.compose(event)
+    return np.asarray(acc.rdp, dtype=np.float64)

@@ -2,13 +2,15 @@
 
 Two things live here, kept apart on purpose:
 
-* the paper's bound, :func:`theorem7_rdp`, reproduced exactly as printed
-  together with the paper's RDP -> (epsilon, delta) conversion (Lemma 2,
-  :func:`rdp_to_epsilon`, :func:`rdp_to_delta`);
+* the paper's bound, :func:`theorem7_rdp`, reproduced exactly as printed; the
+  paper's RDP -> (epsilon, delta) conversion (its Lemma 2) is the core's
+  improved conversion (:func:`~ebfl.privacy.accounting.core.rdp_to_epsilon`,
+  :func:`~ebfl.privacy.accounting.core.rdp_to_delta`);
 * a correct accountant, :class:`DPAdaPeDAccountant` (and the one-call
   :func:`dp_adaped_epsilon`), that models one synchronization round as a
-  (sub)sampled Gaussian mechanism with the sensitivity tau C (errata [!13]) and hands
-  the composition to ``dp_accounting`` (RDP or PLD).
+  (sub)sampled Gaussian mechanism with the sensitivity tau C (errata [!13]) and
+  composes it on the core (:class:`~ebfl.privacy.accounting.accountant.Accountant`:
+  RDP or PLD).
 
 The layering follows Opacus: pure keyword-only functions do the maths; the
 accountant only records ``(noise_multiplier, sampling, rounds)`` and delegates.
@@ -30,80 +32,48 @@ Conventions used throughout
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import logging
 import math
 from dataclasses import dataclass
 
 import numpy as np
 from dp_accounting import dp_event
-from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from ebfl._validation import (
-    as_real_array,
-    check_choice,
-    check_finite_array,
-    check_int_scalar,
-    check_positive_scalar,
+from ebfl._validation import check_choice, check_int_scalar, check_positive_scalar
+from ebfl.privacy.accounting.accountant import Accountant
+from ebfl.privacy.accounting.core import (
+    DEFAULT_VDI,
+    check_orders,
+    check_pld_points,
+    gaussian_pld_points,
 )
 
 __all__ = [
-    "DEFAULT_ORDERS",
     "DPAdaPeDAccountant",
     "PrivacySpent",
     "RoundRecord",
     "dp_adaped_epsilon",
     "dp_adaped_noise_multiplier",
-    "rdp_to_delta",
-    "rdp_to_epsilon",
     "theorem7_rdp",
 ]
 
-#: RDP orders used when none are given (dp-accounting's default grid, from 1.1 to 1024).
-DEFAULT_ORDERS = tuple(float(a) for a in rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
 
 #: Accepted range of clip norms and noise standard deviations: noise multipliers
 #: then stay in [1e-108, 1e108] and every RDP value below 1e240.
 SCALE_RANGE = (1e-50, 1e50)
 #: Largest count (clients, iterations, rounds): exactly representable as a float.
 MAX_COUNT = 2**53
-#: Largest Renyi order accepted (the default grid stops at 1024).
-MAX_ORDER = 1e6
-#: Accepted range of the PLD discretization interval.
-VDI_RANGE = (1e-8, 1.0)
-#: Largest PLD grid (points per round) accepted; beyond it dp-accounting runs out of memory.
-MAX_PLD_POINTS = 5e7
 
 _SAMPLINGS = ("without_replacement", "poisson")
 _TRUSTS = ("aggregator", "local")
-_ACCOUNTANTS = ("rdp", "pld")
-_METHODS = ("lemma2", "classic")
 
 
 # --------------------------------------------------------------------------- validation
 
 
 
-
-
-@contextlib.contextmanager
-def quiet_absl():
-    """Silence dp-accounting's absl log lines below ERROR for the duration.
-
-    Its RDP accountant logs every fractional order whose series does not
-    converge (hundreds of lines at large sampling rates) and leaves it out,
-    which can only raise epsilon.
-    """
-    log = logging.getLogger("absl")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
 
 
 def _count(value, name, minimum=1):
@@ -119,46 +89,6 @@ def _scale(value, name):
     if not lo <= value <= hi:
         raise ValueError(f"{name} must lie in [{lo:g}, {hi:g}], got {value!r}")
     return value
-
-
-def _epsilon_iv(epsilon):
-    return check_positive_scalar(epsilon, "epsilon")
-
-
-def _delta_iv(delta):
-    delta = check_positive_scalar(delta, "delta")
-    if not delta < 1.0:
-        raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
-    return delta
-
-
-def _orders_iv(orders, *, ndim=1):
-    try:
-        orders = check_finite_array(orders, "orders", ndim=ndim)
-    except OverflowError:
-        raise ValueError("orders must be finite real numbers in (1, 1e6]; got an integer "
-                         "too large for float64") from None
-    if np.any(orders <= 1.0):
-        raise ValueError(f"orders must all be > 1 (Renyi orders alpha > 1); "
-                         f"smallest is {float(np.min(orders))!r}")
-    if np.any(orders > MAX_ORDER):
-        raise ValueError(f"orders must lie in (1, {MAX_ORDER:g}]; largest is "
-                         f"{float(np.max(orders))!r}")
-    return orders
-
-
-def _rdp_iv(orders, rdp):
-    orders = _orders_iv(orders)
-    try:  # refuses complex values and text (np.asarray(..., float) would drop or parse them)
-        rdp = as_real_array(rdp, "rdp")
-    except OverflowError:
-        raise ValueError("rdp must be >= 0 (+inf allowed); got an integer too large for "
-                         "float64") from None
-    if rdp.shape != orders.shape:
-        raise ValueError(f"rdp must have the shape of orders {orders.shape}, got {rdp.shape}")
-    if np.any(np.isnan(rdp)) or np.any(rdp < 0):
-        raise ValueError("rdp must be >= 0 (+inf allowed) with no NaN")
-    return orders, rdp
 
 
 def _rounds_iv(n_iterations, sync_gap):
@@ -232,7 +162,7 @@ def theorem7_rdp(orders, *, n_clients, n_sampled, n_iterations, sync_gap, clip_m
     See Also
     --------
     DPAdaPeDAccountant : a correct accountant for the same mechanism.
-    rdp_to_epsilon : Lemma 2 conversion to (epsilon, delta)-DP.
+    ebfl.privacy.accounting.core.rdp_to_epsilon : Lemma 2 conversion to (epsilon, delta)-DP.
 
     Notes
     -----
@@ -264,7 +194,7 @@ def theorem7_rdp(orders, *, n_clients, n_sampled, n_iterations, sync_gap, clip_m
     0.582
     """
     scalar = np.ndim(orders) == 0
-    orders = _orders_iv(orders, ndim=(0, 1))
+    orders = check_orders(np.atleast_1d(orders) if scalar else orders)
     n_clients = _count(n_clients, "n_clients")
     n_sampled = _sampled_iv(n_sampled, n_clients)
     n_rounds, _ = _rounds_iv(n_iterations, sync_gap)
@@ -273,139 +203,7 @@ def theorem7_rdp(orders, *, n_clients, n_sampled, n_iterations, sync_gap, clip_m
     per_alpha = ((n_sampled / n_clients) ** 2 * 6.0 * n_rounds
                  * sum((c / s) ** 2 / n_sampled for c, s in blocks))
     rdp = per_alpha * orders
-    return float(rdp) if scalar else rdp
-
-
-# --------------------------------------------------------------------------- conversions
-
-
-def rdp_to_epsilon(orders, rdp, delta, *, method="lemma2"):
-    r"""Smallest epsilon such that an RDP curve gives (epsilon, delta)-DP.
-
-    Parameters
-    ----------
-    orders : array_like of shape (n_orders,)
-        Renyi orders, each > 1.
-    rdp : array_like of shape (n_orders,)
-        epsilon(alpha) at each order, >= 0 (+inf allowed).
-    delta : float
-        Target delta in (0, 1).
-    method : {"lemma2", "classic"}, default="lemma2"
-        ``"lemma2"``: the paper's Lemma 2,
-
-        .. math:: \varepsilon = \min_\lambda \varepsilon(\lambda)
-                  + \frac{\log(1/\delta) + (\lambda-1)\log(1-1/\lambda) - \log\lambda}
-                         {\lambda-1}.
-
-        ``"classic"``: Mironov's Proposition 3,
-        min over lambda of epsilon(lambda) + log(1/delta)/(lambda - 1).
-
-    Returns
-    -------
-    epsilon : float
-        The minimum over the given orders (a valid bound; finer grids can only
-        lower it).
-
-    Notes
-    -----
-    Lemma 2 is the conversion of Balle et al. (2020, Prop. 12) and Asoodeh et
-    al. (2021, eq. 20), which is what ``dp_accounting.rdp.compute_epsilon``
-    implements: r + log1p(-1/a) - log(delta a)/(a - 1) is the same expression.
-    It is therefore delegated to dp-accounting rather than re-derived. The
-    library adds two refinements that only help: orders in (1, 1.01] are
-    skipped (numerically unstable there, so they give +inf), and an order
-    whose RDP satisfies delta >= sqrt(1 - exp(-epsilon(alpha))) yields
-    epsilon = 0 (the KL/Pinsker bound). The result is clipped at 0.
-
-    Examples
-    --------
-    With epsilon(alpha) = c alpha the classic conversion has the closed form
-    c + 2 sqrt(c log(1/delta)) at lambda* = 1 + sqrt(log(1/delta)/c):
-
-    >>> c, delta = 0.5, 1e-5
-    >>> lam = 1 + np.sqrt(np.log(1 / delta) / c)
-    >>> round(rdp_to_epsilon([lam], [c * lam], delta, method="classic"), 6)
-    5.298526
-    >>> round(float(c + 2 * np.sqrt(c * np.log(1 / delta))), 6)
-    5.298526
-    >>> orders = np.linspace(1.5, 30, 300)
-    >>> rdp_to_epsilon(orders, c * orders, delta) < 5.298526  # Lemma 2 is tighter
-    True
-    """
-    return _rdp_to_epsilon_and_order(orders, rdp, delta, method)[0]
-
-
-def _rdp_to_epsilon_and_order(orders, rdp, delta, method):
-    orders, rdp = _rdp_iv(orders, rdp)
-    delta = _delta_iv(delta)
-    check_choice(method, "method", _METHODS)
-    if method == "lemma2":
-        # dp-accounting's improved conversion is Lemma 2 (see rdp_to_epsilon Notes).
-        eps, order = rdp_privacy_accountant.compute_epsilon(orders, rdp, delta)
-        return float(eps), float(order)
-    eps = rdp - math.log(delta) / (orders - 1.0)   # not log(1/delta): 1/5e-324 overflows
-    best = int(np.argmin(eps))
-    return float(eps[best]), float(orders[best])
-
-
-def rdp_to_delta(orders, rdp, epsilon):
-    r"""Smallest delta such that an RDP curve gives (epsilon, delta)-DP (Lemma 2).
-
-    .. math:: \delta = \min_\lambda \frac{\exp((\lambda-1)(\varepsilon(\lambda)-\varepsilon))}
-                                        {\lambda-1}\Big(1-\frac{1}{\lambda}\Big)^\lambda
-
-    Parameters
-    ----------
-    orders : array_like of shape (n_orders,)
-        Renyi orders, each > 1.
-    rdp : array_like of shape (n_orders,)
-        epsilon(alpha) at each order, >= 0 (+inf allowed).
-    epsilon : float
-        Target epsilon, > 0.
-
-    Returns
-    -------
-    delta : float
-        In [0, 1].
-
-    Notes
-    -----
-    The same computation as ``dp_accounting.rdp.compute_delta``, whose bound
-    (a - 1)(r - eps + log1p(-1/a)) - log a is the logarithm of the printed
-    formula (expand (1 - 1/a)^a / (a - 1)). As for :func:`rdp_to_epsilon`, it
-    skips orders <= 1.01, also takes the KL bound sqrt(1 - exp(-r)), and caps
-    delta at 1. It is written out (and tested against dp-accounting) because
-    dp-accounting fails on RDP values below 1.1e-16.
-
-    Examples
-    --------
-    It inverts :func:`rdp_to_epsilon` (Lemma 2) on the same orders:
-
-    >>> orders = np.array([2.0, 4.0, 8.0, 16.0, 32.0])
-    >>> eps = rdp_to_epsilon(orders, 0.05 * orders, 1e-5)
-    >>> round(eps, 4), f"{rdp_to_delta(orders, 0.05 * orders, eps):.6g}"
-    (1.3182, '1e-05')
-    """
-    orders, rdp = _rdp_iv(orders, rdp)
-    epsilon = _epsilon_iv(epsilon)
-    return _lemma2_delta(orders, rdp, epsilon)
-
-
-def _lemma2_delta(orders, rdp, epsilon):
-    """dp-accounting's ``compute_delta``, written out so that tiny RDP values work.
-
-    Written by hand because dp-accounting 0.6 evaluates the KL bound as
-    0.5 log1p(-exp(-r)), which raises "math domain error" for 0 < r < 1.1e-16
-    (exp(-r) rounds to 1); -expm1(-r) is the same quantity without that flaw.
-    Same bounds otherwise: KL for every order, Lemma 2 for orders > 1.01,
-    minimum over orders, capped at 1.
-    """
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        kl = np.where(rdp > 0, 0.5 * np.log(-np.expm1(-rdp)), -np.inf)
-        lemma2 = ((orders - 1.0) * (rdp - epsilon + np.log1p(-1.0 / orders))
-                  - np.log(orders))
-    log_delta = np.where(orders > 1.01, np.minimum(kl, lemma2), kl)
-    return float(min(math.exp(float(np.min(log_delta))), 1.0))
+    return float(rdp[0]) if scalar else rdp
 
 
 # --------------------------------------------------------------------------- mechanism model
@@ -614,7 +412,7 @@ class PrivacySpent:
     neighboring_relation: str
 
 
-class DPAdaPeDAccountant:
+class DPAdaPeDAccountant(Accountant):
     r"""Correct user-level accountant for DP-AdaPeD, built on dp-accounting.
 
     Records synchronization rounds with :meth:`step` and converts them with
@@ -640,10 +438,10 @@ class DPAdaPeDAccountant:
         dp-accounting's ``RdpAccountant`` (conversion = Lemma 2) or
         ``PLDAccountant`` (tighter; pessimistic discretization).
     orders : array_like of shape (n_orders,), default=None
-        RDP orders (> 1); None uses :data:`DEFAULT_ORDERS`. RDP only.
+        RDP orders (> 1); None uses :data:`~ebfl.privacy.accounting.core.DEFAULT_ORDERS`. RDP only.
     value_discretization_interval : float, default=1e-4
         PLD discretization, in [1e-8, 1]. PLD only; :meth:`step` refuses rounds
-        whose grid would exceed 5e7 points (tiny noise multipliers).
+        whose grid would exceed 2e6 points (tiny noise multipliers).
 
     Attributes
     ----------
@@ -713,21 +511,14 @@ class DPAdaPeDAccountant:
     """
 
     def __init__(self, n_clients, *, sampling="without_replacement", trust="aggregator",
-                 accountant="rdp", orders=None, value_discretization_interval=1e-4):
+                 accountant="rdp", orders=None, value_discretization_interval=DEFAULT_VDI):
         self.n_clients = _count(n_clients, "n_clients")
         self.sampling = check_choice(sampling, "sampling", _SAMPLINGS)
         self.trust = check_choice(trust, "trust", _TRUSTS)
-        self.accountant = check_choice(accountant, "accountant", _ACCOUNTANTS)
-        self.orders = _orders_iv(DEFAULT_ORDERS if orders is None else orders)
-        vdi = check_positive_scalar(value_discretization_interval,
-                    "value_discretization_interval")
-        if not VDI_RANGE[0] <= vdi <= VDI_RANGE[1]:
-            raise ValueError(f"value_discretization_interval must lie in [{VDI_RANGE[0]:g}, "
-                             f"{VDI_RANGE[1]:g}], got {vdi!r}")
-        self.value_discretization_interval = vdi
+        super().__init__(accountant=accountant, orders=orders,
+                         value_discretization_interval=value_discretization_interval)
         self.neighboring_relation = _relation(self.sampling, self.trust)
         self.history = []
-        self._cache = (None, None)   # (recorded history, composed dp-accounting accountant)
 
     # ------------------------------------------------------------------ recording
 
@@ -751,7 +542,14 @@ class DPAdaPeDAccountant:
                 "PLDAccountant has no SampledWithoutReplacementDpEvent; use accountant='rdp' "
                 "or sampling='poisson'")
         if self.accountant == "pld":
-            self._check_pld_size(z)
+            # Sensitivity in units of the norm bound: 2 under REPLACE_ONE, else 1; the grid
+            # keeps 8.3 standard deviations each side (dp-accounting's tail mass).
+            sensitivity = (2.0 if self.neighboring_relation is NeighboringRelation.REPLACE_ONE
+                           else 1.0)
+            vdi = self.value_discretization_interval
+            check_pld_points(gaussian_pld_points(z, vdi, sensitivity=sensitivity,
+                                                 tail_sds=8.3),
+                             what=f"per round at noise multiplier z={z:.3g}", vdi=vdi)
         last = self.history[-1] if self.history else None
         if last is not None and (last.noise_multiplier, last.n_sampled) == (z, n_sampled):
             self.history[-1] = RoundRecord(z, n_sampled, rate, last.n_rounds + n_rounds)
@@ -759,24 +557,10 @@ class DPAdaPeDAccountant:
             self.history.append(RoundRecord(z, n_sampled, rate, n_rounds))
         return self
 
-    def _check_pld_size(self, z):
-        """Refuse a PLD grid too large to build (dp-accounting would run out of memory).
-
-        With sensitivity D in units of the norm bound (2 under REPLACE_ONE, else
-        1), the privacy loss of a Gaussian of noise multiplier z is linear in
-        the output and spans about (2 t + D/z) D/z over the kept tails
-        (t = 8.3 standard deviations); the grid has that span over the
-        discretization interval points.
-        """
-        ratio = (2.0 if self.neighboring_relation is NeighboringRelation.REPLACE_ONE
-                 else 1.0) / z
-        points = (2.0 * 8.3 + ratio) * ratio / self.value_discretization_interval
-        if points > MAX_PLD_POINTS:
-            raise ValueError(
-                f"accountant='pld' would need about {points:.2g} grid points per round for "
-                f"noise multiplier z={z:.3g}: raise the noise (noise_mu/noise_psi), raise "
-                f"value_discretization_interval (now {self.value_discretization_interval:g}), "
-                f"or use accountant='rdp'")
+    def compose(self, event, count=1):
+        """Not available: record rounds with :meth:`step`."""
+        raise TypeError("DPAdaPeDAccountant records synchronization rounds with step(); "
+                        "use ebfl.privacy.accounting.Accountant for arbitrary events")
 
     @property
     def n_rounds(self):
@@ -804,46 +588,19 @@ class DPAdaPeDAccountant:
 
     # ------------------------------------------------------------------ delegation
 
-    def _composed(self):
-        key = tuple(self.history)
-        if self._cache[0] != key:
-            self._cache = (key, self._compose())
-        return self._cache[1]
+    def _key(self):
+        return tuple(self.history)
 
-    def _compose(self):
-        if self.accountant == "rdp":
-            acc = rdp_privacy_accountant.RdpAccountant(self.orders, self.neighboring_relation)
-            event = self.event
-            if self.neighboring_relation is NeighboringRelation.REPLACE_ONE:
-                event = _scale_gaussians(event, _rdp_replace_one_factors())
-        else:
-            acc = pld_privacy_accountant.PLDAccountant(
-                self.neighboring_relation, self.value_discretization_interval)
-            event = self.event
+    def _rdp_curve(self):
+        if self.neighboring_relation is NeighboringRelation.ADD_OR_REMOVE_ONE:
+            return super()._rdp_curve()
+        acc = rdp_privacy_accountant.RdpAccountant(self.orders, self.neighboring_relation)
+        event = _scale_gaussians(self.event, _rdp_replace_one_factors())
         if not acc.supports(event):
-            raise ValueError(f"dp-accounting's {type(acc).__name__} does not support "
-                             f"{event!r} under {self.neighboring_relation.name}")
+            raise ValueError(f"dp-accounting's RdpAccountant does not support {event!r} under "
+                             f"{self.neighboring_relation.name}")
         acc.compose(event)
-        return acc
-
-    def get_rdp(self):
-        """RDP curve of the recorded run at its ``orders`` (``accountant="rdp"`` only)."""
-        if self.accountant != "rdp":
-            raise ValueError("get_rdp needs accountant='rdp'; the PLD accountant has no "
-                             "RDP curve")
-        return self._composed().rdp
-
-    def get_epsilon(self, delta):
-        """Epsilon of the recorded run for ``delta`` in (0, 1)."""
-        return self.get_privacy_spent(delta).epsilon
-
-    def get_delta(self, epsilon):
-        """Delta of the recorded run for ``epsilon`` > 0."""
-        epsilon = _epsilon_iv(epsilon)
-        acc = self._composed()
-        if self.accountant == "rdp":   # Lemma 2 on the composed curve (see rdp_to_delta)
-            return _lemma2_delta(self.orders, np.asarray(acc.rdp, dtype=np.float64), epsilon)
-        return float(acc.get_delta(epsilon))
+        return np.asarray(acc.rdp, dtype=np.float64)
 
     def get_privacy_spent(self, delta):
         """Epsilon for ``delta`` in (0, 1), with the RDP curve and optimal order.
@@ -852,15 +609,12 @@ class DPAdaPeDAccountant:
         -------
         PrivacySpent
         """
-        delta = _delta_iv(delta)
-        acc = self._composed()
+        eps, order = self.get_epsilon_and_order(delta)
         relation = self.neighboring_relation.name.lower()
-        if self.accountant == "rdp":
-            eps, order = acc.get_epsilon_and_optimal_order(delta)
-            return PrivacySpent(float(eps), delta, float(order), self.orders.copy(), acc.rdp,
-                                self.n_rounds, "rdp", relation)
-        return PrivacySpent(float(acc.get_epsilon(delta)), delta, None, None, None,
-                            self.n_rounds, "pld", relation)
+        rdp = self.get_rdp() if self.accountant == "rdp" else None
+        return PrivacySpent(eps, float(delta), order,
+                            self.orders.copy() if rdp is not None else None, rdp,
+                            self.n_rounds, self.accountant, relation)
 
 
 def dp_adaped_epsilon(delta, *, n_clients, n_sampled, n_iterations, sync_gap, clip_mu,

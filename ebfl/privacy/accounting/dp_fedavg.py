@@ -24,7 +24,7 @@ The neighbouring relation is client level, add or remove one client's whole
 dataset (what Poisson sampling is analysed under): the L2 sensitivity of a
 round's sum is S and z is the noise standard deviation over S. The epsilon is
 a proof for a run only inside that model (Poisson sampling, each sum divided
-by a constant such as the expected count): see :mod:`ebfl.privacy.guarantee`,
+by a constant such as the expected count): see :mod:`ebfl.privacy.accounting.guarantee`,
 whose keys every result here carries.
 
 With T = 500 rounds and delta = 1e-4 the RDP accountant gives the paper's
@@ -39,11 +39,10 @@ import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
+from dp_accounting import dp_event
 from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import pld_pmf, privacy_loss_distribution
 from dp_accounting.privacy_accountant import NeighboringRelation
-from dp_accounting.rdp import rdp_privacy_accountant
-from scipy import optimize
 
 from ebfl._validation import (
     check_choice,
@@ -53,8 +52,22 @@ from ebfl._validation import (
     check_positive_scalar,
     check_real_scalar,
 )
-from ebfl.privacy.fractional_rdp import _rdp as _round_rdp
-from ebfl.privacy.guarantee import ACCOUNTANT_MODEL
+from ebfl.privacy.accounting.accountant import ACCOUNTANTS
+from ebfl.privacy.accounting.core import (
+    CONVERSIONS,
+    DEFAULT_VDI,
+    NoiseSearch,
+    _epsilon_and_order,
+    check_delta,
+    check_noise_multiplier,
+    check_orders,
+    check_pld_points,
+    check_sampling_rate,
+    check_vdi,
+    gaussian_pld_points,
+)
+from ebfl.privacy.accounting.guarantee import ACCOUNTANT_MODEL
+from ebfl.privacy.accounting.rdp import event_rdp
 
 __all__ = [
     "TFP_ORDERS",
@@ -72,31 +85,19 @@ __all__ = [
 #: (the orders the FedHDP paper's accountant used).
 TFP_ORDERS = tuple([1.0 + x / 10.0 for x in range(1, 100)] + [float(a) for a in range(12, 64)]
                    + [128.0, 256.0, 512.0])
-#: Accepted noise multipliers: below 1e-3 epsilon exceeds 1e8 at any sampling rate.
-NOISE_MULTIPLIER_RANGE = (1e-3, 1e6)
+#: Noise multipliers searched by :func:`dp_fedavg_noise_multiplier` (below 1e-3 epsilon
+#: exceeds 1e8 at any sampling rate).
+SEARCH_RANGE = (1e-3, 1e6)
 #: Largest number of rounds (exact as a float).
 MAX_ROUNDS = 2**53
-#: Largest Renyi order accepted.
-MAX_ORDER = 1e6
-#: Most Renyi orders in one call (fractional ones below 2 cost a quadrature each).
-MAX_N_ORDERS = 1000
 #: Most privacy groups of :func:`fedhdp_group_epsilons` (one accountant call each).
 MAX_GROUPS = 1000
-#: Accepted PLD value discretization intervals.
-VDI_RANGE = (1e-6, 0.1)
-#: The default PLD discretization: results stable to about 1e-5 in epsilon (measured
-#: against 1e-5 on the paper's three settings), a fraction of a second per call.
-DEFAULT_VDI = 1e-4
-#: PLD refusals (memory and time): the per-round grid; the composed loss range in grid
-#: steps (a quick check by the RDP epsilon, before any PLD is built); and the composed
-#: grid, the length of the FFT that dp-accounting's self-composition allocates (1e7:
-#: about 1 GB and 15 s).
-MAX_PLD_ROUND_POINTS = 2e6
-MAX_PLD_EPSILON_STEPS = 1e7
+#: Beside the core's grid guard (one round's grid, and the composed loss range in grid
+#: steps, checked by the RDP epsilon before any PLD is built): the composed grid, the
+#: length of the FFT that dp-accounting's self-composition allocates (1e7: about 1 GB
+#: and 15 s).
 MAX_PLD_COMPOSED_POINTS = 1e7
 
-_ACCOUNTANTS = ("rdp", "pld")
-_CONVERSIONS = ("improved", "classic")
 _RELATION = NeighboringRelation.ADD_OR_REMOVE_ONE
 
 
@@ -128,7 +129,7 @@ class DPFedAvgPrivacy:
     sampling, denominator, neighboring_relation, accountant_model : str
         The model the epsilon is a proof for (``"poisson"``, ``"expected"``,
         ``"add_or_remove_one"``): a run is covered only if it samples and
-        normalizes so (see :func:`ebfl.privacy.guarantee.dp_fedavg_guarantee`).
+        normalizes so (see :func:`ebfl.privacy.accounting.guarantee.dp_fedavg_guarantee`).
     """
 
     epsilon: float
@@ -207,75 +208,23 @@ class NoiseCalibration:
 # --------------------------------------------------------------------------- validation
 
 
-def _sampling_rate_iv(q, name="sampling_rate"):
-    return check_real_scalar(q, name, low=0.0, high=1.0, low_open=True)
-
-
-def _noise_iv(z, name="noise_multiplier"):
-    z = check_positive_scalar(z, name)
-    lo, hi = NOISE_MULTIPLIER_RANGE
-    if not lo <= z <= hi:
-        raise ValueError(f"{name} must lie in [{lo:g}, {hi:g}], got {z!r}")
-    return z
-
-
 def _rounds_iv(rounds):
     return check_int_scalar(rounds, "rounds", minimum=1, maximum=MAX_ROUNDS)
-
-
-def _delta_iv(delta):
-    return check_real_scalar(delta, "delta", low=0.0, high=1.0, low_open=True, high_open=True)
-
-
-def _orders_iv(orders):
-    if orders is None:
-        return np.array(TFP_ORDERS)
-    orders = check_finite_array(orders, "orders", ndim=1)
-    if orders.size > MAX_N_ORDERS:
-        raise ValueError(f"orders must have at most {MAX_N_ORDERS} entries, got {orders.size}")
-    if np.any(orders <= 1.0) or np.any(orders > MAX_ORDER):
-        raise ValueError(f"orders must all lie in (1, {MAX_ORDER:g}] (Renyi orders), got "
-                         f"values from {float(orders.min())!r} to {float(orders.max())!r}")
-    return orders
-
-
-def _vdi_iv(vdi):
-    vdi = check_positive_scalar(vdi, "value_discretization_interval")
-    lo, hi = VDI_RANGE
-    if not lo <= vdi <= hi:
-        raise ValueError(f"value_discretization_interval must lie in [{lo:g}, {hi:g}], "
-                         f"got {vdi!r}")
-    return vdi
 
 
 # --------------------------------------------------------------------------- kernels
 
 
+def _round_event(q, z):
+    """One round: the Poisson-sampled Gaussian (the plain Gaussian at q = 1)."""
+    gauss = dp_event.GaussianDpEvent(z)
+    return gauss if q == 1.0 else dp_event.PoissonSampledDpEvent(q, gauss)
+
+
 def _rdp_curve(q, z, rounds, orders):
-    """T RDP_a: rounds compose by adding their RDP (fractional orders below 2 exactly, see
-    :func:`ebfl.privacy.fractional_rdp.poisson_gaussian_rdp`)."""
-    return rounds * _round_rdp(q, z, orders)
-
-
-def _rdp_epsilon(orders, rdp, delta, conversion):
-    """(epsilon, order) of an RDP curve.
-
-    ``"improved"`` is dp-accounting's ``compute_epsilon`` (what
-    ``RdpAccountant.get_epsilon`` calls): per order r + log1p(-1/a) - log(delta a)/(a - 1),
-    i.e. eps = min_a [T RDP_a + log((a-1)/a) - (log delta + log a)/(a-1)] of Balle et
-    al. (2020, Prop. 12), the conversion of TensorFlow Privacy since 2020, so it is
-    delegated. Its two extras only help: orders <= 1.01 are skipped, and an order
-    whose RDP satisfies delta >= sqrt(1 - exp(-r)) gives 0 (KL bound). ``"classic"``
-    (Mironov 2017, Prop. 3) is min_a [r - log(delta)/(a - 1)], written here because
-    dp-accounting no longer offers it.
-    """
-    if conversion == "improved":
-        eps, order = rdp_privacy_accountant.compute_epsilon(orders, rdp, delta)
-        return float(eps), float(order)
-    with np.errstate(invalid="ignore"):
-        eps = rdp - math.log(delta) / (orders - 1.0)
-    best = int(np.argmin(eps))
-    return float(max(eps[best], 0.0)), float(orders[best])
+    """T RDP_a: rounds compose by adding their RDP (the core's RDP of the event, exact at
+    fractional orders, see :func:`ebfl.privacy.accounting.rdp.poisson_gaussian_rdp`)."""
+    return event_rdp(dp_event.SelfComposedDpEvent(_round_event(q, z), rounds), orders)
 
 
 def _check_pld_size(q, z, rounds, delta, vdi):
@@ -286,19 +235,12 @@ def _check_pld_size(q, z, rounds, delta, vdi):
     side); the composed loss reaches about epsilon (the RDP epsilon, cheap,
     bounds PLD's).
     """
-    points = (2.0 * 10.0 + 1.0 / z) / z / vdi
-    if points > MAX_PLD_ROUND_POINTS:
-        raise ValueError(f"accountant='pld' would need about {points:.2g} grid points per round "
-                         f"at noise_multiplier={z:g} (at most {MAX_PLD_ROUND_POINTS:g}): raise "
-                         f"value_discretization_interval (now {vdi:g}) or use accountant='rdp'")
+    check_pld_points(gaussian_pld_points(z, vdi), what=f"per round at noise_multiplier={z:g}",
+                     vdi=vdi)
     orders = np.array(TFP_ORDERS)
-    eps = _rdp_epsilon(orders, _rdp_curve(q, z, rounds, orders), delta,
-                       "improved")[0]
-    if eps / vdi > MAX_PLD_EPSILON_STEPS:
-        raise ValueError(f"accountant='pld' would compose a privacy loss of range about "
-                         f"{eps:.3g} (rounds={rounds}, noise_multiplier={z:g}) on a grid of "
-                         f"step {vdi:g} (more than {MAX_PLD_EPSILON_STEPS:g} points): raise "
-                         "value_discretization_interval or use accountant='rdp'")
+    eps = _epsilon_and_order(orders, _rdp_curve(q, z, rounds, orders), delta, "improved")[0]
+    check_pld_points(eps / vdi, what=f"for the composed privacy loss (range about {eps:.3g} "
+                     f"after rounds={rounds} at noise_multiplier={z:g})", vdi=vdi)
 
 
 def _composed_points(pld, rounds):
@@ -356,7 +298,7 @@ def _self_compose(pld, rounds):
 
 def _epsilon(q, z, rounds, delta, accountant, orders, conversion, vdi):
     if accountant == "rdp":
-        return _rdp_epsilon(orders, _rdp_curve(q, z, rounds, orders), delta, conversion)
+        return _epsilon_and_order(orders, _rdp_curve(q, z, rounds, orders), delta, conversion)
     return _pld_epsilon(q, z, rounds, delta, vdi), None
 
 
@@ -371,7 +313,7 @@ def dp_fedavg_rdp(*, sampling_rate, noise_multiplier, rounds, orders=None):
     sampling_rate : float
         q in (0, 1], the probability that a client takes part in a round.
     noise_multiplier : float
-        z in [1e-3, 1e6]: noise standard deviation over the clip norm.
+        z in [1e-3, 1e8]: noise standard deviation over the clip norm.
     rounds : int
         T >= 1.
     orders : array_like, optional
@@ -391,7 +333,7 @@ def dp_fedavg_rdp(*, sampling_rate, noise_multiplier, rounds, orders=None):
     z, a) = (0.05, 1, 1.5), twice it at (0.05, 5, 1.1), and +inf where the
     series does not converge (e.g. q = 0.3, z = 0.7, every order below 1.9).
     Orders below 2 are where many rounds are converted, so here
-    (:func:`ebfl.privacy.fractional_rdp.poisson_gaussian_rdp`) they are
+    (:func:`ebfl.privacy.accounting.rdp.poisson_gaussian_rdp`) they are
     computed by quadrature, to about 1e-9 relative error and rounded up;
     integer orders by the binomial sum without its cancelling terms (exact
     also for tiny RDP); fractional orders in [2, 12) by dp-accounting's
@@ -406,10 +348,10 @@ def dp_fedavg_rdp(*, sampling_rate, noise_multiplier, rounds, orders=None):
     >>> rdp.tolist()  # T a / (2 z^2) without sampling
     [2.5, 10.0]
     """
-    q = _sampling_rate_iv(sampling_rate)
-    z = _noise_iv(noise_multiplier)
+    q = check_sampling_rate(sampling_rate)
+    z = check_noise_multiplier(noise_multiplier)
     rounds = _rounds_iv(rounds)
-    orders = _orders_iv(orders)
+    orders = check_orders(orders, TFP_ORDERS)
     return orders.copy(), np.asarray(_rdp_curve(q, z, rounds, orders), dtype=np.float64)
 
 
@@ -426,7 +368,7 @@ def dp_fedavg_epsilon(*, sampling_rate, noise_multiplier, rounds, delta, account
     sampling_rate : float
         q in (0, 1].
     noise_multiplier : float
-        z in [1e-3, 1e6].
+        z in [1e-3, 1e8].
     rounds : int
         T in [1, 2^53].
     delta : float
@@ -450,9 +392,9 @@ def dp_fedavg_epsilon(*, sampling_rate, noise_multiplier, rounds, delta, account
         ``"classic"`` (Mironov 2017, Prop. 3): min over alpha of
         T RDP_alpha - log(delta)/(alpha - 1). RDP only.
     value_discretization_interval : float
-        PLD grid step in [1e-6, 0.1] (default 1e-4: epsilon stable to about
+        PLD grid step in [1e-8, 1] (default 1e-4: epsilon stable to about
         1e-5). PLD only; settings whose grid would be too large for memory
-        (noise multipliers below about 0.25, or epsilon above about 1000) are
+        (noise multipliers below about 0.15, or epsilon above about 200) are
         refused with a ValueError.
 
     Returns
@@ -472,14 +414,14 @@ def dp_fedavg_epsilon(*, sampling_rate, noise_multiplier, rounds, delta, account
     >>> round(pld.epsilon, 3)  # tighter
     3.237
     """
-    q = _sampling_rate_iv(sampling_rate)
-    z = _noise_iv(noise_multiplier)
+    q = check_sampling_rate(sampling_rate)
+    z = check_noise_multiplier(noise_multiplier)
     rounds = _rounds_iv(rounds)
-    delta = _delta_iv(delta)
-    accountant = check_choice(accountant, "accountant", _ACCOUNTANTS)
-    conversion = check_choice(conversion, "conversion", _CONVERSIONS)
-    orders = _orders_iv(orders)
-    vdi = _vdi_iv(value_discretization_interval)
+    delta = check_delta(delta)
+    accountant = check_choice(accountant, "accountant", ACCOUNTANTS)
+    conversion = check_choice(conversion, "conversion", CONVERSIONS)
+    orders = check_orders(orders, TFP_ORDERS)
+    vdi = check_vdi(value_discretization_interval)
     eps, order = _epsilon(q, z, rounds, delta, accountant, orders, conversion, vdi)
     rdp = accountant == "rdp"
     return DPFedAvgPrivacy(eps, delta, order, accountant, conversion if rdp else None, q, z,
@@ -537,24 +479,26 @@ def dp_fedavg_noise_multiplier(*, sampling_rate, rounds, delta, epsilon, account
     >>> round(cal.noise_multiplier, 5), cal.converged, cal.epsilon <= eps
     (4.0, True, True)
     """
-    q = _sampling_rate_iv(sampling_rate)
+    q = check_sampling_rate(sampling_rate)
     rounds = _rounds_iv(rounds)
-    delta = _delta_iv(delta)
+    delta = check_delta(delta)
     target = check_positive_scalar(epsilon, "epsilon")
-    accountant = check_choice(accountant, "accountant", _ACCOUNTANTS)
-    conversion = check_choice(conversion, "conversion", _CONVERSIONS)
-    orders = _orders_iv(orders)
-    vdi = _vdi_iv(value_discretization_interval)
+    accountant = check_choice(accountant, "accountant", ACCOUNTANTS)
+    conversion = check_choice(conversion, "conversion", CONVERSIONS)
+    orders = check_orders(orders, TFP_ORDERS)
+    vdi = check_vdi(value_discretization_interval)
     rtol = check_real_scalar(rtol, "rtol", low=1e-12, high=0.1)
-    search = _NoiseSearch(lambda z: _epsilon(q, z, rounds, delta, "rdp", orders, conversion,
-                                             vdi)[0], target)
+    def epsilon_of(accountant):
+        return lambda z: _epsilon(q, z, rounds, delta, accountant, orders, conversion, vdi)[0]
+
+    low, high = SEARCH_RANGE
+    search = NoiseSearch(epsilon_of("rdp"), target, low=low, high=high)
     z, converged, at_bound = search.solve(rtol)
     certified_by, evaluations = "rdp", search.evaluations
     if accountant == "pld" and search.epsilon(z) <= target and z > search.lowest:
         # Both accountants bound epsilon from above, so the smaller z that either certifies
         # is valid. PLD can only do better below the RDP answer: search down from it.
-        pld = _NoiseSearch(lambda z: _epsilon(q, z, rounds, delta, "pld", orders,
-                                              conversion, vdi)[0], target)
+        pld = NoiseSearch(epsilon_of("pld"), target, low=low, high=high)
         if pld.reachable(z) and pld.epsilon(z) <= target:
             found = pld.solve(rtol, start=z)
             if found[0] < z or pld.epsilon(z) < search.epsilon(z):
@@ -571,79 +515,12 @@ def _warn_search(search, z, target, rtol, converged, at_bound):
                  else "is reached already at the smallest noise multiplier searched")
         warnings.warn(f"dp_fedavg_noise_multiplier: the target epsilon {target:g} {where}, "
                       f"z = {z:g} (epsilon {search.epsilon(z):g}); the search range is "
-                      f"[{search.lowest:g}, {NOISE_MULTIPLIER_RANGE[1]:g}]", RuntimeWarning,
+                      f"[{search.lowest:g}, {search.highest:g}]", RuntimeWarning,
                       stacklevel=3)
     elif not converged:
         warnings.warn(f"dp_fedavg_noise_multiplier: z = {z:g} is not within rtol={rtol:g} of "
                       "the smallest noise multiplier reaching the target", RuntimeWarning,
                       stacklevel=3)
-
-
-class _NoiseSearch:
-    """Bracketing and Brent's method for epsilon(z) = target, remembering every evaluation.
-
-    A z that the accountant refuses (a PLD grid too large) ends the range there.
-    """
-
-    def __init__(self, epsilon_of, target):
-        self._epsilon_of = epsilon_of
-        self.target = target
-        self.evaluated = {}
-        self.lowest = NOISE_MULTIPLIER_RANGE[0]
-
-    @property
-    def evaluations(self):
-        return len(self.evaluated)
-
-    def epsilon(self, z):
-        if z not in self.evaluated:
-            self.evaluated[z] = self._epsilon_of(z)
-        return self.evaluated[z]
-
-    def reachable(self, z):
-        try:
-            self.epsilon(z)
-        except ValueError:  # the PLD accountant refuses this z: the range ends above it
-            self.lowest = 2.0 * z
-            return False
-        return True
-
-    def _bracket(self, start):
-        """(lo, hi) with epsilon(lo) > target >= epsilon(hi); lo None (hi None) when even
-        the top (the bottom) of the range is above (below) the target."""
-        lo_end, hi_end = NOISE_MULTIPLIER_RANGE
-        z = start
-        while not self.reachable(z):
-            z *= 2.0
-            if z > hi_end:
-                raise ValueError("the PLD accountant refuses every noise multiplier up to "
-                                 f"{hi_end:g}: use accountant='rdp'")
-        if self.epsilon(z) > self.target:
-            lo = z
-            while self.epsilon(z) > self.target:
-                if z >= hi_end:
-                    return None, z
-                lo, z = z, min(2.0 * z, hi_end)
-            return lo, z
-        while self.epsilon(z) <= self.target:
-            down = max(z / 2.0, lo_end)
-            if z <= lo_end or not self.reachable(down):
-                return z, None
-            hi, z = z, down
-        return z, hi
-
-    def solve(self, rtol, start=1.0):
-        """(z, converged, at_bound): z the smallest evaluated with epsilon <= target.
-
-        The bracketing starts at ``start`` and moves by factors of 2."""
-        lo, hi = self._bracket(start)
-        if lo is None or hi is None:
-            return (hi if lo is None else lo), False, True
-        optimize.brentq(lambda t: self.epsilon(math.exp(t)) - self.target, math.log(lo),
-                        math.log(hi), xtol=rtol / 4.0)
-        z = min(z for z, e in self.evaluated.items() if e <= self.target)
-        below = max(z for z, e in self.evaluated.items() if e > self.target)
-        return z, self.epsilon(z) == self.target or z <= below * (1.0 + rtol), False
 
 
 def adaptive_clipping_noise(noise_multiplier, count_noise):
@@ -744,7 +621,7 @@ def fedhdp_group_epsilons(sampling_rate, noise_multipliers, rounds, delta, *, ac
         q in (0, 1], for every group or one per group.
     noise_multipliers : array_like (l,)
         z_i per group; 0 for a non-private group (its epsilon is +inf), else in
-        [1e-3, 1e6]; at most 1000 groups.
+        [1e-3, 1e8]; at most 1000 groups.
     rounds : int
     delta : float
     accountant, orders, value_discretization_interval
@@ -763,7 +640,7 @@ def fedhdp_group_epsilons(sampling_rate, noise_multipliers, rounds, delta, *, ac
     expected size q M_i instead (McMahan et al. 2018; ``denominator="expected"``
     of :class:`~ebfl.fedhdp.algorithm.FedHDP`) needs no assumption;
     :meth:`FedHDP.privacy <ebfl.fedhdp.algorithm.FedHDP.privacy>` records
-    which case a run is in (:mod:`ebfl.privacy.guarantee`).
+    which case a run is in (:mod:`ebfl.privacy.accounting.guarantee`).
 
     Examples
     --------
@@ -772,16 +649,16 @@ def fedhdp_group_epsilons(sampling_rate, noise_multipliers, rounds, delta, *, ac
     >>> fedhdp_group_epsilons(0.03, [0.0, 1.0], 500, 1e-4).round(3).tolist()
     [inf, 4.122]
     """
-    rounds, delta = _rounds_iv(rounds), _delta_iv(delta)
-    accountant = check_choice(accountant, "accountant", _ACCOUNTANTS)
-    orders = _orders_iv(orders)
-    vdi = _vdi_iv(value_discretization_interval)
+    rounds, delta = _rounds_iv(rounds), check_delta(delta)
+    accountant = check_choice(accountant, "accountant", ACCOUNTANTS)
+    orders = check_orders(orders, TFP_ORDERS)
+    vdi = check_vdi(value_discretization_interval)
     z = check_finite_array(noise_multipliers, "noise_multipliers", ndim=1)
     if z.size > MAX_GROUPS:
         raise ValueError(f"noise_multipliers must have at most {MAX_GROUPS} entries (privacy "
                          f"groups), got {z.size}")
     if not isinstance(sampling_rate, list | tuple | np.ndarray):  # one rate for every group
-        q = np.full(z.size, _sampling_rate_iv(sampling_rate))
+        q = np.full(z.size, check_sampling_rate(sampling_rate))
     else:
         q = check_finite_array(sampling_rate, "sampling_rate", ndim=(0, 1))
         q = np.full(z.size, float(q)) if q.ndim == 0 else q
@@ -789,12 +666,12 @@ def fedhdp_group_epsilons(sampling_rate, noise_multipliers, rounds, delta, *, ac
             raise ValueError(f"sampling_rate must be a scalar or have one entry per group "
                              f"({z.size}), got shape {q.shape}")
     for i, (qi, zi) in enumerate(zip(q.tolist(), z.tolist(), strict=True)):
-        _sampling_rate_iv(qi, f"sampling_rate[{i}]")
+        check_sampling_rate(qi, f"sampling_rate[{i}]")
         if zi < 0.0:
             raise ValueError(f"noise_multipliers must be >= 0 (0: non-private), got {zi!r} "
                              f"for group {i}")
         if zi != 0.0:
-            _noise_iv(zi, f"noise_multipliers[{i}]")
+            check_noise_multiplier(zi, f"noise_multipliers[{i}]")
     out = np.full(z.size, math.inf)
     done = {}  # groups with the same (q, z) share one accountant call
     for i, (qi, zi) in enumerate(zip(q.tolist(), z.tolist(), strict=True)):

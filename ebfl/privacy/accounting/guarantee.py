@@ -1,6 +1,6 @@
 """What DP-FedAvg's (and FedHDP's) epsilon is a proof for, recorded beside every epsilon.
 
-The accountant of :mod:`ebfl.privacy.dp_fedavg` analyses one round as a
+The accountant of :mod:`ebfl.privacy.accounting.dp_fedavg` analyses one round as a
 Poisson-subsampled Gaussian under add/remove-one-client neighbours: every
 client takes part independently with probability q, and the released
 quantity is a group's noisy *sum* of clipped updates, divided by a constant
