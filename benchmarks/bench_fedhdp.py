@@ -49,9 +49,9 @@ import torch.nn.functional as F
 from _timing import best_of
 
 from ebfl.federated import RoundContext, RunConfig, sample_clients
+from ebfl.fedhdp.algorithm import FedHDP
 from ebfl.learning.torch import MLP, FederatedDataset
 from ebfl.learning.torch.engine import flush_denormals
-from ebfl.fedhdp.algorithm import FedHDP
 from ebfl.learning.torch.functional import (
     client_generators,
     client_grad,
