@@ -19,14 +19,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from ebfl.cli import main  # noqa: E402
-from ebfl.experiments import perada as experiment  # noqa: E402
-from ebfl.experiments.perada import PerAdaProtocol, plot_perada, reproduce_perada  # noqa: E402
-from ebfl.experiments.perada_data import (  # noqa: E402
-    perada_cifar10,
-    perada_mnist,
-    perada_paper_numbers,
-    synthetic_perada,
-)
 from ebfl.learning.torch import FederatedDataset, train  # noqa: E402
 from ebfl.learning.torch.adapters import (  # noqa: E402
     AdapterBlock,
@@ -37,24 +29,24 @@ from ebfl.learning.torch.adapters import (  # noqa: E402
     parameter_groups,
     split_state,
 )
-from ebfl.learning.torch.functional import model_state, replicate  # noqa: E402
-from ebfl.learning.torch.generalization import (  # noqa: E402
-    check_inequalities,
-    ensemble_distance,
-    generalization_report,
-    prediction_distance,
-    soft_error,
-    zero_one_error,
-)
-from ebfl.learning.torch.partial import FedAlt, FedBN, FedRep, FedSim, LGFedAvg  # noqa: E402
-from ebfl.learning.torch.perada import (  # noqa: E402
-    PerAda,
+from ebfl.learning.torch.distillation import (  # noqa: E402
     distill,
     ensemble_logits,
     frozen_batchnorm_eval,
     kd_batches,
 )
-from ebfl.learning.torch.perada_dp import (  # noqa: E402
+from ebfl.learning.torch.functional import model_state, replicate  # noqa: E402
+from ebfl.learning.torch.partial import FedAlt, FedBN, FedRep, FedSim, LGFedAvg  # noqa: E402
+from ebfl.learning.torch.pretrain import load_backbone, pretrained_backbone  # noqa: E402
+from ebfl.perada import experiment  # noqa: E402
+from ebfl.perada.algorithm import PerAda  # noqa: E402
+from ebfl.perada.data import (  # noqa: E402
+    perada_cifar10,
+    perada_mnist,
+    perada_paper_numbers,
+    synthetic_perada,
+)
+from ebfl.perada.dp import (  # noqa: E402
     DPDitto,
     DPPerAda,
     batchnorm_eval,
@@ -62,7 +54,15 @@ from ebfl.learning.torch.perada_dp import (  # noqa: E402
     client_epsilons,
     client_sampling_rates,
 )
-from ebfl.learning.torch.pretrain import load_backbone, pretrained_backbone  # noqa: E402
+from ebfl.perada.experiment import PerAdaProtocol, plot_perada, reproduce_perada  # noqa: E402
+from ebfl.perada.generalization import (  # noqa: E402
+    check_inequalities,
+    ensemble_distance,
+    generalization_report,
+    prediction_distance,
+    soft_error,
+    zero_one_error,
+)
 from tests.badinput import NAN, Case, table_tests  # noqa: E402
 
 N_CLASSES = 4

@@ -10,8 +10,8 @@ import pytest
 pytest.importorskip("torch")
 
 from ebfl._paths import DATA  # noqa: E402
+from ebfl.datasets.synthetic_digits import MNIST_TRAIN_COUNTS  # noqa: E402
 from ebfl.fedhdp.data import (  # noqa: E402
-    MNIST_TRAIN_COUNTS,
     NONPRIVATE,
     PAPER_TABLES,
     PRIVATE,

@@ -9,7 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from ebfl.datasets import _home  # noqa: E402
-from ebfl.experiments.perada_data import (  # noqa: E402
+from ebfl.learning.torch.corruptions import corrupt  # noqa: E402
+from ebfl.perada.data import (  # noqa: E402
     CIFAR10_MEAN,
     CIFAR10_STD,
     CIFAR100_MEAN,
@@ -21,7 +22,6 @@ from ebfl.experiments.perada_data import (  # noqa: E402
     perada_paper_numbers,
     synthetic_perada,
 )
-from ebfl.learning.torch.corruptions import corrupt  # noqa: E402
 from tests.conftest import requires_data  # noqa: E402
 from tests.test_cifar import write_fixtures  # noqa: E402
 

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("torch")
 
 from ebfl.cli import main  # noqa: E402
-from ebfl.experiments.perada import (  # noqa: E402
+from ebfl.perada.experiment import (  # noqa: E402
     PARTS,
     QUICK,
     QUICK_METHODS,
@@ -98,8 +98,8 @@ def test_resnet18_setting_builds_the_papers_adapter_and_runs_a_round_on_a_fixtur
     """The paper's architecture on 3-channel 32x32 inputs: shapes and counts (no weights)."""
     import torch
 
-    from ebfl.experiments.perada_data import synthetic_perada
     from ebfl.learning.torch.data import FederatedDataset
+    from ebfl.perada.data import synthetic_perada
 
     rng = np.random.default_rng(0)
     xs = [rng.random((6, 3, 32, 32), dtype=np.float32) for _ in range(2)]

@@ -37,8 +37,8 @@ from ebfl.learning.torch import (  # noqa: E402
 from ebfl.learning.torch.baselines import APFL, FedAvgFT  # noqa: E402
 from ebfl.learning.torch.functional import check_device, fresh_params  # noqa: E402
 from ebfl.learning.torch.partial import FedAlt  # noqa: E402
-from ebfl.learning.torch.perada import PerAda  # noqa: E402
-from ebfl.learning.torch.perada_dp import DPPerAda  # noqa: E402
+from ebfl.perada.algorithm import PerAda  # noqa: E402
+from ebfl.perada.dp import DPPerAda  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -34,7 +34,7 @@ from ebfl.learning.torch.functional import (  # noqa: E402
     model_state,
     replicate,
 )
-from ebfl.learning.torch.perada_dp import (  # noqa: E402
+from ebfl.perada.dp import (  # noqa: E402
     DPDitto,
     DPPerAda,
     batchnorm_eval,
@@ -498,7 +498,7 @@ def test_client_epsilons_bad_input(kwargs, err, match):
 
 
 def test_strategy_draws_one_dropout_key_per_sample_from_the_clients_streams():
-    from ebfl.learning.torch.perada_dp import _sample_keys
+    from ebfl.perada.dp import _sample_keys
 
     stack = {"dropout_key": torch.zeros(2, dtype=torch.float64)}
     keys = _sample_keys(stack, client_generators([0, 1]), 5)["dropout_key"]

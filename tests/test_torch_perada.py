@@ -11,14 +11,15 @@ from torch.func import functional_call  # noqa: E402
 from ebfl.federated import RoundContext, RunConfig, run  # noqa: E402
 from ebfl.learning.torch.adapters import SmallResNet, parameter_groups  # noqa: E402
 from ebfl.learning.torch.data import FederatedDataset  # noqa: E402
+from ebfl.learning.torch.distillation import _kd_loss, distill, ensemble_logits  # noqa: E402
 from ebfl.learning.torch.engine import train  # noqa: E402
 from ebfl.learning.torch.functional import eval_mode, replicate  # noqa: E402
-from ebfl.learning.torch.generalization import (  # noqa: E402
+from ebfl.perada.algorithm import PerAda  # noqa: E402
+from ebfl.perada.generalization import (  # noqa: E402
     InequalityViolation,
     check_inequalities,
     generalization_report,
 )
-from ebfl.learning.torch.perada import PerAda, _kd_loss, distill, ensemble_logits  # noqa: E402
 from tests.test_federated import assert_trees_close, drive_one_client_at_a_time  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

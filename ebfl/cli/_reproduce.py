@@ -227,7 +227,7 @@ def _cmd_reproduce_fedhdp(args):
 
 
 def _cmd_reproduce_perada(args):
-    from ebfl.experiments.perada import (
+    from ebfl.perada.experiment import (
         PARTS,
         check_backbone_weights,
         plot_perada,

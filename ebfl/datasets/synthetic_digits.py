@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SIDE", "digit_strokes", "draw_digit_images"]
+__all__ = ["MNIST_TRAIN_COUNTS", "SIDE", "digit_strokes", "draw_digit_images"]
 
 #: Image side in pixels (as MNIST).
 SIDE = 28
+#: MNIST's training images per digit 0-9 (synthetic federations mimic these frequencies).
+MNIST_TRAIN_COUNTS = (5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949)
 
 
 def digit_strokes(rng, n_ink=120):

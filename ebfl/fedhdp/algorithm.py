@@ -57,9 +57,9 @@ from ebfl._validation import (
 from ebfl.federated.streams import SERVER, stream_seed
 from ebfl.fedhdp.aggregation import group_weights, noisy_unclipped_fraction, update_clip_norm
 from ebfl.learning.torch.functional import (
+    ce_loss,
     client_forward,
     client_grad,
-    cross_entropy,
     replicate,
 )
 from ebfl.learning.torch.strategies import EVAL_CHUNK, Strategy, check_model, client_test_accuracy
@@ -69,10 +69,6 @@ __all__ = ["FedHDP", "dp_fedavg_ditto", "hdp_fedavg_ditto", "non_private_ditto"]
 
 #: The denominators of the noisy group means (see :class:`FedHDP`).
 DENOMINATORS = ("realized", "expected")
-
-
-def _ce_loss(forward, params, x, y):
-    return cross_entropy(forward(params, x), y)
 
 
 def _groups_iv(groups):
@@ -316,13 +312,13 @@ class FedHDP(Strategy):
         # In place: each update is one pass over the stacks (memory-bound at this size) and
         # the stacks are this round's copies (the work's model, the client's rows).
         lr, lr_p, wd = self.lr * scale, self.lr_personal * scale, self.weight_decay
-        g = client_grad(self.model, _ce_loss, work["model"], x, y)
+        g = client_grad(self.model, ce_loss, work["model"], x, y)
         for n, p in work["model"].items():
             if wd:
                 g[n].add_(p, alpha=wd)
             p.sub_(g[n], alpha=lr)
         v, w, lam, active = client["personal"], work["anchor"], work["lam"], work["active"]
-        h = client_grad(self.model, _ce_loss, v, x, y)
+        h = client_grad(self.model, ce_loss, v, x, y)
         everyone = bool(active.all())
         for n, vn in v.items():
             hn = h[n].addcmul_(_rows(lam, vn).to(vn.dtype), vn - w[n])  # Ditto's pull to w^t

@@ -31,7 +31,7 @@ import numpy as np
 
 from ebfl._paths import paper_numbers
 from ebfl._validation import check_bool, check_choice, check_int_scalar, check_probability
-from ebfl.datasets.synthetic_digits import digit_strokes, draw_digit_images
+from ebfl.datasets.synthetic_digits import MNIST_TRAIN_COUNTS, digit_strokes, draw_digit_images
 from ebfl.learning.partition import count_summary, count_summary_text
 
 if TYPE_CHECKING:  # torch is an optional dependency: imported where a dataset is built
@@ -46,8 +46,6 @@ NONPRIVATE, PRIVATE = 0, 1
 PAPER_TABLES = (3, 4, 8, 9, 10, 11)
 #: The digit whose clients are the non-private ones in the skewed variant.
 SKEWED_DIGIT = 7
-#: MNIST's training images per digit 0-9 (the synthetic variant mimics these frequencies).
-MNIST_TRAIN_COUNTS = (5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949)
 
 
 @dataclass(frozen=True)

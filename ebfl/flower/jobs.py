@@ -279,7 +279,7 @@ def _perada(s, *, distill):
 
     from ebfl.learning.torch.adapters import SmallResNet
     from ebfl.learning.torch.functional import fresh_params
-    from ebfl.learning.torch.perada import PerAda
+    from ebfl.perada.algorithm import PerAda
 
     model = SmallResNet(10, 1, widths=(8, 16))
     aux = None

@@ -33,13 +33,11 @@ from ebfl.learning.torch.baselines import (
 from ebfl.learning.torch.data import FederatedDataset
 from ebfl.learning.torch.engine import TrainResult, train
 from ebfl.learning.torch.models import CNN5, MLP, LogisticModel
-from ebfl.learning.torch.perada import PerAda
-from ebfl.learning.torch.perada_dp import DPDitto, DPPerAda
 from ebfl.learning.torch.pretrain import load_backbone, pretrained_backbone
 from ebfl.learning.torch.strategies import AdaPeD, DPAdaPeD, FedAvg, Local
 
-__all__ = ["CNN5", "FML", "MLP", "AdaPeD", "AdapterBlock", "DPAdaPeD", "DPDitto", "DPFedEM",
-           "DPPerAda", "Ditto", "FedAvg", "FedAvgFT", "FedEM", "FederatedDataset", "Local",
-           "LogisticModel", "PFedMe", "PerAda", "PerFedAvg", "QuPeDFP", "ResNet18Adapters",
-           "SmallResNet", "TrainResult", "load_backbone", "load_torchvision_weights",
-           "parameter_counts", "parameter_groups", "pretrained_backbone", "train"]
+__all__ = ["CNN5", "FML", "MLP", "AdaPeD", "AdapterBlock", "DPAdaPeD", "DPFedEM", "Ditto",
+           "FedAvg", "FedAvgFT", "FedEM", "FederatedDataset", "Local", "LogisticModel", "PFedMe",
+           "PerFedAvg", "QuPeDFP", "ResNet18Adapters", "SmallResNet", "TrainResult",
+           "load_backbone", "load_torchvision_weights", "parameter_counts", "parameter_groups",
+           "pretrained_backbone", "train"]

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 __all__ = ["batch_counters", "buffer_names", "check_device", "clip_and_noise", "client_forward",
-           "client_generators", "client_grad", "clone_params", "cross_entropy",
+           "ce_loss", "client_generators", "client_grad", "clone_params", "cross_entropy",
            "distillation_kl", "drop_batch_counters", "eval_mode", "fresh_params", "model_device",
            "model_state", "replicate", "sgd_step", "take", "to_device", "train_mode",
            "weighted_mean"]
@@ -314,6 +314,12 @@ def sgd_step(stack, grads, lr, weight_decay=0.0):
 def cross_entropy(logits, y):
     """Mean cross-entropy of a batch."""
     return F.cross_entropy(logits, y)
+
+
+def ce_loss(forward, params, x, y):
+    """The loss of :func:`client_grad` for plain classification: cross-entropy of
+    ``forward(params, x)`` against ``y``."""
+    return F.cross_entropy(forward(params, x), y)
 
 
 def distillation_kl(teacher_logits, student_logits):

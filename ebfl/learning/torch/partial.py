@@ -72,6 +72,12 @@ from collections.abc import Mapping
 import torch
 
 from ebfl._validation import check_int_scalar, check_nonnegative_scalar
+from ebfl.learning.torch.distillation import (
+    DROPOUT_KEY,
+    check_state_names,
+    frozen_batchnorm_eval,
+    redraw_dropout_keys,
+)
 from ebfl.learning.torch.functional import (
     buffer_names,
     client_generators,
@@ -82,12 +88,6 @@ from ebfl.learning.torch.functional import (
     sgd_step,
     train_mode,
     weighted_mean,
-)
-from ebfl.learning.torch.perada import (
-    DROPOUT_KEY,
-    _redraw_keys,
-    check_state_names,
-    frozen_batchnorm_eval,
 )
 from ebfl.learning.torch.strategies import Strategy, _weights, check_model
 
@@ -233,7 +233,7 @@ class _Partial(Strategy):
     def sgd_update(self, work, client, x, y, scale, rng, *, shared, personal):
         """One SGD step of the clients' u (``shared``), v (``personal``) or both, on one
         minibatch, the other part held fixed; both parts' buffers follow the forward pass."""
-        _redraw_keys(client["personal"], rng)
+        redraw_dropout_keys(client["personal"], rng)
         u, v = work["shared"], client["personal"]
         state = {**u, **v}
         buffers = set(buffer_names(self.model))

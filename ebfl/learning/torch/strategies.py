@@ -56,6 +56,7 @@ from ebfl.federated.tree import tree_take
 from ebfl.learning.torch.functional import (
     batch_counters,
     buffer_names,
+    ce_loss,
     check_device,
     client_forward,
     client_generators,
@@ -76,10 +77,6 @@ from ebfl.learning.torch.functional import (
 
 __all__ = ["AdaPeD", "DPAdaPeD", "FedAvg", "GaussianRelease", "Local", "Strategy", "check_model",
            "client_test_accuracy"]
-
-
-def _ce_loss(forward, params, x, y):
-    return cross_entropy(forward(params, x), y)
 
 
 def check_model(model):
@@ -325,7 +322,7 @@ class FedAvg(_PlainSGD):
         return {"model": replicate(message["global"], rc.clients.size)}
 
     def local_step(self, work, client, x, y, scale, rng):
-        g = client_grad(self.model, _ce_loss, work["model"], x, y)
+        g = client_grad(self.model, ce_loss, work["model"], x, y)
         work["model"] = sgd_step(work["model"], g, self.lr * scale, self.weight_decay)
 
     def client_reply(self, work, client):
@@ -362,7 +359,7 @@ class Local(_PlainSGD):
         return {}
 
     def local_step(self, work, client, x, y, scale, rng):
-        g = client_grad(self.model, _ce_loss, client["theta"], x, y)
+        g = client_grad(self.model, ce_loss, client["theta"], x, y)
         client["theta"] = sgd_step(client["theta"], g, self.lr * scale, self.weight_decay)
 
     def aggregate(self, server, replies, weights, rc):

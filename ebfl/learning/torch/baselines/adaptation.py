@@ -23,15 +23,13 @@ from ebfl.federated.streams import stream_seed
 from ebfl.learning.torch.data import ClientSubset, FederatedDataset
 from ebfl.learning.torch.functional import (
     buffer_names,
+    ce_loss,
     client_forward,
     client_generators,
     client_grad,
     clone_params,
     replicate,
     sgd_step,
-)
-from ebfl.learning.torch.strategies import (
-    _ce_loss,
 )
 
 __all__ = ["full_batch_steps", "minibatch_steps"]
@@ -231,7 +229,7 @@ def _minibatch(model, stack, data, steps, lr, weight_decay, batch_size, rng):
     out = clone_params(stack)
     for _ in range(steps):
         x, y = data.sample_batch(rng, batch_size)
-        g = client_grad(model, _ce_loss, out, x.to(dtype), y)
+        g = client_grad(model, ce_loss, out, x.to(dtype), y)
         out = sgd_step(out, g, lr, weight_decay)
     return out
 

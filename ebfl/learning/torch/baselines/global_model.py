@@ -10,10 +10,10 @@ from ebfl.learning.torch.baselines.adaptation import (
     _AdaptedGlobal,
     _OneGlobalModel,
 )
+from ebfl.learning.torch.distillation import ServerDistillation
 from ebfl.learning.torch.functional import (
     weighted_mean,
 )
-from ebfl.learning.torch.perada import ServerDistillation
 from ebfl.learning.torch.strategies import (
     FedAvg,
     _weights,
@@ -99,8 +99,8 @@ class FedDF(ServerDistillation, _OneGlobalModel, FedAvg):
     server averages the replies weighted by training-set size, then takes
     ``kd_steps`` distillation steps of that average (the student) toward the
     mean of the received models' logits (the teacher ensemble) on the
-    unlabeled inputs ``aux``: :func:`~ebfl.learning.torch.perada.distill` and
-    :func:`~ebfl.learning.torch.perada.ensemble_logits`, the server step of
+    unlabeled inputs ``aux``: :func:`~ebfl.learning.torch.distillation.distill` and
+    :func:`~ebfl.learning.torch.distillation.ensemble_logits`, the server step of
     PerAda applied to the full model. With ``kd_steps = 0`` it is FedAvg.
 
     The distilled global model is every client's predictor and the one that
@@ -132,7 +132,7 @@ class FedDF(ServerDistillation, _OneGlobalModel, FedAvg):
         Distill only in rounds < ``kd_rounds`` (default: every round).
     kd_validation : (Tensor, Tensor), optional
         Labelled server data: keep the best student on it (see
-        :func:`~ebfl.learning.torch.perada.distill`).
+        :func:`~ebfl.learning.torch.distillation.distill`).
     kd_patience, kd_eval_every : int, optional
         Early stopping on ``kd_validation``.
     weight_decay : float

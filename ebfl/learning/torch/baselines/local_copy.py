@@ -19,6 +19,7 @@ from ebfl.learning.torch.baselines.adaptation import (
 )
 from ebfl.learning.torch.functional import (
     buffer_names,
+    ce_loss,
     client_grad,
     cross_entropy,
     replicate,
@@ -27,7 +28,6 @@ from ebfl.learning.torch.functional import (
 )
 from ebfl.learning.torch.strategies import (
     Strategy,
-    _ce_loss,
     _weights,
     check_model,
 )
@@ -128,10 +128,10 @@ class Ditto(_LocalCopyOfGlobal):
         return {**super().client_begin(message, client, rc), "anchor": message["global"]}
 
     def local_step(self, work, client, x, y, scale, rng):
-        g = client_grad(self.model, _ce_loss, work["model"], x, y)
+        g = client_grad(self.model, ce_loss, work["model"], x, y)
         work["model"] = sgd_step(work["model"], g, self.lr * scale, self.weight_decay)
         v, w = client["personal"], work["anchor"]
-        h = client_grad(self.model, _ce_loss, v, x, y)
+        h = client_grad(self.model, ce_loss, v, x, y)
         # the proximal pull acts on the parameters (the gradient's names), not on buffers
         h = {n: gn + self.lam * (v[n] - w[n]) for n, gn in h.items()}
         client["personal"] = sgd_step(v, h, self.lr_personal * scale, self.weight_decay)
@@ -216,7 +216,7 @@ class PFedMe(_LocalCopyOfGlobal):
     def client_step(self, w, theta, x, y, scale):
         """One local iteration of stacked clients: K inner steps on theta, then the w step."""
         for _ in range(self.inner_steps):
-            g = client_grad(self.model, _ce_loss, theta, x, y)
+            g = client_grad(self.model, ce_loss, theta, x, y)
             g = {n: gn + self.lam * (theta[n] - w[n]) for n, gn in g.items()}  # parameters only
             theta = sgd_step(theta, g, self.lr_personal * scale, self.weight_decay)
         rate = self.lr * scale * self.lam
@@ -314,9 +314,9 @@ class PerFedAvg(_AdaptedGlobal, _LocalCopyOfGlobal):
     def local_step(self, work, client, x, y, scale, rng):
         h = x.shape[1] // 2
         w = work["model"]
-        g = client_grad(self.model, _ce_loss, w, x[:, :h], y[:, :h])
+        g = client_grad(self.model, ce_loss, w, x[:, :h], y[:, :h])
         tmp = sgd_step(w, g, self.alpha)
-        g = client_grad(self.model, _ce_loss, tmp, x[:, h:], y[:, h:])
+        g = client_grad(self.model, ce_loss, tmp, x[:, h:], y[:, h:])
         work["model"] = sgd_step(w, g, self.lr * scale, self.weight_decay)
 
     def evaluation_message(self, server):
@@ -434,7 +434,7 @@ class APFL(_LocalCopyOfGlobal):
         w_params = {n: t for n, t in w.items() if n not in buffers}
         g = client_grad(self.model, _mixture_loss, {**v, _ALPHA: alpha}, x, y, w_params)
         g_alpha = g.pop(_ALPHA)
-        h = client_grad(self.model, _ce_loss, w, x, y)
+        h = client_grad(self.model, ce_loss, w, x, y)
         work["model"] = sgd_step(w, h, self.lr * scale, self.weight_decay)
         client["personal"] = sgd_step(v, g, self.lr_personal * scale, self.weight_decay)
         if self.learn_alpha:

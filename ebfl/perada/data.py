@@ -442,8 +442,11 @@ def synthetic_perada(*, n_clients=20, alpha=0.1, n_train=3000, n_test=600, serve
     >>> int(data.federated.n_test.sum()) == 120
     True
     """
-    from ebfl.datasets.synthetic_digits import digit_strokes, draw_digit_images
-    from ebfl.fedhdp.data import MNIST_TRAIN_COUNTS
+    from ebfl.datasets.synthetic_digits import (
+        MNIST_TRAIN_COUNTS,
+        digit_strokes,
+        draw_digit_images,
+    )
 
     n_clients, alpha, least, server_fraction, seed = _common_iv(
         n_clients, alpha, least_per_class, server_fraction, seed)

@@ -95,7 +95,7 @@ class PerAdaProtocol:
     kd_step_grid: tuple = (0, 10, 40)
 
     def __post_init__(self):
-        # ebfl.learning.torch.perada's MAX_KD_STEPS (10**6), not imported: FULL and QUICK
+        # ebfl.learning.torch.distillation's MAX_KD_STEPS (10**6), not imported: FULL and QUICK
         # are built on import, and this module must import without torch.
         MAX_KD_STEPS = 10**6  # noqa: N806
         from ebfl.learning.partition import MAX_ALPHA
@@ -299,7 +299,7 @@ def make_method(name, *, data, protocol, backbone, seed=0, lam=None, aux=None, k
     from ebfl.learning.torch import baselines as b
     from ebfl.learning.torch import partial as pt
     from ebfl.learning.torch import strategies as st
-    from ebfl.learning.torch.perada import PerAda
+    from ebfl.perada.algorithm import PerAda
 
     n_classes = data.federated.n_classes
     in_channels = 1 if data.federated.x_train.dim() == 4 else data.federated.x_train.shape[2]
@@ -314,7 +314,7 @@ def make_method(name, *, data, protocol, backbone, seed=0, lam=None, aux=None, k
     if name in ("PerAda", "PerAda w/o KD"):
         use_aux = (aux if aux is not None else aux_default) if name == "PerAda" else None
         if dp is not None:
-            from ebfl.learning.torch.perada_dp import DPPerAda
+            from ebfl.perada.dp import DPPerAda
 
             return DPPerAda(adapted, init_adapted, lr=lr, lam=lam, aux=use_aux, **kd,
                             **dp), None
@@ -368,15 +368,15 @@ def run_method(name, data, protocol, backbone, *, seed=0, progress=False, cache=
     ``device``: where the model trains and is evaluated ("cpu", "cuda", "cuda:N";
     see :func:`ebfl.learning.torch.train`).
     """
-    from ebfl.experiments.perada_data import PerAdaData
     from ebfl.learning.torch.engine import run_config, train
     from ebfl.learning.torch.functional import check_device
-    from ebfl.learning.torch.generalization import generalization_report
+    from ebfl.perada.data import PerAdaData
+    from ebfl.perada.generalization import generalization_report
 
     device = check_device(device)
     name = check_choice(name, "name", METHODS)
     if not isinstance(data, PerAdaData):
-        raise TypeError(f"data must be a PerAdaData (ebfl.experiments.perada_data), got "
+        raise TypeError(f"data must be a PerAdaData (ebfl.perada.data), got "
                         f"{type(data).__name__}")
     if not isinstance(protocol, PerAdaProtocol):
         raise TypeError(f"protocol must be a PerAdaProtocol, got {type(protocol).__name__}")
@@ -463,7 +463,7 @@ DATASETS = ("mnist", "synthetic", "cifar10")
 
 def load_data(dataset, protocol, *, seed=0, directory=None):
     """The federation, its Global-test, OOD sets and distillation data for ``dataset``."""
-    from ebfl.experiments import perada_data as pdata
+    from ebfl.perada import data as pdata
 
     common = dict(n_clients=protocol.n_clients, alpha=protocol.alpha, seed=seed,
                   n_train=protocol.n_train, n_test=protocol.n_test, n_aux=protocol.n_aux)
@@ -712,7 +712,7 @@ def _figure7(runs, protocol):
 
 def _table4(runs, data, protocol):
     """Sample-level DP (Table 4): Local-test of PerAda and PerAda w/o KD at target epsilons."""
-    from ebfl.learning.torch.perada_dp import calibrate_noise_multiplier
+    from ebfl.perada.dp import calibrate_noise_multiplier
 
     rows = []
     n_train = data.federated.n_train.numpy()
@@ -756,7 +756,7 @@ _PAPER_COLUMNS = {"Local-test": "local_test", "Global-test": "global_test",
 
 def _paper_numbers():
     """The paper's CIFAR-10 columns of Tables 1 and 2 and its Table 4, keyed by our rows."""
-    from ebfl.experiments.perada_data import perada_paper_numbers
+    from ebfl.perada.data import perada_paper_numbers
 
     t1 = perada_paper_numbers(1)
     t1 = t1[t1["dataset"] == "CIFAR-10"]

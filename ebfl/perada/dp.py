@@ -61,13 +61,14 @@ from ebfl._validation import (
     check_positive_scalar,
 )
 from ebfl.learning.torch.baselines import Ditto
-from ebfl.learning.torch.dp_sgd import _dp_sgd_gradient, _poisson_batch, gather_batch
+from ebfl.learning.torch.distillation import DROPOUT_KEY, DROPOUT_KEY_RANGE
+from ebfl.learning.torch.dp_sgd import dp_sgd_gradient, gather_batch, poisson_batch
 from ebfl.learning.torch.functional import (
     client_generators,
     cross_entropy,
     sgd_step,
 )
-from ebfl.learning.torch.perada import _KEY_RANGE, DROPOUT_KEY, PerAda
+from ebfl.perada.algorithm import PerAda
 from ebfl.privacy.accounting.core import NOISE_MULTIPLIER_RANGE
 from ebfl.privacy.accounting.dp_fedavg import dp_fedavg_epsilon, dp_fedavg_noise_multiplier
 
@@ -425,12 +426,14 @@ class _DPSGDClients:
         """One DP-SGD gradient per client, on a fresh Poisson batch of its data (drawn on the
         CPU, then moved to the data's device)."""
         q, expected = rates
-        idx, mask, _ = _poisson_batch(data.n_train, q, rng)
+        idx, mask, _ = poisson_batch(data.n_train, q, rng)
         x, y = gather_batch(data, idx)
         mask = mask.to(y.device)
-        return _dp_sgd_gradient(self.model, cross_entropy, stack, x, y, mask, self.clip,
-                                self.noise_multiplier, rng, expected, self.frozen(),
-                                _sample_keys(stack, rng, idx.shape[1]))
+        return dp_sgd_gradient(self.model, stack, x, y, mask, clip=self.clip,
+                               noise_multiplier=self.noise_multiplier, generators=rng,
+                               expected_batch=expected, frozen=self.frozen(),
+                               loss_fn=cross_entropy,
+                               sample_state=_sample_keys(stack, rng, idx.shape[1]))
 
     def _dp_step(self, stack, data, rates, rng, lr, anchor=None):
         """stack - lr (noisy gradient [+ lam (stack - anchor)] [+ weight decay])."""
@@ -475,10 +478,10 @@ def _sample_keys(stack, rng, width):
     The keys are exact integers in float64, made on the CPU and moved to the stack's device."""
     if DROPOUT_KEY not in stack:
         return None
-    base = torch.tensor([float(torch.randint(_KEY_RANGE, (1,), generator=g)) for g in rng],
+    base = torch.tensor([float(torch.randint(DROPOUT_KEY_RANGE, (1,), generator=g)) for g in rng],
                         dtype=torch.float64)
     offsets = torch.arange(width, dtype=torch.float64)
-    keys = torch.remainder(base[:, None] + offsets[None, :], _KEY_RANGE)
+    keys = torch.remainder(base[:, None] + offsets[None, :], DROPOUT_KEY_RANGE)
     return {DROPOUT_KEY: keys.to(stack[DROPOUT_KEY].device)}
 
 
@@ -491,7 +494,7 @@ class DPPerAda(_DPSGDClients, PerAda):
     Poisson batch of the client's data (:mod:`ebfl.learning.torch.dp_sgd`).
     Every BatchNorm layer runs in eval mode (see the module docstring), so
     running statistics in the replies equal those broadcast. The server is
-    :class:`~ebfl.learning.torch.perada.PerAda`'s: averaging and distillation on
+    :class:`~ebfl.perada.algorithm.PerAda`'s: averaging and distillation on
     public unlabeled data, post-processing that spends no budget. Table 4 runs
     with full participation (``clients_per_round`` = m). ``RunConfig.batch_size``
     is not used: batches are Poisson draws.
@@ -499,7 +502,7 @@ class DPPerAda(_DPSGDClients, PerAda):
     Parameters
     ----------
     model, pretrained
-        As :class:`~ebfl.learning.torch.perada.PerAda`.
+        As :class:`~ebfl.perada.algorithm.PerAda`.
     clip : float
         C > 0, the per-sample L2 clip over the adapter's parameters.
     noise_multiplier : float
@@ -511,7 +514,7 @@ class DPPerAda(_DPSGDClients, PerAda):
         (then epsilon varies across clients, as in Table 4). B must be <= every
         client's n_m (a ValueError when a round reaches a smaller client).
     **kwargs
-        As :class:`~ebfl.learning.torch.perada.PerAda` (``aux=None``: PerAda w/o KD).
+        As :class:`~ebfl.perada.algorithm.PerAda` (``aux=None``: PerAda w/o KD).
 
     Examples
     --------
