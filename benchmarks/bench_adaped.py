@@ -33,7 +33,8 @@ import torch.nn.functional as F
 from _timing import best_of
 
 from ebfl.federated import RoundContext, RunConfig
-from ebfl.learning.torch import CNN5, MLP, AdaPeD
+from ebfl.generative.algorithm import AdaPeD
+from ebfl.learning.torch import CNN5, MLP
 from ebfl.learning.torch.engine import flush_denormals
 from ebfl.learning.torch.functional import check_device, replicate
 

@@ -17,7 +17,7 @@ import json
 import numpy as np
 from _timing import best_of
 
-from ebfl.experiments.regression import e3_data
+from ebfl.generative.regression import e3_data
 from ebfl.learning import LinearGD
 
 GOAL = 20.0

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from ebfl.experiments.adaped import load_clients, table1  # noqa: E402
+from ebfl.generative.adaped import load_clients, table1  # noqa: E402
 from tests.conftest import requires_data  # noqa: E402
 
 needs_mnist = requires_data("mnist")
@@ -99,7 +99,7 @@ def test_adaped_fedem_cli_runs_both_methods_private_and_not(tmp_path, capsys):
 
 
 def test_adaped_fedem_bad_input():
-    from ebfl.experiments.adaped import fedem_comparison
+    from ebfl.generative.adaped import fedem_comparison
 
     with pytest.raises(ValueError, match="noise_multipliers"):
         fedem_comparison("hapt", noise_multipliers=(0.0,))

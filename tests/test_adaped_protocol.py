@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-import ebfl.experiments.adaped as adaped  # noqa: E402
+import ebfl.generative.adaped as adaped  # noqa: E402
 from ebfl.cli import main  # noqa: E402
 from tests.conftest import requires_data  # noqa: E402
 

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-import ebfl.experiments.adaped_protocol as search
+import ebfl.generative.adaped_protocol as search
 from ebfl.cli import main
 from tests.conftest import requires_data
 
@@ -29,7 +29,7 @@ def fake_table1(monkeypatch):
         return {"settings": {"rounds": 300, "sampled_per_round": 5, "metric": "accuracy"},
                 "results": results, "curves": {}, "paper": {"FedAvg": [92.93, 0.09]}}
 
-    import ebfl.experiments.adaped as adaped
+    import ebfl.generative.adaped as adaped
     monkeypatch.setattr(adaped, "table1", table1)
     return calls
 

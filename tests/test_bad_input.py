@@ -1303,25 +1303,25 @@ def test_validate_takes_a_bare_name_as_one_check():
 
 
 def _e3_data(m, d, rng, n):
-    data, theta, mu = __import__("ebfl.experiments.regression",
+    data, theta, mu = __import__("ebfl.generative.regression",
                                  fromlist=["e3_data"]).e3_data(m, d, rng, n)
     return data.X, theta, mu
 
 
 def _e3(**kw):
-    from ebfl.experiments.regression import e3_regression
+    from ebfl.generative.regression import e3_regression
 
     return e3_regression(**kw)
 
 
 def _hapt_clients(**kw):
-    from ebfl.experiments.hapt import hapt_clients
+    from ebfl.generative.hapt import hapt_clients
 
     return hapt_clients(**kw)
 
 
 def _hapt_logistic(**kw):
-    from ebfl.experiments.hapt import hapt_logistic
+    from ebfl.generative.hapt import hapt_logistic
 
     return hapt_logistic(**kw)
 
@@ -1349,7 +1349,7 @@ table_tests(EXPERIMENTS, "experiments", globals())
 def _adaped(name):
     def call(**kw):
         pytest.importorskip("torch")  # the experiments build torch models
-        from ebfl.experiments import adaped
+        from ebfl.generative import adaped
 
         return getattr(adaped, name)(**kw)
 

@@ -191,7 +191,7 @@ def test_real_file_matches_the_dataset_readme(real_returns):
 @real
 def test_election_pipeline_on_the_real_file(real_returns, tmp_path, capsys):
     from ebfl.cli import main
-    from ebfl.experiments.election import METHODS
+    from ebfl.generative.election import METHODS
 
     assert main(["election", "--json", "--plot", str(tmp_path)]) == 0
     import json

@@ -613,7 +613,8 @@ def _digits(m=6):
 
 
 def _strategy(name):
-    from ebfl.learning.torch import AdaPeD, DPAdaPeD, FedAvg, Local, LogisticModel
+    from ebfl.generative.algorithm import AdaPeD, DPAdaPeD
+    from ebfl.learning.torch import FedAvg, Local, LogisticModel
 
     model = LogisticModel(64, 10)
     return {"FedAvg": lambda: FedAvg(model),

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from ebfl.datasets import feature_names, hapt_windows, load_hapt_raw, split_first_run
-from ebfl.experiments.hapt import hapt_clients, hapt_logistic
+from ebfl.generative.hapt import hapt_clients, hapt_logistic
 from tests.conftest import requires_data
 
 # Two users, two experiments each, 1000 samples per experiment. Labels: SITTING (4) on

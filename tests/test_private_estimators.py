@@ -337,7 +337,7 @@ def test_variance_rule_bad_input():
 def county_runs():
     """election_experiment with four seeds of the mechanism noise (the data are fixed)."""
     from ebfl.datasets import election_matrix, load_county_returns
-    from ebfl.experiments.election import election_experiment
+    from ebfl.generative.election import election_experiment
 
     matrix = election_matrix(load_county_returns())
     return [election_experiment(matrix, epsilons=(1.0, 5.0), rng=seed) for seed in range(4)]

@@ -23,10 +23,9 @@ from torch.utils._pytree import tree_flatten, tree_map  # noqa: E402
 
 from ebfl.cli import main  # noqa: E402
 from ebfl.fedhdp.algorithm import FedHDP  # noqa: E402
+from ebfl.generative.algorithm import AdaPeD, DPAdaPeD  # noqa: E402
 from ebfl.learning.torch import (  # noqa: E402
     MLP,
-    AdaPeD,
-    DPAdaPeD,
     DPFedEM,
     FedAvg,
     FedEM,

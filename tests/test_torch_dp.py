@@ -9,7 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from ebfl.federated.protocol import RoundContext, RunConfig  # noqa: E402
-from ebfl.learning.torch import CNN5, DPAdaPeD, DPFedEM, LogisticModel, train  # noqa: E402
+from ebfl.generative.algorithm import DPAdaPeD  # noqa: E402
+from ebfl.learning.torch import CNN5, DPFedEM, LogisticModel, train  # noqa: E402
 from ebfl.learning.torch.baselines import FedEM  # noqa: E402
 from ebfl.learning.torch.functional import (  # noqa: E402
     client_generators,

@@ -15,10 +15,10 @@ from sklearn.datasets import load_digits  # noqa: E402
 from torch.func import functional_call  # noqa: E402
 
 from ebfl.federated import RoundContext, RunConfig  # noqa: E402
+from ebfl.generative.algorithm import AdaPeD  # noqa: E402
 from ebfl.learning.torch import (  # noqa: E402
     CNN5,
     MLP,
-    AdaPeD,
     FedAvg,
     FederatedDataset,
     Local,

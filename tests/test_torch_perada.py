@@ -266,7 +266,7 @@ def test_a_proximal_step_with_lr_times_lam_above_2_moves_v_away_from_w():
 
 
 def test_dp_adaped_refuses_a_model_whose_reply_would_carry_unnoised_statistics():
-    from ebfl.learning.torch.strategies import DPAdaPeD
+    from ebfl.generative.algorithm import DPAdaPeD
 
     with pytest.raises(ValueError, match="not noised"):
         DPAdaPeD(_net(), 0.1, 0.1, clip_mu=1.0, noise_mu=1.0)

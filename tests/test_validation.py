@@ -8,8 +8,8 @@ from scipy import stats
 
 from ebfl import beta_binomial_eb
 from ebfl._kernels import LOO_PRINTED
+from ebfl.generative.checks import theorem3_replicates
 from ebfl.validation import CHECKS, judge, make_result, run_replicates, validate
-from ebfl.validation.checks import theorem3_replicates
 from ebfl.validation.sweeps import plot_sweeps
 
 # ------------------------------------------------------------------- engine

@@ -333,7 +333,7 @@ def _cmd_validate(args):
 
 def _cmd_election(args):
     from ebfl.datasets import election_matrix, load_county_returns
-    from ebfl.experiments.election import election_experiment, plot_election
+    from ebfl.generative.election import election_experiment, plot_election
 
     returns = load_county_returns(args.data, verify=not args.no_verify, progress=not args.json)
     matrix = election_matrix(returns)

@@ -9,7 +9,7 @@ from ebfl.cli._output import _emit, _nan_to_none, _print_table, _round, _save_fi
 
 
 def _cmd_reproduce_estimation(args):
-    from ebfl.experiments.estimation import reproduce_estimation
+    from ebfl.generative.estimation import reproduce_estimation
 
     payload = reproduce_estimation(quick=args.quick, rng=args.seed, progress=not args.json,
                                    plot_dir=args.plot)
@@ -39,7 +39,7 @@ def _cmd_reproduce_estimation(args):
 
 
 def _cmd_reproduce_regression(args):
-    from ebfl.experiments.regression import e3_regression, plot_e3
+    from ebfl.generative.regression import e3_regression, plot_e3
 
     kwargs = (dict(m=1000, runs=1, em_rounds=100, gd_rounds=200) if args.quick
               else dict(m=10_000, runs=3, em_rounds=300, gd_rounds=1000))
@@ -67,7 +67,7 @@ def _cmd_reproduce_regression(args):
 
 def _lr_grid(args):
     """The grid of ``--lr-grid``: None without it, the paper's when given bare."""
-    from ebfl.experiments.adaped import PAPER_LR_GRID
+    from ebfl.generative.adaped import PAPER_LR_GRID
 
     if args.lr_grid is not None and not args.lr_grid:
         return PAPER_LR_GRID
@@ -75,7 +75,7 @@ def _lr_grid(args):
 
 
 def _cmd_reproduce_adaped(args):
-    from ebfl.experiments.adaped import METHODS, plot_table1, table1
+    from ebfl.generative.adaped import METHODS, plot_table1, table1
 
     payload = table1(args.dataset, methods=tuple(args.methods or METHODS),
                      seeds=tuple(range(args.seed, args.seed + args.seeds)), quick=args.quick,
@@ -116,7 +116,7 @@ def _rates(rates, at_edge):
 
 
 def _cmd_reproduce_adaped_protocol(args):
-    from ebfl.experiments.adaped_protocol import (
+    from ebfl.generative.adaped_protocol import (
         SEARCH_METHODS,
         plot_protocol_search,
         protocol_search,
@@ -350,7 +350,7 @@ def _render_dp_pfl(p):
 
 
 def _cmd_reproduce_dp_adaped(args):
-    from ebfl.experiments.adaped import dp_sweep, plot_dp_sweep
+    from ebfl.generative.adaped import dp_sweep, plot_dp_sweep
 
     payload = dp_sweep(args.dataset, noise_multipliers=tuple(args.noise or (0.5, 1.0, 2.0, 4.0)),
                        clip=args.clip, delta=args.delta, concatenate=args.concatenate,
@@ -370,7 +370,7 @@ def _cmd_reproduce_dp_adaped(args):
 
 
 def _cmd_reproduce_adaped_fedem(args):
-    from ebfl.experiments.adaped import fedem_comparison, plot_fedem_comparison
+    from ebfl.generative.adaped import fedem_comparison, plot_fedem_comparison
 
     zs = () if args.non_private else tuple(args.noise or (1.0, 4.0, 16.0))
     payload = fedem_comparison(args.dataset, noise_multipliers=zs, clip=args.clip,
@@ -405,7 +405,7 @@ def _cmd_reproduce_adaped_fedem(args):
 def _cmd_hapt(args):
     from ebfl._validation import check_choice
     from ebfl.datasets import ACTIVITIES, hapt_windows, load_hapt_raw
-    from ebfl.experiments.hapt import hapt_logistic, plot_hapt
+    from ebfl.generative.hapt import hapt_logistic, plot_hapt
 
     check_choice(args.positive, "--positive", set(ACTIVITIES.values()))  # before the slow load
     windows = hapt_windows(load_hapt_raw(args.data, download=args.download,

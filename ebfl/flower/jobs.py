@@ -227,6 +227,7 @@ def build_job(settings):
 
 
 def _learning_algorithm(s):
+    from ebfl.generative import algorithm as ada
     from ebfl.learning.torch import baselines as b
     from ebfl.learning.torch import strategies as st
     from ebfl.learning.torch.models import LogisticModel
@@ -236,10 +237,10 @@ def _learning_algorithm(s):
     makers = {
         "fedavg": lambda: st.FedAvg(model, lr),
         "local": lambda: st.Local(model, lr),
-        "adaped": lambda: st.AdaPeD(model, lr, lr),
-        "adaped-ft": lambda: st.AdaPeD(model, lr, lr, fine_tune=True),
-        "dp-adaped": lambda: st.DPAdaPeD(model, lr, lr, clip_mu=clip, noise_mu=noise,
-                                         concatenate=True),
+        "adaped": lambda: ada.AdaPeD(model, lr, lr),
+        "adaped-ft": lambda: ada.AdaPeD(model, lr, lr, fine_tune=True),
+        "dp-adaped": lambda: ada.DPAdaPeD(model, lr, lr, clip_mu=clip, noise_mu=noise,
+                                          concatenate=True),
         "fedavg-ft": lambda: b.FedAvgFT(model, lr),
         "ditto": lambda: b.Ditto(model, lr),
         "pfedme": lambda: b.PFedMe(model),

@@ -1,7 +1,7 @@
 """The registry of Monte Carlo checks and of the papers' validation figures.
 
 A check is registered where its paper lives: the generative framework's in
-:mod:`ebfl.validation.checks`, FedHDP's in :mod:`ebfl.fedhdp.checks`, DP-PFL's in
+:mod:`ebfl.generative.checks`, FedHDP's in :mod:`ebfl.fedhdp.checks`, DP-PFL's in
 :mod:`ebfl.dppfl.checks`. Those packages sit above this layer (they import it to
 register), so the registry names them in :data:`PROVIDERS` instead of importing
 them, and imports them the first time anyone reads :data:`~ebfl.validation.CHECKS` or
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 __all__ = ["CHECKS", "PROVIDERS", "Check", "figure_sets", "register", "register_figures"]
 
 #: Modules that register checks or figures when imported, in the order of the table.
-PROVIDERS = ("ebfl.validation.checks", "ebfl.dppfl.checks", "ebfl.fedhdp.checks",
+PROVIDERS = ("ebfl.generative.checks", "ebfl.dppfl.checks", "ebfl.fedhdp.checks",
              "ebfl.fedhdp.figures")
 
 

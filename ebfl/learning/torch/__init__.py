@@ -34,9 +34,9 @@ from ebfl.learning.torch.data import FederatedDataset
 from ebfl.learning.torch.engine import TrainResult, train
 from ebfl.learning.torch.models import CNN5, MLP, LogisticModel
 from ebfl.learning.torch.pretrain import load_backbone, pretrained_backbone
-from ebfl.learning.torch.strategies import AdaPeD, DPAdaPeD, FedAvg, Local
+from ebfl.learning.torch.strategies import FedAvg, Local
 
-__all__ = ["CNN5", "FML", "MLP", "AdaPeD", "AdapterBlock", "DPAdaPeD", "DPFedEM", "Ditto",
+__all__ = ["CNN5", "FML", "MLP", "AdapterBlock", "DPFedEM", "Ditto",
            "FedAvg", "FedAvgFT", "FedEM", "FederatedDataset", "Local", "LogisticModel", "PFedMe",
            "PerFedAvg", "QuPeDFP", "ResNet18Adapters", "SmallResNet", "TrainResult",
            "load_backbone", "load_torchvision_weights", "parameter_counts", "parameter_groups",

@@ -235,7 +235,7 @@ class DPFedEM(GaussianRelease, FedEM):
     L2 norm at most ``clip`` and N(0, ``noise``^2) is added to every coordinate
     (:func:`~ebfl.learning.torch.functional.clip_and_noise`, client j's noise
     from its own stream of the round), exactly the mechanism of
-    :class:`~ebfl.learning.torch.DPAdaPeD` with ``concatenate=True``; the
+    :class:`~ebfl.generative.algorithm.DPAdaPeD` with ``concatenate=True``; the
     mixture weights pi never leave the client. The server averages the
     components *unweighted* (every client's weight is 1): weights by
     training-set size would let a large client's update exceed the 1/K share

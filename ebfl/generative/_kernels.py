@@ -1,4 +1,4 @@
-"""Numba kernels of the Monte Carlo checks (private: inputs are trusted)."""
+"""Numba kernels of the generative framework's Monte Carlo checks (private: inputs trusted)."""
 
 import numpy as np
 from numba import njit, prange

@@ -73,7 +73,8 @@ def _methods():
     grid search sets one "learning rate" per method, which is the step of the model
     the method trains (both for AdaPeD's eta1 = eta2 and QuPeD's two models).
     """
-    from ebfl.learning.torch import AdaPeD, FedAvg, Local
+    from ebfl.generative.algorithm import AdaPeD
+    from ebfl.learning.torch import FedAvg, Local
     from ebfl.learning.torch import baselines as b
 
     return {
@@ -400,7 +401,7 @@ def dp_sweep(dataset="mnist", *, noise_multipliers=(0.5, 1.0, 2.0, 4.0), clip=1.
     beside non-private AdaPeD and local training (which is private by
     construction). Each run's epsilon at ``delta`` is given twice: by the
     paper's Theorem 7 and by the correct accountant
-    (:meth:`ebfl.learning.torch.DPAdaPeD.privacy`; fixed-size sampling,
+    (:meth:`ebfl.generative.algorithm.DPAdaPeD.privacy`; fixed-size sampling,
     trusted aggregator, RDP). ``device``: where the models train (as in
     :func:`table1`).
 
@@ -410,7 +411,8 @@ def dp_sweep(dataset="mnist", *, noise_multipliers=(0.5, 1.0, 2.0, 4.0), clip=1.
         ``settings``, ``runs`` (one per z: accuracy %, epsilon_theorem7,
         epsilon_accountant), ``reference`` {AdaPeD, Local: accuracy %}.
     """
-    from ebfl.learning.torch import AdaPeD, DPAdaPeD, Local, train
+    from ebfl.generative.algorithm import AdaPeD, DPAdaPeD
+    from ebfl.learning.torch import Local, train
     from ebfl.learning.torch.functional import check_device
 
     _dataset_iv(dataset)
@@ -561,7 +563,8 @@ def fedem_comparison(dataset="mnist", *, noise_multipliers=(1.0, 4.0, 16.0), cli
         {DP-AdaPeD, DP-FedEM: {mean, sd, per_seed}}; ``paper`` {method: [value,
         pm]} where the paper reports it (MNIST).
     """
-    from ebfl.learning.torch import DPAdaPeD, train
+    from ebfl.generative.algorithm import DPAdaPeD
+    from ebfl.learning.torch import train
     from ebfl.learning.torch.functional import check_device
 
     _dataset_iv(dataset)
@@ -605,7 +608,8 @@ def fedem_comparison(dataset="mnist", *, noise_multipliers=(1.0, 4.0, 16.0), cli
 
 def _e7_strategy(key, model, clip):
     """The strategy of a key: "AdaPeD", "FedEM", ("DP-AdaPeD", z) or ("DP-FedEM", z)."""
-    from ebfl.learning.torch import AdaPeD, DPAdaPeD, DPFedEM, FedEM
+    from ebfl.generative.algorithm import AdaPeD, DPAdaPeD
+    from ebfl.learning.torch import DPFedEM, FedEM
 
     if key == "AdaPeD":
         return AdaPeD(model)

@@ -27,6 +27,7 @@ from ebfl.eb.beta_binomial import beta_binomial_eb
 from ebfl.eb.discrete import discrete_posterior, lemma1_radius
 from ebfl.eb.gaussian import personalized_gaussian
 from ebfl.eb.priors import BetaPrior
+from ebfl.generative import _kernels
 from ebfl.models import BetaBernoulliPopulation, GaussianPopulation
 from ebfl.privacy.estimators import private_bernoulli_paper, private_gaussian
 from ebfl.privacy.mechanisms import (
@@ -36,7 +37,6 @@ from ebfl.privacy.mechanisms import (
     StochasticQuantizer,
     paper_clip_range,
 )
-from ebfl.validation import _kernels
 from ebfl.validation.engine import make_result, run_replicates
 from ebfl.validation.registry import CHECKS, register
 

@@ -2,10 +2,10 @@
 
 The paper gives the split (50 MNIST clients of 3 classes), K = 5, tau = 10 and 50
 epochs, but not how many training images a client holds, nor the learning rates it
-tuned each method to (over :data:`~ebfl.experiments.adaped.PAPER_LR_GRID`). With all
+tuned each method to (over :data:`~ebfl.generative.adaped.PAPER_LR_GRID`). With all
 of MNIST each client has about 1,100 images of 3 digits, which makes local training
 strong and FedAvg's one model good. :func:`protocol_search` runs Table 1
-(:func:`~ebfl.experiments.adaped.table1`) for several numbers of training images per
+(:func:`~ebfl.generative.adaped.table1`) for several numbers of training images per
 client, optionally choosing each method's rate on a validation split, and sets the
 results beside the paper's; :func:`plot_protocol_search` draws accuracy against
 images per client, one line per method, with the paper's values as markers.
@@ -55,12 +55,12 @@ def protocol_search(sizes=(50, 100, 200, 500, None), *, methods=SEARCH_METHODS, 
     sizes : sequence of int or None
         Training images per client (None or ``"all"``: all of them).
     methods : sequence of str
-        Names from :data:`ebfl.experiments.adaped.METHODS`.
+        Names from :data:`ebfl.generative.adaped.METHODS`.
     seeds : sequence of int
         One client split, initialization and sampling per seed.
     lr_grid : sequence of float, optional
         Choose each method's rate per seed on a validation split (see
-        :func:`ebfl.experiments.adaped.table1`); None keeps the default rates.
+        :func:`ebfl.generative.adaped.table1`); None keeps the default rates.
     classes_per_client : int
         Classes per client (the paper: 3).
     dataset : {"mnist", "fashion-mnist"}
@@ -85,7 +85,7 @@ def protocol_search(sizes=(50, 100, 200, 500, None), *, methods=SEARCH_METHODS, 
         of ``methods``); ``closest``: per method the paper reports, the size where our
         mean comes closest to it, with that ``gap`` (ours minus the paper's).
     """
-    from ebfl.experiments.adaped import at_grid_edge, table1
+    from ebfl.generative.adaped import at_grid_edge, table1
 
     sizes = _sizes_iv(sizes)
     seeds = [check_int_scalar(s, "seeds", minimum=0) for s in seeds]

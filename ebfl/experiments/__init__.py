@@ -1,1 +1,0 @@
-"""Reproductions of the papers' experiments (``ebfl reproduce ...``)."""
