@@ -1,6 +1,6 @@
 """Benchmark P2: the Theorem 3 Monte Carlo check, m = 10^4, n = 14, R = 10^3 replicates.
 
-ours       ``ebfl.validation.CHECKS["thm3"].run(reps=R)``: per replicate, the
+ours       ``ebfl.validation.CHECKS["thm3"].run(n_reps=R)``: per replicate, the
            histogram of the counts is drawn (Multinomial over z = 0..n, exact
            because clients are exchangeable) and p_i is integrated out given z_i;
            a Numba kernel evaluates estimator (6) once per distinct z.
@@ -29,14 +29,14 @@ GOAL_LOOP_RATIO = 10.0
 GOAL_FLOOR_RATIO = 2.0
 
 
-def numpy_loop(reps, seed):
+def numpy_loop(n_reps, seed):
     """Theorem 3's simulation written the obvious way; returns the mean MSE."""
     rng = np.random.default_rng(seed)
     c = math.sqrt(3 * math.log(4 * M * M * N) / (M - 1))
     mu_true, var_true = ALPHA / (ALPHA + BETA), ALPHA * BETA / ((ALPHA + BETA) ** 2
                                                                * (ALPHA + BETA + 1))
-    mse = np.empty(reps)
-    for r in range(reps):
+    mse = np.empty(n_reps)
+    for r in range(n_reps):
         p = rng.beta(ALPHA, BETA, M)
         x = rng.binomial(N, p) / N
         total = x.sum()
@@ -53,9 +53,9 @@ def numpy_loop(reps, seed):
     return float(mse.mean())
 
 
-def rng_floor(reps, seed):
+def rng_floor(n_reps, seed):
     rng = np.random.default_rng(seed)
-    for _ in range(reps):
+    for _ in range(n_reps):
         rng.binomial(N, rng.beta(ALPHA, BETA, M))
 
 
@@ -69,8 +69,8 @@ def main(argv=None):
     n_rep = 100 if args.quick else 1000
 
     check = CHECKS["thm3"]
-    check.run(reps=10, rng=0)  # compile the kernel
-    t_ours, rows = best_of(lambda: check.run(reps=n_rep, rng=args.seed), args.reps)
+    check.run(n_reps=10, rng=0)  # compile the kernel
+    t_ours, rows = best_of(lambda: check.run(n_reps=n_rep, rng=args.seed), args.reps)
     t_loop, loop_mse = best_of(lambda: numpy_loop(n_rep, args.seed), args.reps)
     t_floor, _ = best_of(lambda: rng_floor(n_rep, args.seed), args.reps)
     ours = rows[0]
@@ -90,7 +90,7 @@ def main(argv=None):
     print(f"P2 Theorem 3 check, m = {M}, n = {N}, R = {n_rep}")
     print(f"  ours (histogram + Numba)  {t_ours:8.3f} s   MSE {ours.estimate:.6f} "
           f"± {ours.se:.1e}")
-    print(f"  numpy loop over reps      {t_loop:8.3f} s   MSE {loop_mse:.6f}")
+    print(f"  numpy loop over n_reps      {t_loop:8.3f} s   MSE {loop_mse:.6f}")
     print(f"  RNG floor (beta+binomial) {t_floor:8.3f} s")
     print(f"  loop / ours = {t_loop / t_ours:.1f}x (goal >= {GOAL_LOOP_RATIO:g}); "
           f"ours / floor = {t_ours / t_floor:.3f} (goal <= {GOAL_FLOOR_RATIO:g})")

@@ -1254,11 +1254,11 @@ def _step(rng, k):
 
 
 VALIDATION = [
-    Case("validate", validate, lambda: dict(names="known_beta", reps=5, rng=0),
-         scalars={"reps": "count", "quick": "bool", "progress": "bool"},
+    Case("validate", validate, lambda: dict(names="known_beta", n_reps=5, rng=0),
+         scalars={"n_reps": "count", "quick": "bool", "progress": "bool"},
          bad=(("names", "thm99", ValueError, "unknown check"), ("names", [1], TypeError),
               ("names", 3, TypeError), ("rng", -1, ValueError), ("rng", "0", TypeError),
-              ("reps", 1, ValueError)),
+              ("n_reps", 1, ValueError)),
          result=lambda report: report.to_dicts()),
     Case("judge", judge,
          lambda: dict(kind="exact", estimate=1.0, se=0.25, formula=1.5, z=4.0, atol=0.0),
@@ -1274,20 +1274,20 @@ VALIDATION = [
               ("name", 3, TypeError), ("params", [1], TypeError), ("se", "0.1", TypeError),
               ("kind", "lower-ish", ValueError), ("z", 0.0, ValueError),
               ("extra", 1.0, TypeError))),
-    Case("run_replicates", run_replicates, lambda: dict(step=_step, reps=5, rng=0, chunk=2),
-         scalars={"reps": "count", "chunk": "count", "rng": "rng", "progress": "bool"},
-         bad=(("reps", 1, ValueError), ("step", "f", TypeError),
+    Case("run_replicates", run_replicates, lambda: dict(step=_step, n_reps=5, rng=0, chunk=2),
+         scalars={"n_reps": "count", "chunk": "count", "rng": "rng", "progress": "bool"},
+         bad=(("n_reps", 1, ValueError), ("step", "f", TypeError),
               ("step", lambda rng, k: [1.0] * k, TypeError),
               ("step", lambda rng, k: {"x": np.zeros(k + 1)}, ValueError),
               ("desc", 3, TypeError))),
-    Case("run_sweep", run_sweep, lambda: dict(name="thm1_vs_sigma_theta", reps=5, rng=0),
+    Case("run_sweep", run_sweep, lambda: dict(name="thm1_vs_sigma_theta", n_reps=5, rng=0),
          valid=False,
          bad=(("name", "thm9", ValueError), ("name", ["thm1_vs_sigma_theta"], TypeError),
-              ("reps", 1, ValueError), ("quick", "yes", TypeError), ("rng", "0", TypeError))),
+              ("n_reps", 1, ValueError), ("quick", "yes", TypeError), ("rng", "0", TypeError))),
     Case("plot_sweeps", plot_sweeps,
-         lambda: dict(directory="unused", names="thm1_vs_sigma_theta", reps=5), valid=False,
+         lambda: dict(directory="unused", names="thm1_vs_sigma_theta", n_reps=5), valid=False,
          bad=(("names", "thm9", ValueError), ("names", [3], TypeError),
-              ("directory", 3, TypeError), ("reps", 0, ValueError))),
+              ("directory", 3, TypeError), ("n_reps", 0, ValueError))),
     Case("run_demo", run_demo, lambda: dict(n_clients=5, rng=0),
          scalars={"n_clients": "size", "rng": "rng"},
          bad=(("n_clients", 2, ValueError),), finite=False),
@@ -1297,9 +1297,9 @@ table_tests(VALIDATION, "validation", globals())
 
 
 def test_validate_takes_a_bare_name_as_one_check():
-    report = validate("known_beta", reps=5, rng=0)
+    report = validate("known_beta", n_reps=5, rng=0)
     assert {row.name for row in report.results} == {"known_beta"}
-    assert report.to_dicts() == validate(["known_beta"], reps=5, rng=0).to_dicts()
+    assert report.to_dicts() == validate(["known_beta"], n_reps=5, rng=0).to_dicts()
 
 
 def _e3_data(m, d, rng, n):
@@ -1425,11 +1425,13 @@ def _train(model="logistic", strategy="fedavg", **kw):
 
 def _strategy(name):
     def call(model=None, **kw):
+        from ebfl.generative import algorithm as a
         from ebfl.learning.torch import LogisticModel
         from ebfl.learning.torch import baselines as b
         from ebfl.learning.torch import strategies as s
 
-        cls = {**{n: getattr(s, n) for n in ("AdaPeD", "DPAdaPeD", "FedAvg", "Local")},
+        cls = {**{n: getattr(a, n) for n in ("AdaPeD", "DPAdaPeD")},
+               **{n: getattr(s, n) for n in ("FedAvg", "Local")},
                **{n: getattr(b, n) for n in ("Ditto", "FedAvgFT", "FedEM", "DPFedEM", "FML",
                                              "PFedMe", "PerFedAvg", "QuPeDFP")}}[name]
         return cls(LogisticModel(4, 3) if model is None else model, **kw).config()

@@ -35,7 +35,7 @@ def quick(tmp_path_factory):
 
 def test_quick_run_has_every_figure_and_the_baselines(quick):
     p, tmp = quick
-    reps = QUICK.reps
+    n_reps = QUICK.n_reps
     assert p["quick"] and p["data"]["devices"] == 30
     assert len(p["figure2"]) == len(QUICK.figure2)
     for entry in p["figure2"]:
@@ -46,7 +46,7 @@ def test_quick_run_has_every_figure_and_the_baselines(quick):
         for key in ("non_private", "private", "per_iteration"):
             curve = p[name][key]
             assert len(curve["mean"]) == len(xs)
-            assert np.shape(curve["errors"]) == (len(xs), reps)
+            assert np.shape(curve["errors"]) == (len(xs), n_reps)
             np.testing.assert_allclose(curve["mean"], np.mean(curve["errors"], axis=1))
     assert {(b["method"], b["private"]) for b in p["baselines"]} == {
         (m, priv) for m in ("learned", "local", "global", "gaussian_prior")

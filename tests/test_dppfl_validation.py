@@ -107,10 +107,10 @@ def test_theorem4_disagreement_is_flagged(quick_rows):
 
 
 def test_rows_are_reproducible_and_take_parameters():
-    a = validate(["dppfl_corollary3"], reps=20, rng=4).results
-    b = validate(["dppfl_corollary3"], reps=20, rng=4).results
+    a = validate(["dppfl_corollary3"], n_reps=20, rng=4).results
+    b = validate(["dppfl_corollary3"], n_reps=20, rng=4).results
     assert [r.estimate for r in a] == [r.estimate for r in b]
-    rows = CHECKS["dppfl_corollary2"].run(reps=2, rng=0, lams=(50.0,), losses=("hinge",))
+    rows = CHECKS["dppfl_corollary2"].run(n_reps=2, rng=0, lams=(50.0,), losses=("hinge",))
     assert rows[0].params["lam"] == 50.0 and rows[0].verdict == "holds"
 
 

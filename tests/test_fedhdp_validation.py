@@ -77,14 +77,14 @@ def test_a_wrong_formula_is_caught(quick_rows):
 
 
 def test_checks_are_reproducible_and_take_parameters():
-    a = validate(["fedhdp_gaps"], reps=500, rng=3).results
-    b = validate(["fedhdp_gaps"], reps=500, rng=3).results
+    a = validate(["fedhdp_gaps"], n_reps=500, rng=3).results
+    b = validate(["fedhdp_gaps"], n_reps=500, rng=3).results
     assert [r.estimate for r in a] == [r.estimate for r in b]
-    rows = CHECKS["fedhdp_server"].run(reps=300, rng=0, ratios=(0.25,), gamma2=2.0)
+    rows = CHECKS["fedhdp_server"].run(n_reps=300, rng=0, ratios=(0.25,), gamma2=2.0)
     assert rows[2].label == "server MSE r=0.25" and rows[2].params["gamma2"] == 2.0
     assert rows[2].formula == T.server_mse(0.25, 20, 0.05, 1.0, 1.0, 2.0)
     with pytest.raises(ValueError, match="opt-out"):
-        CHECKS["fedhdp_local"].run(reps=10, rng=0, rho=0.0)
+        CHECKS["fedhdp_local"].run(n_reps=10, rng=0, rho=0.0)
 
 
 # ------------------------------------------- the simulation against naive code
@@ -113,26 +113,26 @@ def test_bayes_estimates_are_eq47():
 def test_personalized_mse_against_a_naive_simulation():
     """Any ratios and lambda, three levels; one client at a time, written out plainly."""
     counts, alpha2, tau2, gammas2 = (2, 3, 4), 0.8, 0.6, (0.0, 0.3, 2.0)
-    ratios, lam, reps = (1.0, 0.4, 0.15), 1.7, 40_000
+    ratios, lam, n_reps = (1.0, 0.4, 0.15), 1.7, 40_000
     rng = np.random.default_rng(11)
     n = sum(counts)
     group = np.repeat([0, 1, 2], counts)
     noise_sd = np.sqrt(np.array(counts)[group] * np.array(gammas2)[group])
     w = np.array(ratios)[group] / np.sum(np.array(counts) * np.array(ratios))
-    phi_j = 0.3 + math.sqrt(tau2) * rng.standard_normal((reps, n))
-    local = phi_j + math.sqrt(alpha2) * rng.standard_normal((reps, n))
-    upload = local + noise_sd * rng.standard_normal((reps, n))
+    phi_j = 0.3 + math.sqrt(tau2) * rng.standard_normal((n_reps, n))
+    local = phi_j + math.sqrt(alpha2) * rng.standard_normal((n_reps, n))
+    upload = local + noise_sd * rng.standard_normal((n_reps, n))
     glob = upload @ w
     for g in range(3):
         j = int(np.flatnonzero(group == g)[0])
         err = ((local[:, j] + lam * glob) / (1 + lam) - phi_j[:, j]) ** 2
-        se = err.std(ddof=1) / math.sqrt(reps)
+        se = err.std(ddof=1) / math.sqrt(n_reps)
         want = L.levels_personalized_mse(lam, g, counts, alpha2, tau2, gammas2, ratios=ratios)
         assert abs(err.mean() - want) <= 4 * se, (g, err.mean(), want, se)
         glob_err = (glob - phi_j[:, j]) ** 2  # lambda -> inf
         want_inf = L.levels_personalized_mse(1e12, g, counts, alpha2, tau2, gammas2,
                                              ratios=ratios)
-        assert abs(glob_err.mean() - want_inf) <= 4 * glob_err.std() / math.sqrt(reps)
+        assert abs(glob_err.mean() - want_inf) <= 4 * glob_err.std() / math.sqrt(n_reps)
 
 
 def test_regression_draws_have_the_least_squares_law():
@@ -151,18 +151,18 @@ def test_regression_draws_have_the_least_squares_law():
 # ------------------------------------------------------------------- figures
 
 def test_figures(tmp_path):
-    paths = plot_fedhdp_figures(tmp_path, reps=50, rng=0)
+    paths = plot_fedhdp_figures(tmp_path, n_reps=50, rng=0)
     assert [p.split("/")[-1] for p in paths] == [f"{name}.png" for name in FIGURES]
     assert all((tmp_path / f"{name}.png").stat().st_size > 10_000 for name in FIGURES)
     with pytest.raises(ValueError, match="unknown figure"):
         plot_fedhdp_figures(tmp_path, names=["fig9"])
-    with pytest.raises(ValueError, match="reps"):
-        plot_fedhdp_figures(tmp_path, reps=1)
+    with pytest.raises(ValueError, match="n_reps"):
+        plot_fedhdp_figures(tmp_path, n_reps=1)
 
 
 def test_validate_plot_draws_them_too(tmp_path):
     """``ebfl validate --plot`` calls plot_sweeps, which draws the FedHDP figures as well."""
-    paths = plot_sweeps(tmp_path, names=["fedhdp_fig4_server_vs_rho"], reps=20, rng=0)
+    paths = plot_sweeps(tmp_path, names=["fedhdp_fig4_server_vs_rho"], n_reps=20, rng=0)
     assert paths == [str(tmp_path / "fedhdp_fig4_server_vs_rho.png")]
 
 

@@ -24,15 +24,15 @@ Z_MC = 4.0
 M, N, ST, SX, R_MU = 10_000, 15, 0.1, 0.5, 1.0
 
 
-def _mc_mse(mechanism, mean, reps, seed):
+def _mc_mse(mechanism, mean, n_reps, seed):
     pop = GaussianPopulation(mean=mean, sigma_theta=ST, sigma_x=SX)
     rng = np.random.default_rng(seed)
     values = []
-    for _ in range(reps):
+    for _ in range(n_reps):
         theta, xbar, _ = pop.sample_sufficient(M, N, rng=rng)
         est = private_gaussian(xbar, N, mechanism, sigma_x=SX, sigma_theta=ST, rng=rng).estimate
         values.append(np.mean((est - theta) ** 2))
-    return np.mean(values), np.std(values, ddof=1) / np.sqrt(reps)
+    return np.mean(values), np.std(values, ddof=1) / np.sqrt(n_reps)
 
 
 @pytest.mark.parametrize(("k_bits", "expected"), [(1, 0.0064131), (2, 0.0062693),
@@ -146,12 +146,12 @@ def test_private_bad_input():
 
 # ----------------------------------------------------- graceful degradation (variance="ucb")
 
-def _paired_bernoulli(alpha, beta, m, eps, reps, seed, n=14):
+def _paired_bernoulli(alpha, beta, m, eps, n_reps, seed, n=14):
     """Per replicate MSEs of the ucb and plug-in rules on the same messages, and of local."""
     pop = BetaBernoulliPopulation(alpha, beta)
     rng = np.random.default_rng(seed)
-    out = np.empty((reps, 3))
-    for r in range(reps):
+    out = np.empty((n_reps, 3))
+    for r in range(n_reps):
         p, z, trials = pop.sample_sufficient(m, n, rng=rng)
         seed_r = int(rng.integers(2**63))
         ucb = private_bernoulli_corrected(z, trials, eps, rng=seed_r)
@@ -245,11 +245,11 @@ def test_ucb_weight_floor_is_the_smallest_no_worse_than_local():
         assert a[safe].min() == pytest.approx(floor, abs=1e-3)
 
 
-def _paired_gaussian(mechanism, m, sigma_theta, reps, seed, n=15, sigma_x=0.5):
+def _paired_gaussian(mechanism, m, sigma_theta, n_reps, seed, n=15, sigma_x=0.5):
     pop = GaussianPopulation(0.3, sigma_theta, sigma_x)
     rng = np.random.default_rng(seed)
-    out = np.empty((reps, 3))
-    for r in range(reps):
+    out = np.empty((n_reps, 3))
+    for r in range(n_reps):
         theta, xbar, _ = pop.sample_sufficient(m, n, rng=rng)
         seed_r = int(rng.integers(2**63))
         ucb = private_gaussian(xbar, n, mechanism, sigma_x=sigma_x, rng=seed_r)

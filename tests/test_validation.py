@@ -48,7 +48,7 @@ def test_run_replicates_reproducible_and_chunked():
     b = run_replicates(step, 25, rng=3, chunk=10)["u"]
     c = run_replicates(step, 25, rng=4, chunk=10)["u"]
     assert a.shape == (25,) and np.array_equal(a, b) and not np.array_equal(a, c)
-    with pytest.raises(ValueError, match="reps"):
+    with pytest.raises(ValueError, match="n_reps"):
         run_replicates(step, 1)
 
 
@@ -80,17 +80,17 @@ def test_theorem3_histogram_kernel_matches_public_estimator(seed):
 
 def test_theorem3_histogram_route_agrees_with_direct_simulation():
     """Rao-Blackwellized histograms vs drawing p_i and z_i per client (independent draws)."""
-    m, n, alpha, beta, reps = 2000, 14, 2.0, 2.0, 200
-    mse_hist = theorem3_replicates(reps, np.random.default_rng(0), m=m, n=n, alpha=alpha,
+    m, n, alpha, beta, n_reps = 2000, 14, 2.0, 2.0, 200
+    mse_hist = theorem3_replicates(n_reps, np.random.default_rng(0), m=m, n=n, alpha=alpha,
                                    beta=beta)[0]
     rng = np.random.default_rng(1)
-    direct = np.empty(reps)
-    for r in range(reps):
+    direct = np.empty(n_reps)
+    for r in range(n_reps):
         p = rng.beta(alpha, beta, m)
         z = rng.binomial(n, p)
         est = beta_binomial_eb(z, np.full(m, n), method="loo_printed").posterior.mean
         direct[r] = np.mean((est - p) ** 2)
-    se = math.hypot(mse_hist.std(ddof=1), direct.std(ddof=1)) / math.sqrt(reps)
+    se = math.hypot(mse_hist.std(ddof=1), direct.std(ddof=1)) / math.sqrt(n_reps)
     assert abs(mse_hist.mean() - direct.mean()) <= 4 * se
     # Integrating p out analytically lowers the variance.
     assert mse_hist.std() < direct.std()
@@ -132,29 +132,29 @@ def test_bounds_that_must_hold_do(quick_report):
 
 def test_a_wrong_formula_is_caught():
     """The same simulation judged against a slightly wrong formula must fail."""
-    row = CHECKS["thm1"].run(reps=100, rng=5)[0]
+    row = CHECKS["thm1"].run(n_reps=100, rng=5)[0]
     wrong = make_result("thm1", "x", "", "exact", row.formula * 1.02,
                         np.full(2, row.estimate), params={}, se=row.se)
     assert row.verdict == "holds" and wrong.verdict == "violated"
 
 
 def test_check_parameters_override_and_are_validated():
-    rows = CHECKS["thm2_noise"].run(reps=20, rng=0, sigma_qs=(2.0,))
+    rows = CHECKS["thm2_noise"].run(n_reps=20, rng=0, sigma_qs=(2.0,))
     assert len(rows) == 1 and rows[0].params["sigma_q"] == 2.0
     with pytest.raises(TypeError, match="no parameter"):
-        CHECKS["thm1"].run(reps=5, rng=0, sigma=1.0)
+        CHECKS["thm1"].run(n_reps=5, rng=0, sigma=1.0)
     with pytest.raises(ValueError, match="unknown check"):
         validate(["thm99"])
 
 
 def test_validate_reproducible_and_independent_of_other_checks():
-    a = validate(["known_beta"], reps=10, rng=7).results
-    b = validate(["thm1", "known_beta"], reps=10, rng=7).results[1:]
+    a = validate(["known_beta"], n_reps=10, rng=7).results
+    b = validate(["thm1", "known_beta"], n_reps=10, rng=7).results[1:]
     assert [r.estimate for r in a] == [r.estimate for r in b]
 
 
 def test_sweep_figure(tmp_path):
-    paths = plot_sweeps(tmp_path, names=["thm1_vs_sigma_theta"], reps=5, rng=0)
+    paths = plot_sweeps(tmp_path, names=["thm1_vs_sigma_theta"], n_reps=5, rng=0)
     assert len(paths) == 1 and (tmp_path / "thm1_vs_sigma_theta.png").stat().st_size > 1000
 
 

@@ -306,12 +306,12 @@ def _cmd_validate(args):
     from ebfl.validation import validate
     from ebfl.validation.sweeps import plot_sweeps
 
-    report = validate(args.names or None, reps=args.reps, quick=args.quick, rng=args.seed,
+    report = validate(args.names or None, n_reps=args.reps, quick=args.quick, rng=args.seed,
                       progress=not args.json)
     payload = {"quick": args.quick, "seed": args.seed, "counts": report.counts(),
                "results": report.to_dicts()}
     if args.plot:
-        payload["figures"] = plot_sweeps(args.plot, reps=args.reps, quick=args.quick,
+        payload["figures"] = plot_sweeps(args.plot, n_reps=args.reps, quick=args.quick,
                                          rng=args.seed, progress=not args.json)
 
     def render(p):

@@ -300,7 +300,7 @@ def _render_perada(p):
 def _cmd_reproduce_dp_pfl(args):
     from ebfl.dppfl.experiment import plot_dppfl, reproduce_dppfl
 
-    payload = reproduce_dppfl(quick=args.quick, reps=args.reps,
+    payload = reproduce_dppfl(quick=args.quick, n_reps=args.reps,
                               checkpoint_dir=args.checkpoint_dir, jobs=args.jobs,
                               progress=not args.json)
     _save_figure(args, plot_dppfl, payload, "dppfl_figures.png")
@@ -308,7 +308,7 @@ def _cmd_reproduce_dp_pfl(args):
 
 
 def _render_dp_pfl(p):
-    scale = "quick pipeline check" if p["quick"] else f"{p['protocol']['reps']} repetitions"
+    scale = "quick pipeline check" if p["quick"] else f"{p['protocol']['n_reps']} repetitions"
     d = p["data"]
     print(f"DP-PFL on {d['devices']} HAPT users ({d['features']} features), 'sitting' vs the "
           f"rest ({scale}); K={p['protocol']['inner']}, H={p['protocol']['outer']}, "

@@ -83,8 +83,8 @@ def _worst(name, label, statement, kind, formula, value, params, *, atol=1e-9, f
 
 @register("dppfl_omega_step", "DP-PFL eq. (2)-(3): Omega* = (W^T W)^1/2 / tr(.) gives "
           "tr(W Omega*^-1 W^T) = (tr (W^T W)^1/2)^2, and no feasible Omega does better",
-          {"m": 5, "d": 8, "omegas": 40}, reps=200, quick_reps=40)
-def check_omega_step(reps, rng, progress, **p):
+          {"m": 5, "d": 8, "omegas": 40}, n_reps=200, quick_reps=40)
+def check_omega_step(n_reps, rng, progress, **p):
     m, d, k = p["m"], p["d"], p["omegas"]
 
     def step(g, n):
@@ -104,7 +104,7 @@ def check_omega_step(reps, rng, progress, **p):
             best[r] = min(ratios)
         return {"error": error, "best": best}
 
-    sim = run_replicates(step, reps, rng, progress=progress, desc="dppfl omega step")
+    sim = run_replicates(step, n_reps, rng, progress=progress, desc="dppfl omega step")
     statement = CHECKS["dppfl_omega_step"].statement
     return [
         _worst("dppfl_omega_step", "max |tr(W Omega*^-1 W^T) / (tr (W^T W)^1/2)^2 - 1|",
@@ -124,8 +124,8 @@ def _random_duals(g, y, loss):
 @register("dppfl_lemma1", "DP-PFL Lemma 1: with beta = xi m >= xi max ratio (9), "
           "D(alpha + xi Delta alpha) <= (1 - xi) D(alpha) + xi sum_t G_t^beta(Delta alpha_t)",
           INSTANCE | {"lam": 0.1, "losses": ("hinge", "smoothed_hinge"), "gamma": 1.0},
-          reps=400, quick_reps=60)
-def check_lemma1(reps, rng, progress, **p):
+          n_reps=400, quick_reps=60)
+def check_lemma1(n_reps, rng, progress, **p):
     m, n_t, d, xi, lam = (p[key] for key in ("m", "n_t", "d", "xi", "lam"))
     losses = tuple(p["losses"])
 
@@ -149,7 +149,7 @@ def check_lemma1(reps, rng, progress, **p):
             out["sup"][r] = T.lemma1_ratio_sup(omega)
         return out
 
-    sim = run_replicates(step, reps, rng, progress=progress, desc="dppfl lemma1")
+    sim = run_replicates(step, n_reps, rng, progress=progress, desc="dppfl lemma1")
     statement = CHECKS["dppfl_lemma1"].statement
     rows = []
     for loss in losses:
@@ -195,8 +195,8 @@ def _replacements(g, X_t, y_t, u, count):
 @register("dppfl_corollary2", "DP-PFL Corollaries 1-2: G_t^beta is (beta n_t / 2 lambda)-strongly "
           "convex, and the L2-sensitivity of argmin G_t^beta is <= (8 lambda + beta) / (beta n_t)",
           INSTANCE | {"lams": (0.01, 0.1, 1.0, 10.0), "losses": ("hinge", "smoothed_hinge"),
-           "gamma": 1.0, "rows_replaced": 3}, reps=60, quick_reps=4)
-def check_corollary2(reps, rng, progress, **p):
+           "gamma": 1.0, "rows_replaced": 3}, n_reps=60, quick_reps=4)
+def check_corollary2(n_reps, rng, progress, **p):
     m, n_t, d, xi = (p[key] for key in ("m", "n_t", "d", "xi"))
     beta = xi * m
     settings = [(loss, lam) for loss in p["losses"] for lam in p["lams"]]
@@ -224,7 +224,7 @@ def check_corollary2(reps, rng, progress, **p):
                 out[f"{loss}_{lam}_modulus"][r] = modulus / claimed
         return out
 
-    sim = run_replicates(step, reps, rng, progress=progress, desc="dppfl corollary2")
+    sim = run_replicates(step, n_reps, rng, progress=progress, desc="dppfl corollary2")
     statement = CHECKS["dppfl_corollary2"].statement
     rows = []
     for loss, lam in settings:
@@ -249,8 +249,8 @@ def check_corollary2(reps, rng, progress, **p):
 
 @register("dppfl_corollary3", "DP-PFL Corollary 3: given Delta alpha_t, the L2-sensitivity of "
           "u_t = xi X_t Delta alpha_t is <= 2 xi ||Delta alpha_t||_2",
-          INSTANCE | {"replacements": 20}, reps=400, quick_reps=80)
-def check_corollary3(reps, rng, progress, **p):
+          INSTANCE | {"replacements": 20}, n_reps=400, quick_reps=80)
+def check_corollary3(n_reps, rng, progress, **p):
     n_t, d, xi = p["n_t"], p["d"], p["xi"]
 
     def step(g, n):
@@ -271,7 +271,7 @@ def check_corollary3(reps, rng, progress, **p):
             ratio[r], tight[r] = worst_ratio, worst_tight
         return {"ratio": ratio, "tight": tight}
 
-    sim = run_replicates(step, reps, rng, progress=progress, desc="dppfl corollary3")
+    sim = run_replicates(step, n_reps, rng, progress=progress, desc="dppfl corollary3")
     statement = CHECKS["dppfl_corollary3"].statement
     return [
         _worst("dppfl_corollary3", "max ||u_t - u_t'|| / (2 xi ||Delta alpha_t||_2)", statement,
@@ -298,8 +298,8 @@ def _device_data(X, y, offsets):
           "D(alpha) >= 0 goes to 0",
           INSTANCE | {"n_t": 12, "lam": 0.1, "iterations": 400, "gamma": 1.0,
            "losses": ("hinge", "smoothed_hinge"), "gap_reduction": 1e-3},
-          reps=10, quick_reps=3)
-def check_duality_gap(reps, rng, progress, **p):
+          n_reps=10, quick_reps=3)
+def check_duality_gap(n_reps, rng, progress, **p):
     from ebfl.dppfl.algorithm import fit_dppfl
 
     m, n_t, d, xi, lam = (p[key] for key in ("m", "n_t", "d", "xi", "lam"))
@@ -321,7 +321,7 @@ def check_duality_gap(reps, rng, progress, **p):
                 out[f"{loss}_min_gap"][r] = gaps.min() / (1.0 + abs(duals[0]))
         return out
 
-    sim = run_replicates(step, reps, rng, progress=progress, desc="dppfl duality gap")
+    sim = run_replicates(step, n_reps, rng, progress=progress, desc="dppfl duality gap")
     statement = CHECKS["dppfl_duality_gap"].statement
     rows = []
     for loss in p["losses"]:
@@ -396,8 +396,8 @@ def sdca_replay(X, y, offsets, omega, lam, xi, iterations, loss, gamma, seed, dr
           "(1 - (1 - xi) xi (1 - Theta) s)(D(alpha^k) - D*), and K of (12) iterations reach eps_G",
           INSTANCE | {"n_t": 12, "lam": 0.1, "gamma": 1.0, "iterations": 80, "eps_G": 1e-4,
            "theta_draws": 10},
-          reps=12, quick_reps=3)
-def check_linear_rate(reps, rng, progress, **p):
+          n_reps=12, quick_reps=3)
+def check_linear_rate(n_reps, rng, progress, **p):
     from ebfl.dppfl.algorithm import fit_dppfl
 
     m, n_t, d, xi, lam, gamma = (p[key] for key in ("m", "n_t", "d", "xi", "lam", "gamma"))
@@ -441,7 +441,7 @@ def check_linear_rate(reps, rng, progress, **p):
             out["sdca_excess"][r] = rate - sdca_bound
         return out
 
-    sim = run_replicates(step, reps, rng, progress=progress, desc="dppfl linear rate")
+    sim = run_replicates(step, n_reps, rng, progress=progress, desc="dppfl linear rate")
     statement = CHECKS["dppfl_linear_rate"].statement
     params = {**p, "loss": loss}
     faster = 1.0 - (1.0 - xi) * xi
@@ -475,8 +475,8 @@ def check_linear_rate(reps, rng, progress, **p):
           "K, K0, k0 follow from its proof with beta = m xi",
           {"m": 30, "n_min": 157, "n_max": 230, "lam": 0.1, "eps_G": 1.0, "xi": 0.5,
            "theta": 0.0, "L": 1.0, "run": INSTANCE | {"lam": 0.1, "eps_G": 1.0}},
-          reps=6, quick_reps=2)
-def check_theorem4(reps, rng, progress, **p):
+          n_reps=6, quick_reps=2)
+def check_theorem4(n_reps, rng, progress, **p):
     """Two parts. The counts of the statement and of its proof side by side (no Monte
     Carlo), at device sizes spanning the paper's training sizes (3/4 of 210-306 windows
     per subject) with D(alpha^0) - D* bounded by n, as the paper does; a count of the
@@ -519,7 +519,7 @@ def check_theorem4(reps, rng, progress, **p):
             excess[r] = dual_objective(X, y, offsets, run.average, omega, q["lam"]) - best
         return {"excess": excess}
 
-    sim = run_replicates(step, reps, rng, progress=progress, desc="dppfl theorem4")
+    sim = run_replicates(step, n_reps, rng, progress=progress, desc="dppfl theorem4")
     rows.append(_worst("dppfl_theorem4", f"hinge, exact local solves: max D(alpha_bar) - D* "
                        f"after the statement's K={K} (K0={K0}) vs eps_G", statement, "upper",
                        q["eps_G"], float(sim["excess"].max()), {**p, "K": K, "K0": K0},

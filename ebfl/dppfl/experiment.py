@@ -63,7 +63,7 @@ def dppfl_paper_numbers():
 class DPPFLProtocol:
     """One reproduction's settings (``FULL`` and ``QUICK``)."""
 
-    reps: int = 10
+    n_reps: int = 10
     inner: int = 2000
     outer: int = 10
     epsilon: float = 8.0
@@ -83,7 +83,7 @@ class DPPFLProtocol:
 
 FULL = DPPFLProtocol()
 #: Seconds instead of minutes: a pipeline check for CI, not a reproduction.
-QUICK = DPPFLProtocol(reps=2, inner=40, outer=2, taus=(0.0, 1.0), drops=(0.0, 0.2, 0.6),
+QUICK = DPPFLProtocol(n_reps=2, inner=40, outer=2, taus=(0.0, 1.0), drops=(0.0, 0.2, 0.6),
                       epsilons=(0.1, 8.0, 100.0), folds=2, lams=(1e-3, 1e-2), xis=(0.5,),
                       rhos=(0.8,), record_points=5)
 
@@ -210,26 +210,26 @@ def _cross_validate(runner, method, epsilon, setting, *, xi=None, calibration="t
 
 def _curve(runner, hp, settings, desc, calibration="theorem5"):
     """Mean and sd of the test error over the repetitions, per (tau, drop, epsilon)."""
-    reps = runner.protocol.reps
+    n_reps = runner.protocol.n_reps
     specs = [_spec("learned", rep=r, lam=hp["lam"], xi=hp["xi"], epsilon=eps, tau=tau, drop=drop,
                    calibration=calibration)
-             for tau, drop, eps in settings for r in range(reps)]
+             for tau, drop, eps in settings for r in range(n_reps)]
     res = runner.many(specs, desc)
-    errors = np.array([r["test_error"] for r in res]).reshape(len(settings), reps)
+    errors = np.array([r["test_error"] for r in res]).reshape(len(settings), n_reps)
     violated = sorted({v for r in res for v in r.get("violated", ())})
     return {"mean": errors.mean(axis=1).tolist(),
-            "sd": (errors.std(axis=1, ddof=1) if reps > 1 else 0 * errors[:, 0]).tolist(),
+            "sd": (errors.std(axis=1, ddof=1) if n_reps > 1 else 0 * errors[:, 0]).tolist(),
             "errors": errors.tolist(), "violated": violated}
 
 
-def reproduce_dppfl(*, quick=False, reps=None, checkpoint_dir=None, jobs=2, progress=False):
+def reproduce_dppfl(*, quick=False, n_reps=None, checkpoint_dir=None, jobs=2, progress=False):
     """Figures 2-5 of DP-PFL and the fixed-Omega baselines on the HAPT users.
 
     Parameters
     ----------
     quick : bool
         A pipeline check in seconds (:data:`QUICK`), not a reproduction.
-    reps : int, optional
+    n_reps : int, optional
         Repetitions (random splits and seeds; default 10, the paper's).
     checkpoint_dir : path-like, optional
         Every fit is saved there as JSON and reused: an interrupted run resumes.
@@ -252,15 +252,15 @@ def reproduce_dppfl(*, quick=False, reps=None, checkpoint_dir=None, jobs=2, prog
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationConditionWarning)
-        return _reproduce(quick=quick, reps=reps, checkpoint_dir=checkpoint_dir, jobs=jobs,
+        return _reproduce(quick=quick, n_reps=n_reps, checkpoint_dir=checkpoint_dir, jobs=jobs,
                           progress=progress)
 
 
-def _reproduce(*, quick, reps, checkpoint_dir, jobs, progress):
+def _reproduce(*, quick, n_reps, checkpoint_dir, jobs, progress):
     quick, progress = check_bool(quick, "quick"), check_bool(progress, "progress")
     protocol = QUICK if quick else FULL
-    if reps is not None:
-        protocol = replace(protocol, reps=check_int_scalar(reps, "reps", minimum=1))
+    if n_reps is not None:
+        protocol = replace(protocol, n_reps=check_int_scalar(n_reps, "n_reps", minimum=1))
     jobs = check_int_scalar(jobs, "jobs", minimum=1)
     runner = _Runner(protocol, checkpoint_dir, jobs, progress)
     t0 = time.perf_counter()
@@ -325,7 +325,7 @@ def _reproduce(*, quick, reps, checkpoint_dir, jobs, progress):
         for private in (False, True):
             h = hp(method, private)
             specs = [_spec(method, rep=r, lam=h["lam"], xi=h["xi"], rho=h["rho"],
-                           epsilon=eps if private else None, **base) for r in range(p.reps)]
+                           epsilon=eps if private else None, **base) for r in range(p.n_reps)]
             errors = np.array([r["test_error"] for r in runner.many(specs, method)])
             baselines.append({"method": method, "private": private, "lam": h["lam"],
                               "xi": h["xi"], "rho": h["rho"], "error_mean": float(errors.mean()),

@@ -168,8 +168,8 @@ def _point_args(p):
 
 @register("fedhdp_server", "FedHDP Lemma 1, eq. (12)-(13): the server's MSE sigma_s^2(r) is "
           "minimized at r* = sigma_c^2/(sigma_c^2 + N_p gamma^2)",
-          POINT | {"ratios": (0.05, 0.5, 1.0)}, reps=REPS, quick_reps=QUICK_REPS)
-def check_server(reps, rng, progress, **p):
+          POINT | {"ratios": (0.05, 0.5, 1.0)}, n_reps=REPS, quick_reps=QUICK_REPS)
+def check_server(n_reps, rng, progress, **p):
     args = _point_args(p)
     counts, gammas2 = _point_levels(p)
     r_star = T.optimal_ratio(*args)
@@ -186,7 +186,7 @@ def check_server(reps, rng, progress, **p):
         out["mean_p"] = _sq(psi[:, n_np:].mean(axis=1))
         return out
 
-    sim = run_replicates(step, reps, rng, chunk=CHUNK, progress=progress, desc="fedhdp server")
+    sim = run_replicates(step, n_reps, rng, chunk=CHUNK, progress=progress, desc="fedhdp server")
     statement = CHECKS["fedhdp_server"].statement
     var_np, var_p = T.group_mean_variances(*args)
     rows = [make_result("fedhdp_server", "eq. (12) private mean", statement, "exact", var_p,
@@ -210,8 +210,8 @@ def check_server(reps, rng, progress, **p):
 
 
 @register("fedhdp_gaps", "FedHDP Lemma 2, eq. (14)-(16): server-MSE gaps of HDP-FedAvg and "
-          "DP-FedAvg to FedHDP at r*", POINT, reps=REPS, quick_reps=QUICK_REPS)
-def check_gaps(reps, rng, progress, **p):
+          "DP-FedAvg to FedHDP at r*", POINT, n_reps=REPS, quick_reps=QUICK_REPS)
+def check_gaps(n_reps, rng, progress, **p):
     args = _point_args(p)
     counts, gammas2 = _point_levels(p)
     r_star = T.optimal_ratio(*args)
@@ -226,7 +226,7 @@ def check_gaps(reps, rng, progress, **p):
         dp = uniform + extra.sum(axis=1) / (n_np + n_p)
         return {"opt": opt, "hdp": _sq(uniform), "dp": _sq(dp)}
 
-    sim = run_replicates(step, reps, rng, chunk=CHUNK, progress=progress, desc="fedhdp gaps")
+    sim = run_replicates(step, n_reps, rng, chunk=CHUNK, progress=progress, desc="fedhdp gaps")
     statement = CHECKS["fedhdp_gaps"].statement
     rows = []
     for label, hi, lo, formula in (
@@ -239,9 +239,9 @@ def check_gaps(reps, rng, progress, **p):
 
 
 @register("fedhdp_local", "FedHDP Theorem 3, eq. (17)-(18), (46)-(48): personalized MSE of "
-          "private and opt-out clients; Bayes optimality at lambda*", POINT, reps=REPS,
+          "private and opt-out clients; Bayes optimality at lambda*", POINT, n_reps=REPS,
           quick_reps=QUICK_REPS)
-def check_local(reps, rng, progress, **p):
+def check_local(n_reps, rng, progress, **p):
     args = _point_args(p)
     counts, gammas2 = _point_levels(p)
     if min(counts) < 1:
@@ -268,7 +268,7 @@ def check_local(reps, rng, progress, **p):
         out["private_hdp"] = _group_mse(personalized(phi_hat, hdp, lam_hdp), phi_j, counts, 1)
         return out
 
-    sim = run_replicates(step, reps, rng, chunk=CHUNK, progress=progress, desc="fedhdp local")
+    sim = run_replicates(step, n_reps, rng, chunk=CHUNK, progress=progress, desc="fedhdp local")
     statement = CHECKS["fedhdp_local"].statement
     rows = []
     for name, eq in (("private", "(18)"), ("nonprivate", "(17)")):
@@ -355,8 +355,8 @@ def _levels_step(draw, p, paper_lambdas=None):
 
 @register("fedhdp_regression", "FedHDP Lemma 5-6, eq. (33)-(34), (46), (50): two-level "
           "federated linear regression (totals over d coordinates)", REGRESSION,
-          reps=REPS // 4, quick_reps=QUICK_REPS // 4)
-def check_regression(reps, rng, progress, **p):
+          n_reps=REPS // 4, quick_reps=QUICK_REPS // 4)
+def check_regression(n_reps, rng, progress, **p):
     model_args = (p["counts"], p["alpha2"], p["tau2"], p["gammas2"])
     d = p["d"]
     paper = L.two_level_optimal_lambdas(*model_args)
@@ -364,7 +364,7 @@ def check_regression(reps, rng, progress, **p):
     def draw(g, k):
         return draw_regression_clients(g, k, *model_args, d=d, n_samples=p["n_samples"])
 
-    sim = run_replicates(_levels_step(draw, p, paper), reps, rng, chunk=CHUNK // 4,
+    sim = run_replicates(_levels_step(draw, p, paper), n_reps, rng, chunk=CHUNK // 4,
                          progress=progress, desc="fedhdp regression")
     statement = CHECKS["fedhdp_regression"].statement
     r_star = L.two_level_optimal_ratio(*model_args)
@@ -376,14 +376,14 @@ def check_regression(reps, rng, progress, **p):
 
 
 @register("fedhdp_levels", "FedHDP Appendix A.6, eq. (62), (64)-(65), (73): l privacy levels",
-          LEVELS, reps=REPS, quick_reps=QUICK_REPS)
-def check_levels(reps, rng, progress, **p):
+          LEVELS, n_reps=REPS, quick_reps=QUICK_REPS)
+def check_levels(n_reps, rng, progress, **p):
     model_args = (p["counts"], p["alpha2"], p["tau2"], p["gammas2"])
 
     def draw(g, k):
         return draw_clients(g, k, *model_args)
 
-    sim = run_replicates(_levels_step(draw, p), reps, rng, chunk=CHUNK, progress=progress,
+    sim = run_replicates(_levels_step(draw, p), n_reps, rng, chunk=CHUNK, progress=progress,
                          desc="fedhdp levels")
     statement = CHECKS["fedhdp_levels"].statement
     ratios = L.levels_optimal_ratios(*model_args)

@@ -63,7 +63,7 @@ def _mean_se(values):
     return float(values.mean()), float(values.std(ddof=1) / np.sqrt(values.size))
 
 
-def _server_points(rng, reps, counts, alpha2, tau2, gamma2, ratios, progress, desc):
+def _server_points(rng, n_reps, counts, alpha2, tau2, gamma2, ratios, progress, desc):
     """Monte Carlo server MSE at each ratio, on shared draws: (means, ses)."""
     counts = np.asarray(counts)
 
@@ -72,11 +72,11 @@ def _server_points(rng, reps, counts, alpha2, tau2, gamma2, ratios, progress, de
         return {f"r{i}": np.sum((server_estimate(psi, counts, (1.0, r)) - PHI) ** 2, axis=-1)
                 for i, r in enumerate(ratios)}
 
-    sim = run_replicates(step, reps, rng, chunk=5_000, progress=progress, desc=desc)
+    sim = run_replicates(step, n_reps, rng, chunk=5_000, progress=progress, desc=desc)
     return np.array([_mean_se(sim[f"r{i}"]) for i in range(len(ratios))]).T
 
 
-def _figure1(p, rng, reps, progress):
+def _figure1(p, rng, n_reps, progress):
     from ebfl._plotting import subplots
 
     fig, axes = subplots(1, 2, figsize=(11, 4.2))
@@ -93,7 +93,7 @@ def _figure1(p, rng, reps, progress):
         for sc2, g2, label in curves:
             args = (n, rho, a2, sc2 - a2, g2)
             line, = ax.plot(grid, T.server_mse(grid, *args), "-", label=f"{label}: formula")
-            mean, se = _server_points(next(gens), reps, (n_np, n - n_np), a2, sc2 - a2, g2,
+            mean, se = _server_points(next(gens), n_reps, (n_np, n - n_np), a2, sc2 - a2, g2,
                                       R_POINTS, progress, f"fig1 {label}")
             ax.errorbar(R_POINTS, mean, yerr=1.96 * se, fmt="o", ms=4, color=line.get_color(),
                         label=f"{label}: Monte Carlo")
@@ -115,7 +115,7 @@ def _scenarios(p):
     return (("stays private", (k, n - k), 1), ("opts out", (k + 1, n - k - 1), 0))
 
 
-def _local_figure(p, rng, reps, progress, *, regression):
+def _local_figure(p, rng, n_reps, progress, *, regression):
     from ebfl._plotting import subplots
 
     d = p["d"] if regression else 1
@@ -124,7 +124,7 @@ def _local_figure(p, rng, reps, progress, *, regression):
     gens = iter(rng.spawn(2))
     sims = {}
     for (label, counts, g), gen in zip(_scenarios(p), gens, strict=True):
-        sims[label] = _local_points(gen, reps, p, counts, g, d, regression, progress)
+        sims[label] = _local_points(gen, n_reps, p, counts, g, d, regression, progress)
     for ax, title in zip(axes, ("HDP-FedAvg (r = 1)", "FedHDP (r = r*)"), strict=True):
         hdp = title.startswith("HDP")
         for label, counts, g in _scenarios(p):
@@ -157,7 +157,7 @@ def _local_figure(p, rng, reps, progress, *, regression):
     return fig
 
 
-def _local_points(rng, reps, p, counts, g, d, regression, progress):
+def _local_points(rng, n_reps, p, counts, g, d, regression, progress):
     """Monte Carlo local MSE at LAMBDA_POINTS, for r = 1 and r*: {"hdp": .., "opt": ..}."""
     counts = np.asarray(counts)
     model = (counts, p["alpha2"], p["tau2"], (0.0, p["gamma2"]))
@@ -179,13 +179,13 @@ def _local_points(rng, reps, p, counts, g, d, regression, progress):
                 out[f"{key}{i}"] = np.sum((est - phi_j[:, sl]) ** 2, axis=-1).mean(axis=1)
         return out
 
-    sim = run_replicates(step, reps, rng, chunk=2_000 if regression else 5_000,
+    sim = run_replicates(step, n_reps, rng, chunk=2_000 if regression else 5_000,
                          progress=progress, desc="fedhdp local")
     return {key: np.array([_mean_se(sim[f"{key}{i}"]) for i in range(len(LAMBDA_POINTS))]).T
             for key in ("hdp", "opt")}
 
 
-def _figure4(p, rng, reps, progress):
+def _figure4(p, rng, n_reps, progress):
     from ebfl._plotting import subplots
 
     n, a2, t2, g2 = p["n_clients"], p["alpha2"], p["tau2"], p["gamma2"]
@@ -202,7 +202,7 @@ def _figure4(p, rng, reps, progress):
     for rho, gen in zip(p["rhos"], rng.spawn(len(p["rhos"])), strict=True):
         n_np = round(rho * n)
         r_star = T.optimal_ratio(n, n_np / n, a2, t2, g2)
-        mean, se = _server_points(gen, reps, (n_np, n - n_np), a2, t2, g2, (1.0, r_star),
+        mean, se = _server_points(gen, n_reps, (n_np, n - n_np), a2, t2, g2, (1.0, r_star),
                                   progress, f"fig4 rho={rho:g}")
         means["hdp"].append((mean[0], se[0]))
         means["opt"].append((mean[1], se[1]))
@@ -222,15 +222,15 @@ def _figure4(p, rng, reps, progress):
 
 _BUILDERS = {
     "fedhdp_fig1_server_vs_r": _figure1,
-    "fedhdp_fig2_local_vs_lambda": lambda p, rng, reps, progress: _local_figure(
-        p, rng, reps, progress, regression=False),
-    "fedhdp_fig3_regression_vs_lambda": lambda p, rng, reps, progress: _local_figure(
-        p, rng, reps, progress, regression=True),
+    "fedhdp_fig2_local_vs_lambda": lambda p, rng, n_reps, progress: _local_figure(
+        p, rng, n_reps, progress, regression=False),
+    "fedhdp_fig3_regression_vs_lambda": lambda p, rng, n_reps, progress: _local_figure(
+        p, rng, n_reps, progress, regression=True),
     "fedhdp_fig4_server_vs_rho": _figure4,
 }
 
 
-def plot_fedhdp_figures(directory, *, names=None, reps=None, quick=False, rng=0,
+def plot_fedhdp_figures(directory, *, names=None, n_reps=None, quick=False, rng=0,
                         progress=False):
     """Save Figures 1-4 of the FedHDP paper as PNGs in ``directory``; returns the paths.
 
@@ -240,7 +240,7 @@ def plot_fedhdp_figures(directory, *, names=None, reps=None, quick=False, rng=0,
         Folder (created if needed).
     names : str or iterable of str, optional
         Figures to draw (keys of :data:`FIGURES`); all by default.
-    reps : int, optional
+    n_reps : int, optional
         Monte Carlo replicates per curve, >= 2 (default 20,000; 2,000 with ``quick``).
     quick : bool
         Fewer replicates.
@@ -257,15 +257,15 @@ def plot_fedhdp_figures(directory, *, names=None, reps=None, quick=False, rng=0,
         raise TypeError(f"directory must be a path, got {type(directory).__name__}")
     names = list(FIGURES) if names is None else check_names(names, "names", FIGURES,
                                                             what="figure")
-    if reps is not None:
-        reps = check_int_scalar(reps, "reps", minimum=2)
+    if n_reps is not None:
+        n_reps = check_int_scalar(n_reps, "n_reps", minimum=2)
     quick, progress = check_bool(quick, "quick"), check_bool(progress, "progress")
-    reps = reps if reps is not None else (QUICK_REPS if quick else REPS)
+    n_reps = n_reps if n_reps is not None else (QUICK_REPS if quick else REPS)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, gen in zip(names, as_generator(rng).spawn(len(names)), strict=True):
-        fig = _BUILDERS[name](FIGURES[name], gen, reps, progress)
+        fig = _BUILDERS[name](FIGURES[name], gen, n_reps, progress)
         fig.tight_layout()
         path = directory / f"{name}.png"
         fig.savefig(path, dpi=120)

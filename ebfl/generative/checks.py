@@ -1,6 +1,6 @@
 """One registered Monte Carlo check per claim of the paper (theorems, lemmas, equations).
 
-Every check is a function ``check(reps, rng, progress, **params) -> list[CheckResult]``
+Every check is a function ``check(n_reps, rng, progress, **params) -> list[CheckResult]``
 registered with its defaults; the defaults are the paper's settings
 (Figure 4's Gaussian setting m = 10^4, n = 15, sigma_theta = 0.1, sigma_x = 0.5;
 Beta(2, 2) with n = 14 for the Bernoulli rows). Estimators are the package's
@@ -87,8 +87,8 @@ def _gaussian_args(params):
 
 
 @register("thm1", "Theorem 1: E|theta_hat_i - theta_i|^2 <= (d sx^2/n)((1-a)/m + a)", GAUSSIAN)
-def check_theorem1(reps, rng, progress, **p):
-    sim = run_replicates(lambda g, k: _gaussian_estimators(p, k, g), reps, rng,
+def check_theorem1(n_reps, rng, progress, **p):
+    sim = run_replicates(lambda g, k: _gaussian_estimators(p, k, g), n_reps, rng,
                          progress=progress, desc="thm1")
     return [make_result("thm1", "personalized MSE", CHECKS["thm1"].statement, "exact",
                         B.theorem1_mse(*_gaussian_args(p), d=p["d"]), sim["personalized"],
@@ -96,8 +96,8 @@ def check_theorem1(reps, rng, progress, **p):
 
 
 @register("baselines", "local, global-only and known-mu oracle MSEs", GAUSSIAN)
-def check_baselines(reps, rng, progress, **p):
-    sim = run_replicates(lambda g, k: _gaussian_estimators(p, k, g), reps, rng,
+def check_baselines(n_reps, rng, progress, **p):
+    sim = run_replicates(lambda g, k: _gaussian_estimators(p, k, g), n_reps, rng,
                          progress=progress, desc="baselines")
     m, n, st, sx = _gaussian_args(p)
     d = p["d"]
@@ -110,8 +110,8 @@ def check_baselines(reps, rng, progress, **p):
 
 
 @register("lower_bounds", "(46), (47): lower bounds on the MSE of any estimator", GAUSSIAN)
-def check_lower_bounds(reps, rng, progress, **p):
-    sim = run_replicates(lambda g, k: _gaussian_estimators(p, k, g), reps, rng,
+def check_lower_bounds(n_reps, rng, progress, **p):
+    sim = run_replicates(lambda g, k: _gaussian_estimators(p, k, g), n_reps, rng,
                          progress=progress, desc="lower bounds")
     m, n, st, sx = _gaussian_args(p)
     d = p["d"]
@@ -132,7 +132,7 @@ def check_lower_bounds(reps, rng, progress, **p):
 
 @register("thm2_noise", "Theorem 2 with q(x) = x + N(0, sq^2): exact for Gaussian q",
           GAUSSIAN | {"sigma_qs": (0.1, 1.0, 10.0)})
-def check_theorem2_noise(reps, rng, progress, **p):
+def check_theorem2_noise(n_reps, rng, progress, **p):
     m, n, st, sx = _gaussian_args(p)
     out = []
     for sigma_q in p["sigma_qs"]:
@@ -144,7 +144,7 @@ def check_theorem2_noise(reps, rng, progress, **p):
                                             sigma_q=sigma_q)
                 vals[r] = _per_client_sq_error(est.estimate, theta)
             return {"mse": vals}
-        sim = run_replicates(step, reps, rng, progress=progress, desc=f"thm2 sq={sigma_q:g}")
+        sim = run_replicates(step, n_reps, rng, progress=progress, desc=f"thm2 sq={sigma_q:g}")
         out.append(make_result("thm2_noise", f"sigma_q={sigma_q:g}",
                                CHECKS["thm2_noise"].statement, "exact",
                                B.theorem2_mse(m, n, st, sx, sigma_q, p["d"]), sim["mse"],
@@ -152,7 +152,7 @@ def check_theorem2_noise(reps, rng, progress, **p):
     return out
 
 
-def _mechanism_rows(name, label, statement, mechanism, formula, p, reps, rng, progress, *,
+def _mechanism_rows(name, label, statement, mechanism, formula, p, n_reps, rng, progress, *,
                     kind, claimed_failure, flag):
     """Run private_gaussian with ``mechanism``; the MSE row and the good-event row."""
     m, n, st, sx = _gaussian_args(p)
@@ -165,7 +165,7 @@ def _mechanism_rows(name, label, statement, mechanism, formula, p, reps, rng, pr
             failed[r] = res.n_clipped > 0
         return {"mse": mse, "failed": failed}
 
-    sim = run_replicates(step, reps, rng, progress=progress, desc=f"{name} {label}")
+    sim = run_replicates(step, n_reps, rng, progress=progress, desc=f"{name} {label}")
     params = {**p, "mechanism": repr(mechanism)}
     extra = {"event_failure_fraction": float(sim["failed"].mean()),
              "claimed_failure_probability": claimed_failure}
@@ -177,7 +177,7 @@ def _mechanism_rows(name, label, statement, mechanism, formula, p, reps, rng, pr
 
 @register("thm2_quantizer", "Theorem 2.1: k-bit stochastic quantizer, MSE <= formula "
           "w.p. >= 1 - 2/(mn)", GAUSSIAN | {"r": 1.0, "k_bits": (1, 2, 4, 8)})
-def check_theorem2_quantizer(reps, rng, progress, **p):
+def check_theorem2_quantizer(n_reps, rng, progress, **p):
     m, n, st, sx = _gaussian_args(p)
     b = paper_clip_range(p["r"], m, n, st, sx)
     out = []
@@ -186,7 +186,7 @@ def check_theorem2_quantizer(reps, rng, progress, **p):
             "thm2_quantizer", f"k={k_bits}", CHECKS["thm2_quantizer"].statement,
             StochasticQuantizer(k_bits, b), B.theorem2_quantizer_mse(m, n, st, sx, k_bits,
                                                                      p["r"], p["d"]),
-            p, reps, rng, progress, kind="upper", claimed_failure=2 / (m * n),
+            p, n_reps, rng, progress, kind="upper", claimed_failure=2 / (m * n),
             flag="tail bounds use exp(-c^2/s^2) instead of 2 exp(-c^2/(2 s^2)) and no union "
                  "over coordinates: the true failure probability exceeds 2/(mn) (errata [!4])")
     return out
@@ -201,14 +201,14 @@ def _paper_gaussian(epsilon, delta, b, d):
 
 @register("thm2_ldp", "Theorem 2.2: (eps0, delta)-LDP Gaussian mechanism, eps0 in (0, 1)",
           GAUSSIAN | {"r": 1.0, "epsilon": 0.5, "delta": 1e-5, "privacy_dims": (1, 4)})
-def check_theorem2_ldp(reps, rng, progress, **p):
+def check_theorem2_ldp(n_reps, rng, progress, **p):
     m, n, st, sx = _gaussian_args(p)
     b = paper_clip_range(p["r"], m, n, st, sx)
     mech = _paper_gaussian(p["epsilon"], p["delta"], b, p["d"])
     rows = _mechanism_rows(
         "thm2_ldp", f"eps0={p['epsilon']:g}", CHECKS["thm2_ldp"].statement, mech,
         B.theorem2_gaussian_mse(m, n, st, sx, p["epsilon"], p["delta"], p["r"], p["d"]),
-        p, reps, rng, progress, kind="exact", claimed_failure=2 / (m * n),
+        p, n_reps, rng, progress, kind="exact", claimed_failure=2 / (m * n),
         flag="exact only when nothing is clipped; for d > 1 the noise must be calibrated to "
              "the L2 sensitivity 2b sqrt(d) (errata [!4])")
     return rows + [_ldp_delta_row(p, b, d) for d in p["privacy_dims"]]
@@ -234,14 +234,14 @@ def _ldp_delta_row(p, b, d):
 
 @register("quantizer_moments", "E q_k(x) = x and Var q_k(x) = D^2 f(1-f) <= b^2/(2^k-1)^2",
           {"k_bits": 2, "b": 2.0531, "xs": (-2.0, -0.7, 0.0, 0.4, 1.9), "draws": 20_000},
-          reps=50, quick_reps=20)
-def check_quantizer_moments(reps, rng, progress, **p):
+          n_reps=50, quick_reps=20)
+def check_quantizer_moments(n_reps, rng, progress, **p):
     q = StochasticQuantizer(p["k_bits"], p["b"])
-    return _moment_rows("quantizer_moments", q, p, reps, rng, progress,
+    return _moment_rows("quantizer_moments", q, p, n_reps, rng, progress,
                         extra={"bound": q.max_variance})
 
 
-def _moment_rows(name, mechanism, p, reps, rng, progress, extra=None):
+def _moment_rows(name, mechanism, p, n_reps, rng, progress, extra=None):
     """Mean and variance of ``mechanism`` at each input in p["xs"] (p["draws"] draws each)."""
     xs = np.asarray(p["xs"], dtype=np.float64)
 
@@ -254,7 +254,7 @@ def _moment_rows(name, mechanism, p, reps, rng, progress, extra=None):
             out["var"][r] = draws.var(axis=0, ddof=1)
         return out
 
-    sim = run_replicates(step, reps, rng, progress=progress, desc=name)
+    sim = run_replicates(step, n_reps, rng, progress=progress, desc=name)
     statement = CHECKS[name].statement
     rows = []
     for j, x in enumerate(xs):
@@ -269,7 +269,7 @@ def _moment_rows(name, mechanism, p, reps, rng, progress, extra=None):
 # ------------------------------------------------------- Beta-Bernoulli model
 
 @register("known_beta", "known Beta prior, posterior-mean and local MSEs (exact)", BETA)
-def check_known_beta(reps, rng, progress, **p):
+def check_known_beta(n_reps, rng, progress, **p):
     pop = BetaBernoulliPopulation(p["alpha"], p["beta"])
     prior = BetaPrior(p["alpha"], p["beta"])
 
@@ -282,7 +282,7 @@ def check_known_beta(reps, rng, progress, **p):
             local[r] = np.mean((z / n - prob) ** 2)
         return {"posterior": post, "local": local}
 
-    sim = run_replicates(step, reps, rng, progress=progress, desc="known beta")
+    sim = run_replicates(step, n_reps, rng, progress=progress, desc="known beta")
     a, b, n = p["alpha"], p["beta"], p["n"]
     statement = CHECKS["known_beta"].statement
     return [make_result("known_beta", "posterior mean", statement, "exact",
@@ -317,14 +317,14 @@ def theorem3_replicates(k, rng, *, m, n, alpha, beta, variant=LOO_PRINTED):
 
 
 @register("thm3", "Theorem 3: MSE of (6) <= E[a^2] local + E[(1-a)^2](var + 3 log(4m^2n)/(m-1))"
-          " w.p. >= 1 - 1/(mn)", BETA, reps=1000, quick_reps=200)
-def check_theorem3(reps, rng, progress, **p):
+          " w.p. >= 1 - 1/(mn)", BETA, n_reps=1000, quick_reps=200)
+def check_theorem3(n_reps, rng, progress, **p):
     m, n, a, b = p["m"], p["n"], p["alpha"], p["beta"]
     sim = run_replicates(
         lambda g, k: dict(zip(("mse", "a2", "one_minus_a2", "failed"),
                               theorem3_replicates(k, g, m=m, n=n, alpha=a, beta=b),
                               strict=True)),
-        reps, rng, chunk=500, progress=progress, desc="thm3")
+        n_reps, rng, chunk=500, progress=progress, desc="thm3")
     rhs = B.theorem3_rhs(float(sim["a2"].mean()), float(sim["one_minus_a2"].mean()), m, n, a, b)
     statement = CHECKS["thm3"].statement
     flag = ("sigma_i^2 as printed is centred on mu_l and estimates Var(xbar), not Var(p): a_i "
@@ -340,10 +340,10 @@ def check_theorem3(reps, rng, progress, **p):
 
 
 @register("mechanism7", "Mechanism (7): unbiased, Var = e^e/(e^e-1)^2 + x(1-x), ratio <= e^eps",
-          {"epsilon": 1.0, "xs": (0.0, 0.3, 0.5, 1.0), "draws": 20_000}, reps=50, quick_reps=20)
-def check_mechanism7(reps, rng, progress, **p):
+          {"epsilon": 1.0, "xs": (0.0, 0.3, 0.5, 1.0), "draws": 20_000}, n_reps=50, quick_reps=20)
+def check_mechanism7(n_reps, rng, progress, **p):
     q = BinaryMechanism(p["epsilon"])
-    rows = _moment_rows("mechanism7", q, p, reps, rng, progress)
+    rows = _moment_rows("mechanism7", q, p, n_reps, rng, progress)
     # The likelihood ratio is computed exactly (two outcomes): no Monte Carlo error.
     grid = np.linspace(0, 1, 101)
     ratio = max(float(np.max(q.likelihood_ratio_bound(np.full_like(grid, x), grid)))
@@ -356,7 +356,7 @@ def check_mechanism7(reps, rng, progress, **p):
 
 @register("thm4", "Theorem 4: private Bernoulli estimator, MSE <= RHS w.p. >= 1 - 1/(mn)",
           BETA | {"epsilon": 1.0})
-def check_theorem4(reps, rng, progress, **p):
+def check_theorem4(n_reps, rng, progress, **p):
     m, n, a, b, eps = p["m"], p["n"], p["alpha"], p["beta"], p["epsilon"]
     pop = BetaBernoulliPopulation(a, b)
     s = a + b
@@ -379,7 +379,7 @@ def check_theorem4(reps, rng, progress, **p):
                                 or np.max(np.abs(res.variance - var)) > c_p)
         return out
 
-    sim = run_replicates(step, reps, rng, progress=progress, desc="thm4")
+    sim = run_replicates(step, n_reps, rng, progress=progress, desc="thm4")
     rhs = B.theorem4_rhs(float(sim["a2"].mean()), float(sim["one_minus_a2"].mean()), m, n, a,
                          b, eps)
     mu = a / s
@@ -405,7 +405,7 @@ def check_theorem4(reps, rng, progress, **p):
 @register("thm5", "Theorem 5: the posterior mean is Bayes-optimal; its MSE is the expected "
           "posterior variance", {"m": 10_000, "n": 4, "sigma_x": 1.0,
                                  "atoms": (-1.0, 0.0, 2.0), "probs": (0.3, 0.4, 0.3)})
-def check_theorem5(reps, rng, progress, **p):
+def check_theorem5(n_reps, rng, progress, **p):
     atoms, probs = np.asarray(p["atoms"]), np.asarray(p["probs"])
     s = p["sigma_x"] / math.sqrt(p["n"])
 
@@ -421,7 +421,7 @@ def check_theorem5(reps, rng, progress, **p):
             out["local"][r] = np.mean((xbar - theta) ** 2)
         return out
 
-    sim = run_replicates(step, reps, rng, progress=progress, desc="thm5")
+    sim = run_replicates(step, n_reps, rng, progress=progress, desc="thm5")
     statement = CHECKS["thm5"].statement
     # Paired comparisons: the formula side is itself estimated on the same draws,
     # so the verdict uses the standard error of the difference.
@@ -443,7 +443,7 @@ def _paired(name, label, statement, kind, values, reference, params):
 
 @register("lemma1", "Lemma 1: max_i |xbar_i| <= 4 sqrt(d sx^2/n) + 2 sqrt(log(m^2 n) sx^2/n) + r"
           " w.p. >= 1 - 1/(mn)", {"m": 10_000, "n": 15, "sigma_x": 0.5, "d": 2, "r": 1.0})
-def check_lemma1(reps, rng, progress, **p):
+def check_lemma1(n_reps, rng, progress, **p):
     m, n, sx, d, r = p["m"], p["n"], p["sigma_x"], p["d"], p["r"]
     radius = lemma1_radius(d, sx, n, m, r)
     atoms = np.array([[r, 0.0], [-r / math.sqrt(2), r / math.sqrt(2)]]) if d == 2 else None
@@ -460,7 +460,7 @@ def check_lemma1(reps, rng, progress, **p):
             failed[i] = largest[i] > radius
         return {"failed": failed, "largest": largest}
 
-    sim = run_replicates(step, reps, rng, progress=progress, desc="lemma1")
+    sim = run_replicates(step, n_reps, rng, progress=progress, desc="lemma1")
     statement = CHECKS["lemma1"].statement
     return [make_result("lemma1", "P(some |xbar_i| > radius)", statement, "upper", 1 / (m * n),
                         sim["failed"], params=p),
@@ -472,7 +472,7 @@ def check_lemma1(reps, rng, progress, **p):
 
 @register("thm6", "Theorem 6: given X_i, MSE of (15) = Tr(M^-1), of (17) = sx^2 Tr((X'X)^-1)",
           {"n": 20, "d": 5, "sigma_theta2": 0.25, "sigma_x2": 1.0, "draws": 2_000, "seed_x": 0})
-def check_theorem6(reps, rng, progress, **p):
+def check_theorem6(n_reps, rng, progress, **p):
     n, d, st, sx = p["n"], p["d"], p["sigma_theta2"], p["sigma_x2"]
     from ebfl.learning import RegressionData, local_least_squares, posterior_regression
 
@@ -493,7 +493,7 @@ def check_theorem6(reps, rng, progress, **p):
 
     gram = design.T @ design
     prec = np.eye(d) / st + gram / sx
-    sim = run_replicates(step, reps, rng, progress=progress, desc="thm6")
+    sim = run_replicates(step, n_reps, rng, progress=progress, desc="thm6")
     statement = CHECKS["thm6"].statement
     return [make_result("thm6", "posterior mean (15)", statement, "exact",
                         float(np.trace(np.linalg.inv(prec))), sim["posterior"], params=p),
@@ -505,8 +505,8 @@ def check_theorem6(reps, rng, progress, **p):
 
 @register("thm7", "Theorem 7: DP-AdaPeD is (alpha, 6 K T alpha (C1^2/s1^2 + C2^2/s2^2)/(m^2 tau))"
           "-RDP", {"m": 66, "k": 22, "iterations": 2400, "sync_gap": 10, "clip": 1.0,
-                   "noise": 5.0, "delta": 1e-5}, reps=2, quick_reps=2)
-def check_theorem7(reps, rng, progress, **p):
+                   "noise": 5.0, "delta": 1e-5}, n_reps=2, quick_reps=2)
+def check_theorem7(n_reps, rng, progress, **p):
     """Not Monte Carlo: the paper's epsilon against a numerical accountant's (exact rows).
 
     The setting is a FEMNIST-sized illustration (m = 66, K = 22) with noise multipliers

@@ -1,7 +1,7 @@
 """Monte Carlo validation of the paper's estimation theorems.
 
 >>> from ebfl.validation import validate
->>> report = validate(["known_beta"], reps=20, rng=0)
+>>> report = validate(["known_beta"], n_reps=20, rng=0)
 >>> [row.verdict for row in report.results]
 ['holds', 'holds']
 """
@@ -53,7 +53,7 @@ def _check_seed(base, name):
     return np.random.default_rng([base, zlib.crc32(name.encode())])
 
 
-def validate(names=None, *, reps=None, quick=False, rng=0, progress=False):
+def validate(names=None, *, n_reps=None, quick=False, rng=0, progress=False):
     """Run Monte Carlo checks of the paper's statements.
 
     Parameters
@@ -61,7 +61,7 @@ def validate(names=None, *, reps=None, quick=False, rng=0, progress=False):
     names : str or iterable of str, optional
         Checks to run (see ``CHECKS``); a single name runs that check; all by
         default.
-    reps : int, optional
+    n_reps : int, optional
         Replicates per check, >= 2; default each check's own (fewer with ``quick``).
     quick : bool
         Use the checks' quick replicate counts.
@@ -75,8 +75,8 @@ def validate(names=None, *, reps=None, quick=False, rng=0, progress=False):
     ValidationReport
     """
     names = list(CHECKS) if names is None else check_names(names, "names", CHECKS, what="check")
-    if reps is not None:
-        reps = check_int_scalar(reps, "reps", minimum=2)
+    if n_reps is not None:
+        n_reps = check_int_scalar(n_reps, "n_reps", minimum=2)
     quick = check_bool(quick, "quick")
     progress = check_bool(progress, "progress")
     if isinstance(rng, numbers.Integral) and not isinstance(rng, bool | np.bool_):
@@ -85,6 +85,6 @@ def validate(names=None, *, reps=None, quick=False, rng=0, progress=False):
         base = int(as_generator(rng).integers(2**63))
     rows = []
     for name in names:
-        rows += CHECKS[name].run(reps, quick=quick, rng=_check_seed(base, name),
+        rows += CHECKS[name].run(n_reps, quick=quick, rng=_check_seed(base, name),
                                  progress=progress)
     return ValidationReport(tuple(rows))

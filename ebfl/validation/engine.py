@@ -206,15 +206,15 @@ def make_result(name, label, statement, kind, formula, values, *, params, z=DEFA
                        flag, MappingProxyType(dict(extra)))
 
 
-def run_replicates(step: Callable, reps, rng=None, *, chunk=50, progress=False, desc=""):
-    """Run ``step(rng, k)`` over ``reps`` replicates in chunks; concatenate its outputs.
+def run_replicates(step: Callable, n_reps, rng=None, *, chunk=50, progress=False, desc=""):
+    """Run ``step(rng, k)`` over ``n_reps`` replicates in chunks; concatenate its outputs.
 
     Parameters
     ----------
     step : callable
         ``step(generator, k)`` simulates ``k`` replicates and returns a dict of
         arrays of length ``k`` (per-replicate statistics).
-    reps : int
+    n_reps : int
         Number of replicates, >= 2 (a standard error needs two).
     rng : None, int, SeedSequence or Generator
         Chunk ``j`` uses the ``j``-th generator spawned from ``rng``, so the
@@ -231,14 +231,14 @@ def run_replicates(step: Callable, reps, rng=None, *, chunk=50, progress=False, 
     dict of ndarray
     """
     check_callable(step, "step", "step(generator, k) -> dict of arrays of length k")
-    reps = check_int_scalar(reps, "reps", minimum=2)
+    n_reps = check_int_scalar(n_reps, "n_reps", minimum=2)
     chunk = check_int_scalar(chunk, "chunk", minimum=1)
     progress = check_bool(progress, "progress")
     desc = _text(desc, "desc")
-    sizes = [min(chunk, reps - start) for start in range(0, reps, chunk)]
+    sizes = [min(chunk, n_reps - start) for start in range(0, n_reps, chunk)]
     children = as_generator(rng).spawn(len(sizes))
     parts = []
-    for child, k in _progress(list(zip(children, sizes, strict=True)), progress, desc, reps):
+    for child, k in _progress(list(zip(children, sizes, strict=True)), progress, desc, n_reps):
         parts.append(_step_output(step(child, k), k, parts[0] if parts else None))
     return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
 

@@ -31,17 +31,17 @@ class Check:
     statement: str
     func: object
     defaults: dict
-    reps: int
+    n_reps: int
     quick_reps: int
 
-    def run(self, reps=None, *, quick=False, rng=None, progress=False, **params):
+    def run(self, n_reps=None, *, quick=False, rng=None, progress=False, **params):
         """Run the check; ``params`` override the defaults."""
         unknown = set(params) - set(self.defaults)
         if unknown:
             raise TypeError(f"check {self.name!r} has no parameter(s) {sorted(unknown)}; "
                             f"it takes {sorted(self.defaults)}")
-        reps = reps if reps is not None else (self.quick_reps if quick else self.reps)
-        return self.func(reps, rng, progress, **{**self.defaults, **params})
+        n_reps = n_reps if n_reps is not None else (self.quick_reps if quick else self.n_reps)
+        return self.func(n_reps, rng, progress, **{**self.defaults, **params})
 
 
 _checks: dict[str, Check] = {}
@@ -85,19 +85,19 @@ class _Checks(Mapping):
 CHECKS = _Checks()
 
 
-def register(name, statement, defaults, reps=200, quick_reps=50):
-    """Decorator: register ``func(reps, rng, progress, **params) -> list[CheckResult]``."""
+def register(name, statement, defaults, n_reps=200, quick_reps=50):
+    """Decorator: register ``func(n_reps, rng, progress, **params) -> list[CheckResult]``."""
     if name in _checks:
         raise ValueError(f"a check named {name!r} is already registered")
 
     def wrap(func):
-        _checks[name] = Check(name, statement, func, dict(defaults), reps, quick_reps)
+        _checks[name] = Check(name, statement, func, dict(defaults), n_reps, quick_reps)
         return func
     return wrap
 
 
 def register_figures(group, names, plot):
-    """Register a paper's validation figures: ``plot(directory, *, names, reps, quick, rng,
+    """Register a paper's validation figures: ``plot(directory, *, names, n_reps, quick, rng,
     progress) -> list of paths`` draws any of ``names``."""
     _figures[group] = (tuple(names), plot)
 

@@ -31,25 +31,25 @@ SWEEPS = {
 }
 
 
-def _options_iv(reps, quick, progress):
-    if reps is not None:
-        check_int_scalar(reps, "reps", minimum=2)
+def _options_iv(n_reps, quick, progress):
+    if n_reps is not None:
+        check_int_scalar(n_reps, "n_reps", minimum=2)
     return check_bool(quick, "quick"), check_bool(progress, "progress")
 
 
-def run_sweep(name, *, reps=None, quick=False, rng=0, progress=False):
+def run_sweep(name, *, n_reps=None, quick=False, rng=0, progress=False):
     """Run one sweep: ``(x values, list of result rows per x)``; rows are the plotted ones.
 
-    ``name`` is a key of :data:`SWEEPS`; ``reps`` (>= 2), ``quick``, ``rng`` and
+    ``name`` is a key of :data:`SWEEPS`; ``n_reps`` (>= 2), ``quick``, ``rng`` and
     ``progress`` are as in :func:`ebfl.validation.validate`.
     """
     check_choice(name, "name", SWEEPS)
-    quick, progress = _options_iv(reps, quick, progress)
+    quick, progress = _options_iv(n_reps, quick, progress)
     check, param, values, needle, _, _ = SWEEPS[name]
     gens = as_generator(rng).spawn(len(values))
     xs, rows = [], []
     for value, gen in zip(values, gens, strict=True):
-        results = CHECKS[check].run(reps, quick=quick, rng=gen, progress=progress,
+        results = CHECKS[check].run(n_reps, quick=quick, rng=gen, progress=progress,
                                     **{param: value})
         pick = [r for r in results if needle in r.label]
         xs.append(value[0] if isinstance(value, tuple) else value)
@@ -57,7 +57,7 @@ def run_sweep(name, *, reps=None, quick=False, rng=0, progress=False):
     return np.asarray(xs, dtype=float), rows
 
 
-def plot_sweeps(directory, *, names=None, reps=None, quick=False, rng=0, progress=False):
+def plot_sweeps(directory, *, names=None, n_reps=None, quick=False, rng=0, progress=False):
     """Save one PNG per sweep in ``directory``; returns the paths.
 
     ``names``: sweeps to plot (a str is one sweep), all by default; the papers'
@@ -74,12 +74,12 @@ def plot_sweeps(directory, *, names=None, reps=None, quick=False, rng=0, progres
     figures = {name: plot for names_, plot in figure_sets().values() for name in names_}
     names = [*SWEEPS, *figures] if names is None else check_names(
         names, "names", {**SWEEPS, **figures}, what="sweep")
-    _options_iv(reps, quick, progress)
+    _options_iv(n_reps, quick, progress)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for name in (n for n in names if n in SWEEPS):
-        xs, rows = run_sweep(name, reps=reps, quick=quick, rng=rng, progress=progress)
+        xs, rows = run_sweep(name, n_reps=n_reps, quick=quick, rng=rng, progress=progress)
         _, _, _, _, xlabel, logx = SWEEPS[name]
         est = np.array([r.estimate for r in rows])
         se = np.array([r.se for r in rows])
@@ -109,6 +109,6 @@ def plot_sweeps(directory, *, names=None, reps=None, quick=False, rng=0, progres
         fig.savefig(path, dpi=120)
         paths.append(str(path))
     for plot in dict.fromkeys(figures[n] for n in names if n in figures):
-        paths += plot(directory, names=[n for n in names if figures.get(n) is plot], reps=reps,
+        paths += plot(directory, names=[n for n in names if figures.get(n) is plot], n_reps=n_reps,
                       quick=quick, rng=rng, progress=progress)
     return paths
