@@ -116,7 +116,7 @@ def main(argv=None):
 
     strat = AdaPeD(model)
     strat.init_params = init
-    run = RunConfig(n_clients=m, rounds=1)
+    run = RunConfig(n_clients=m, n_rounds=1)
     message = strat.broadcast(strat.init_server(run), None)
 
     def ours():

@@ -142,7 +142,7 @@ def _setting(k, tau):
     strat = FedHDP(model, groups, lr=0.5, lam=0.005, ratio=0.01, noise_multiplier=[0.0, 1.5],
                    clip=0.5, count_noise=COUNT_NOISE)
     strat.init_params = clone_params(dict(model.named_parameters()))
-    run = RunConfig(n_clients=N_CLIENTS, rounds=1, clients_per_round=k, local_steps=tau,
+    run = RunConfig(n_clients=N_CLIENTS, n_rounds=1, clients_per_round=k, local_steps=tau,
                     batch_size=BATCH, lr_decay=1.0)
     rc = RoundContext(run, 0, sample_clients(run, 0))
     server = strat.init_server(run)

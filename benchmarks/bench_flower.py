@@ -35,10 +35,10 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="6 clients, 3 rounds")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    m, rounds = (6, 3) if args.quick else (args.clients, args.rounds)
-    settings = {"algorithm": "adaped", "clients": m, "rounds": rounds,
+    m, n_rounds = (6, 3) if args.quick else (args.clients, args.rounds)
+    settings = {"algorithm": "adaped", "clients": m, "rounds": n_rounds,
                 "clients-per-round": max(1, m // 2), "local-steps": 5, "batch-size": 10,
-                "eval-every": rounds}
+                "eval-every": n_rounds}
     job = build_job(settings)
 
     t0 = time.perf_counter()
@@ -46,9 +46,9 @@ def main(argv=None):
     flower_wall = time.perf_counter() - t0
     local = min((run(job.algorithm, job.data, job.config) for _ in range(3)),
                 key=lambda r: r.seconds)
-    per_round = {"flower": flower.seconds / rounds, "in_process": local.seconds / rounds}
+    per_round = {"flower": flower.seconds / n_rounds, "in_process": local.seconds / n_rounds}
     result = {
-        "benchmark": "P8", "clients": m, "rounds": rounds,
+        "benchmark": "P8", "clients": m, "rounds": n_rounds,
         "clients_per_round": job.config.clients_per_round,
         "seconds_per_round": per_round,
         "ratio_flower_over_in_process": per_round["flower"] / per_round["in_process"],
@@ -60,7 +60,7 @@ def main(argv=None):
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"P8: AdaPeD, {m} clients, K = {result['clients_per_round']}, {rounds} rounds")
+        print(f"P8: AdaPeD, {m} clients, K = {result['clients_per_round']}, {n_rounds} rounds")
         print(f"  seconds per round   Flower {per_round['flower']:.4f}   in process "
               f"{per_round['in_process']:.4f}   ratio {result['ratio_flower_over_in_process']:.1f}")
         print(f"  Flower start-up (Ray, nodes, hello) {result['flower_startup_seconds']:.1f} s")

@@ -164,7 +164,7 @@ def _theorem27_alpha2(q, s):
 
 @pytest.mark.parametrize("m, K, tau, clip, noise, rounds", [
     (66, 22, 10, 1.0, 5.0, 240), (30, 6, 4, 1.0, 3.0, 25), (100, 50, 1, 0.5, 0.4, 3)])
-def test_without_replacement_rdp_is_theorem27_by_hand(m, K, tau, clip, noise, rounds):
+def test_without_replacement_rdp_is_theorem27_by_hand(m, K, tau, clip, noise, n_rounds):
     """The corrected WOR path against Theorem 27 computed here (alpha = 2, replace-one).
 
     One round releases the sum of K clipped contributions (norm <= tau C each)
@@ -173,11 +173,11 @@ def test_without_replacement_rdp_is_theorem27_by_hand(m, K, tau, clip, noise, ro
     convention (no factor, or the factor applied twice) is off by a factor > 2.
     """
     acc = A.DPAdaPeDAccountant(m, orders=[2.0]).step(
-        n_sampled=K, sync_gap=tau, clip_mu=clip, noise_mu=noise, n_rounds=rounds)
+        n_sampled=K, sync_gap=tau, clip_mu=clip, noise_mu=noise, n_rounds=n_rounds)
     s = noise * math.sqrt(K * tau) / (2 * tau * clip)
-    assert acc.get_rdp()[0] == pytest.approx(rounds * _theorem27_alpha2(K / m, s), rel=1e-10)
+    assert acc.get_rdp()[0] == pytest.approx(n_rounds * _theorem27_alpha2(K / m, s), rel=1e-10)
     for wrong in (2 * s, s / 2):
-        assert abs(acc.get_rdp()[0] / (rounds * _theorem27_alpha2(K / m, wrong)) - 1) > 0.5
+        assert abs(acc.get_rdp()[0] / (n_rounds * _theorem27_alpha2(K / m, wrong)) - 1) > 0.5
 
 
 def _femnist_hand_event():

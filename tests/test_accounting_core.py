@@ -28,18 +28,18 @@ ORDERS = np.array([1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 16.0, 32.0, 64
 
 
 @pytest.mark.parametrize("q, z, rounds", [(0.05, 1.5, 500), (0.3, 0.8, 40), (1.0, 3.0, 7)])
-def test_dp_fedavg_and_dp_adaped_coincide_under_poisson_sampling(q, z, rounds):
+def test_dp_fedavg_and_dp_adaped_coincide_under_poisson_sampling(q, z, n_rounds):
     """DP-AdaPeD with Poisson sampling, one block and tau = 1 is DP-FedAvg: K = q m clients,
     noise std sigma sqrt(K) over the norm bound C gives the multiplier z = sigma sqrt(K)/C."""
     m = 100
     k = round(q * m)
     sigma = z / math.sqrt(k)   # C = 1
-    fedavg = dp_fedavg_epsilon(sampling_rate=k / m, noise_multiplier=z, rounds=rounds,
+    fedavg = dp_fedavg_epsilon(sampling_rate=k / m, noise_multiplier=z, n_rounds=n_rounds,
                                delta=1e-5, orders=ORDERS)
-    adaped = dp_adaped_epsilon(1e-5, n_clients=m, n_sampled=k, n_iterations=rounds,
+    adaped = dp_adaped_epsilon(1e-5, n_clients=m, n_sampled=k, n_iterations=n_rounds,
                                sync_gap=1, clip_mu=1.0, noise_mu=sigma, sampling="poisson",
                                orders=ORDERS)
-    _, curve = dp_fedavg_rdp(sampling_rate=k / m, noise_multiplier=z, rounds=rounds,
+    _, curve = dp_fedavg_rdp(sampling_rate=k / m, noise_multiplier=z, n_rounds=n_rounds,
                              orders=ORDERS)
     np.testing.assert_allclose(adaped.rdp, curve, rtol=1e-12)
     assert adaped.epsilon == pytest.approx(fedavg.epsilon, rel=1e-12)
@@ -52,7 +52,7 @@ def test_dp_pfl_and_dp_fedavg_coincide_without_sampling(sigma1, sigma2, releases
     (1/sigma1^2 + 1/sigma2^2)^(-1/2): DP-FedAvg at q = 1 with that multiplier."""
     z = 1.0 / math.hypot(1.0 / sigma1, 1.0 / sigma2)
     pfl = rigorous_epsilon(sigma1, sigma2, 1.0, releases, 1e-5, orders=ORDERS)
-    fedavg = dp_fedavg_epsilon(sampling_rate=1.0, noise_multiplier=z, rounds=releases,
+    fedavg = dp_fedavg_epsilon(sampling_rate=1.0, noise_multiplier=z, n_rounds=releases,
                                delta=1e-5, orders=ORDERS)
     assert pfl == pytest.approx(fedavg.epsilon, rel=1e-12)
 
@@ -75,7 +75,7 @@ def test_fedhdp_groups_are_dp_fedavg_per_group():
     eps = fedhdp_group_epsilons(0.05, [0.0, 1.5, 4.0], 500, 1e-4)
     assert math.isinf(eps[0])
     for got, z in zip(eps[1:], (1.5, 4.0), strict=True):
-        assert got == dp_fedavg_epsilon(sampling_rate=0.05, noise_multiplier=z, rounds=500,
+        assert got == dp_fedavg_epsilon(sampling_rate=0.05, noise_multiplier=z, n_rounds=500,
                                         delta=1e-4).epsilon
 
 
@@ -91,7 +91,7 @@ def test_the_gaussian_curve_is_closed_form_and_composes():
 
 
 def _dp_fedavg(**kw):
-    args = dict(sampling_rate=0.1, noise_multiplier=1.0, rounds=10, delta=1e-5)
+    args = dict(sampling_rate=0.1, noise_multiplier=1.0, n_rounds=10, delta=1e-5)
     return dp_fedavg_epsilon(**{**args, **kw})
 
 

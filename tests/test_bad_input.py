@@ -1057,8 +1057,8 @@ def _laplace(data, lr, sigma_x2, **kw):
     return _run(LaplaceLinear(lr, sigma_x2, **kw), data)
 
 
-def _federated(algorithm, data, rounds, **kw):
-    res = run_federated(algorithm, data, rounds, **kw)
+def _federated(algorithm, data, n_rounds, **kw):
+    res = run_federated(algorithm, data, n_rounds, **kw)
     return res.theta, res.history
 
 
@@ -1098,7 +1098,7 @@ LEARNING = [
                                                           ValueError),
               ("theta", np.zeros((3, 2)), ValueError))),
     Case("run_federated", _federated,
-         lambda: dict(algorithm=LinearEM(), data=_data(), rounds=2, rng=0),
+         lambda: dict(algorithm=LinearEM(), data=_data(), n_rounds=2, rng=0),
          scalars={"rng": "rng", "record_every": "count", "progress": "bool"},
          bad=(("rounds", -1, ValueError), ("rounds", 1.5, TypeError), ("rounds", "2", TypeError),
               ("data", _X(), TypeError), ("algorithm", None, TypeError),
@@ -1109,12 +1109,12 @@ LEARNING = [
               ("truth", np.full((4, 2), NAN), ValueError), ("evaluate", "acc", TypeError),
               ("evaluate", lambda theta: 0.5, TypeError))),
     Case("run_federated-fixed", _federated,
-         lambda: dict(algorithm=LinearEM(), data=_data(), rounds=2, rng=0, sampling="fixed",
+         lambda: dict(algorithm=LinearEM(), data=_data(), n_rounds=2, rng=0, sampling="fixed",
                       clients_per_round=2, truth=_quarters((4, 2), 3)),
          real=("truth",), scalars={"clients_per_round": "size"},
          bad=(("clients_per_round", 5, ValueError), ("rate", 0.5, ValueError))),
     Case("run_federated-poisson", _federated,
-         lambda: dict(algorithm=LinearEM(), data=_data(), rounds=2, rng=0, sampling="poisson",
+         lambda: dict(algorithm=LinearEM(), data=_data(), n_rounds=2, rng=0, sampling="poisson",
                       rate=0.5),
          scalars={"rate": "probability"}, bad=(("clients_per_round", 2, ValueError),)),
     Case("sample_clients", sample_clients,

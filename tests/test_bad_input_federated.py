@@ -152,7 +152,7 @@ _RUN_BAD = (("failures", {7: [0]}, ValueError, "failures round"),
             ("failures", [1], TypeError, "failures"),
             ("failures", _SILENT, ValueError, "failures leave no client"),
             ("config", {"n_clients": M}, TypeError),
-            ("config", RunConfig(n_clients=M + 1, rounds=2), ValueError, "config.n_clients"),
+            ("config", RunConfig(n_clients=M + 1, n_rounds=2), ValueError, "config.n_clients"),
             ("algorithm", "eb-beta-binomial", TypeError),
             ("checkpoint", 3, TypeError),
             ("checkpoint", _FOLDER.name, ValueError, "checkpoint .* is a folder"))
@@ -161,7 +161,7 @@ _RUN_BAD = (("failures", {7: [0]}, ValueError, "failures round"),
 
 FEDERATED = [
     # ---- the runtime
-    Case("RunConfig", _run_config, lambda: dict(n_clients=M, rounds=2),
+    Case("RunConfig", _run_config, lambda: dict(n_clients=M, n_rounds=2),
          scalars={"n_clients": "size", "local_steps": "size", "batch_size": "size",
                   "iters_per_epoch": "size", "eval_every": "size", "seed": "rng",
                   "lr_decay": "probability", "clients_per_round": "size"},
@@ -211,7 +211,7 @@ FEDERATED = [
               ("failures", "0:6", ValueError), ("failures", "0-1", ValueError),
               ("failures", (0, 1), TypeError), ("config", {"rounds": 2}, TypeError),
               ("failures", _SILENT, ValueError),
-              ("config", RunConfig(n_clients=M, rounds=0), ValueError, "failures"))),
+              ("config", RunConfig(n_clients=M, n_rounds=0), ValueError, "failures"))),
     Case("parse_failures", parse_failures, lambda: dict(text="1:0, 0:2,1:3"),
          bad=(("text", "1-0", ValueError, "failures"), ("text", "1:2:3", ValueError, "failures"),
               ("text", "a:b", ValueError, "failures"), ("text", 3, TypeError, "failures"),
@@ -367,7 +367,7 @@ table_tests(FEDERATED, "federated", globals())
 # ------------------------------------------------------------------ checkpoints
 
 def test_a_checkpoint_of_other_data_is_refused(tmp_path):
-    ckpt, cfg = tmp_path / "run.ckpt", RunConfig(n_clients=20, rounds=2)
+    ckpt, cfg = tmp_path / "run.ckpt", RunConfig(n_clients=20, n_rounds=2)
     written = run(EBBetaBinomial(), simulated_counts(20, seed=0), cfg, checkpoint=ckpt)
     with pytest.raises(ValueError, match=r"checkpoint .* was written for other data.*delete it"):
         run(EBBetaBinomial(), simulated_counts(20, seed=9), cfg, checkpoint=ckpt)
@@ -385,18 +385,18 @@ def test_a_checkpoint_of_another_configuration_says_what_differs(tmp_path):
     with pytest.raises(ValueError, match=r"run\.seed: 0 in the checkpoint, 4 now"):
         run(EBBetaBinomial(), _counts(), _config(seed=4), checkpoint=ckpt)
     with pytest.raises(ValueError, match="holds 2 rounds, more than this run's rounds=1"):
-        run(EBBetaBinomial(), _counts(), _config(rounds=1), checkpoint=ckpt)
+        run(EBBetaBinomial(), _counts(), _config(n_rounds=1), checkpoint=ckpt)
 
 
 def test_failures_of_rounds_not_yet_run_may_change_on_resuming(tmp_path):
     ckpt = tmp_path / "run.ckpt"
-    run(EBBetaBinomial(), _counts(), _config(rounds=2), checkpoint=ckpt)
-    resumed = run(EBBetaBinomial(), _counts(), _config(rounds=3), failures={2: [1]},
+    run(EBBetaBinomial(), _counts(), _config(n_rounds=2), checkpoint=ckpt)
+    resumed = run(EBBetaBinomial(), _counts(), _config(n_rounds=3), failures={2: [1]},
                   checkpoint=ckpt)
-    full = run(EBBetaBinomial(), _counts(), _config(rounds=3), failures={2: [1]})
+    full = run(EBBetaBinomial(), _counts(), _config(n_rounds=3), failures={2: [1]})
     np.testing.assert_array_equal(resumed.clients["mean"], full.clients["mean"])
     with pytest.raises(ValueError, match="failures in the rounds done"):
-        run(EBBetaBinomial(), _counts(), _config(rounds=4), failures={1: [1]}, checkpoint=ckpt)
+        run(EBBetaBinomial(), _counts(), _config(n_rounds=4), failures={1: [1]}, checkpoint=ckpt)
 
 
 @pytest.mark.parametrize("where", [0.1, 0.5, 0.9, -1])
@@ -459,31 +459,31 @@ def test_the_data_digest_sees_every_array_and_nothing_else():
 
 def test_failures_of_every_client_in_every_round_are_refused():
     with pytest.raises(ValueError, match="failures leave no client to reply in any of the 2"):
-        run(EBBetaBinomial(), simulated_counts(20, seed=9), RunConfig(n_clients=20, rounds=2),
+        run(EBBetaBinomial(), simulated_counts(20, seed=9), RunConfig(n_clients=20, n_rounds=2),
             failures={r: range(20) for r in range(2)})
 
 
 def test_a_silent_fitting_round_is_warned_and_the_fit_asked_again():
     with pytest.warns(RuntimeWarning, match="0 client.* replied in round 0.*asks again"):
-        res = run(EBBetaBinomial(), _counts(), _config(rounds=3), failures={0: range(M)})
+        res = run(EBBetaBinomial(), _counts(), _config(n_rounds=3), failures={0: range(M)})
     assert res.server["prior"]["fit_round"][0] == 1.0
     assert np.all(np.isfinite(res.clients["mean"]))
 
 
 def test_a_failure_in_a_round_outside_the_run_is_refused():
     with pytest.raises(ValueError, match=r"failures round must be an integer in \[0, 1\], got 7"):
-        run(EBBetaBinomial(), _counts(), _config(rounds=2), failures={7: [0]})
+        run(EBBetaBinomial(), _counts(), _config(n_rounds=2), failures={7: [0]})
 
 
 def test_huge_sizes_are_refused_before_allocating():
     with pytest.raises(ValueError, match=r"rounds must be an integer in \[0, 10000000\]"):
-        RunConfig(n_clients=2, rounds=10**20)
+        RunConfig(n_clients=2, n_rounds=10**20)
     with pytest.raises(ValueError, match=r"n_clients must be an integer in \[1, 100000000\]"):
         simulated_counts(10**10)
     with pytest.raises(ValueError, match="n_clients and n: the simulation draws"):
         simulated_counts(10, 10**12)
     with pytest.raises(ValueError, match=r"n_clients must be an integer in \[1, 100000000\]"):
-        RunConfig(n_clients=10**12, rounds=1)
+        RunConfig(n_clients=10**12, n_rounds=1)
 
 
 def test_seed_is_named_as_seed():

@@ -55,7 +55,7 @@ def _orders():
 
 
 def _setting(**kw):
-    return dict(sampling_rate=0.25, noise_multiplier=1.5, rounds=10, **kw)
+    return dict(sampling_rate=0.25, noise_multiplier=1.5, n_rounds=10, **kw)
 
 
 def _group_epsilons(**kw):
@@ -86,7 +86,7 @@ DP_FEDAVG = [
          # a PLD that cannot be built in memory is refused by name, never attempted
          extreme=(("rounds", 2**53), ("rounds", 10**9), ("noise_multiplier", 1e-3))),
     Case("dp_fedavg_noise_multiplier", dpf.dp_fedavg_noise_multiplier,
-         lambda: dict(sampling_rate=0.25, rounds=10, delta=1e-5, epsilon=4.0,
+         lambda: dict(sampling_rate=0.25, n_rounds=10, delta=1e-5, epsilon=4.0,
                       orders=np.array([2.0, 4.0, 8.0, 16.0]), rtol=1e-3),
          real=("orders",),
          scalars={"rounds": "size", "delta": "open_unit", "epsilon": "positive",
@@ -96,7 +96,7 @@ DP_FEDAVG = [
                  ("conversion", "exact", ValueError))),
          extreme=(("rounds", 2**53), ("rounds", 10**9), ("epsilon", 1e-6))),
     Case("dp_fedavg_noise_multiplier-pld", dpf.dp_fedavg_noise_multiplier,
-         lambda: dict(sampling_rate=0.25, rounds=10, delta=1e-5, epsilon=4.0,
+         lambda: dict(sampling_rate=0.25, n_rounds=10, delta=1e-5, epsilon=4.0,
                       orders=np.array([2.0, 4.0, 8.0, 16.0]), accountant="pld",
                       value_discretization_interval=1e-2, rtol=0.1),
          scalars={"value_discretization_interval": "positive"}, bad=_VDI_BAD),
@@ -110,7 +110,7 @@ DP_FEDAVG = [
          scalars={"update_noise_multiplier": "nonnegative", "count_noise": "positive"}),
     Case("fedhdp_group_epsilons", _group_epsilons,
          lambda: dict(sampling_rate=0.25, noise_multipliers=np.array([1.5, 4.0, 1.5]),
-                      rounds=10, delta=1e-5, orders=_orders()),
+                      n_rounds=10, delta=1e-5, orders=_orders()),
          real=("noise_multipliers", "orders"),
          scalars={"rounds": "size", "delta": "open_unit"},
          bad=(_RATE_BAD + _ORDERS_BAD + _ROUNDS_BAD + _ACCOUNTANT_BAD + _VDI_BAD
@@ -128,7 +128,7 @@ DP_FEDAVG = [
          extreme=(("rounds", 2**53),)),
     Case("fedhdp_group_epsilons-per-group", _group_epsilons,
          lambda: dict(sampling_rate=np.array([0.25, 0.5, 0.75]),
-                      noise_multipliers=np.array([1.5, 1.5, 4.0]), rounds=10, delta=1e-5,
+                      noise_multipliers=np.array([1.5, 1.5, 4.0]), n_rounds=10, delta=1e-5,
                       orders=_orders()),
          real=("sampling_rate",)),
     Case("poisson_gaussian_rdp", poisson_gaussian_rdp,
@@ -168,7 +168,7 @@ def _privacy(denominator="realized", **kw):
 
 FEDHDP_PRIVACY = [
     Case("FedHDP.privacy", _privacy,
-         lambda: dict(delta=1e-5, rounds=10, sampling_rate=0.25, sampling="poisson"),
+         lambda: dict(delta=1e-5, n_rounds=10, sampling_rate=0.25, sampling="poisson"),
          scalars={"delta": "open_unit", "rounds": "size"}, finite=False,
          bad=_RATE_BAD + _ACCOUNTANT_BAD + (("sampling", "uniform", ValueError),
                                             ("sampling", ["fixed"], TypeError),
@@ -298,20 +298,20 @@ def test_every_public_function_of_fedhdp_is_in_the_table():
 def test_a_realized_denominator_run_says_its_epsilon_is_not_a_proof():
     """FedHDP.privacy of a run that divides by the realized counts (the default) reports
     its epsilon as conditional, and says why; the expected-count run is a proof."""
-    realized = _privacy(delta=1e-4, rounds=500, sampling_rate=0.05, sampling="poisson")
+    realized = _privacy(delta=1e-4, n_rounds=500, sampling_rate=0.05, sampling="poisson")
     assert realized.epsilon[1] == pytest.approx(3.608, abs=5e-4)
     assert (realized.in_model, realized.guarantee) == (False, "conditional")
     assert realized.denominator == "realized" and realized.sampling == "poisson"
     assert "assumes denominator='expected'" in realized.condition
     assert "realized count" in realized.condition and "not a proof" in realized.condition
-    expected = _privacy("expected", delta=1e-4, rounds=500, sampling_rate=0.05,
+    expected = _privacy("expected", delta=1e-4, n_rounds=500, sampling_rate=0.05,
                         sampling="poisson")
     assert (expected.in_model, expected.guarantee, expected.condition) == (True, "proof", None)
     np.testing.assert_array_equal(expected.epsilon, realized.epsilon)
     # fixed-size sampling, or a sampling not stated, is outside the model too
-    fixed = _privacy("expected", delta=1e-4, rounds=500, sampling_rate=0.05, sampling="fixed")
+    fixed = _privacy("expected", delta=1e-4, n_rounds=500, sampling_rate=0.05, sampling="fixed")
     assert fixed.guarantee == "conditional" and "Poisson" in fixed.condition
-    unknown = _privacy("expected", delta=1e-4, rounds=500, sampling_rate=0.05)
+    unknown = _privacy("expected", delta=1e-4, n_rounds=500, sampling_rate=0.05)
     assert unknown.guarantee == "conditional" and "not given" in unknown.condition
     # the record's keys are JSON-able and shared with the experiment's records
     record = realized.to_dict()
@@ -355,24 +355,24 @@ def test_the_pld_inverse_never_needs_more_noise_than_rdp_at_a_million_rounds():
     """At 1e6 rounds PLD's discretization error (about 0.05 in epsilon) exceeds a target of
     0.1: PLD alone needed z = 754 where RDP certifies 340. The inverse now returns the
     RDP answer, says so, and it really delivers the target."""
-    kw = dict(sampling_rate=0.01, rounds=10**6, delta=1e-5, epsilon=0.1, rtol=1e-2)
+    kw = dict(sampling_rate=0.01, n_rounds=10**6, delta=1e-5, epsilon=0.1, rtol=1e-2)
     rdp = dpf.dp_fedavg_noise_multiplier(**kw)
     pld = dpf.dp_fedavg_noise_multiplier(**kw, accountant="pld")
     assert pld.noise_multiplier <= rdp.noise_multiplier < 400
     assert pld.certified_by == "rdp" and pld.converged and pld.epsilon <= 0.1
     forward = dpf.dp_fedavg_epsilon(sampling_rate=0.01, noise_multiplier=pld.noise_multiplier,
-                                    rounds=10**6, delta=1e-5)
+                                    n_rounds=10**6, delta=1e-5)
     assert forward.epsilon <= 0.1
 
 
 def test_where_pld_is_tighter_its_noise_is_returned_and_certifies_the_target():
-    kw = dict(sampling_rate=0.05, rounds=500, delta=1e-4, epsilon=3.6, rtol=1e-2,
+    kw = dict(sampling_rate=0.05, n_rounds=500, delta=1e-4, epsilon=3.6, rtol=1e-2,
               value_discretization_interval=1e-2)
     rdp = dpf.dp_fedavg_noise_multiplier(**kw)
     pld = dpf.dp_fedavg_noise_multiplier(**kw, accountant="pld")
     assert pld.certified_by == "pld" and pld.noise_multiplier < rdp.noise_multiplier
     forward = dpf.dp_fedavg_epsilon(sampling_rate=0.05, noise_multiplier=pld.noise_multiplier,
-                                    rounds=500, delta=1e-4, accountant="pld",
+                                    n_rounds=500, delta=1e-4, accountant="pld",
                                     value_discretization_interval=1e-2)
     assert forward.epsilon <= 3.6 and forward.epsilon == pld.epsilon
     assert pld.to_dict()["certified_by"] == "pld"
@@ -381,9 +381,9 @@ def test_where_pld_is_tighter_its_noise_is_returned_and_certifies_the_target():
 def test_a_billion_rounds_is_computed_or_refused_quickly():
     t0 = time.perf_counter()
     with pytest.raises(ValueError, match="composed privacy loss .* after rounds=1000000000"):
-        dpf.dp_fedavg_epsilon(sampling_rate=0.01, noise_multiplier=10.0, rounds=10**9,
+        dpf.dp_fedavg_epsilon(sampling_rate=0.01, noise_multiplier=10.0, n_rounds=10**9,
                               delta=1e-5, accountant="pld")
-    cal = dpf.dp_fedavg_noise_multiplier(sampling_rate=0.01, rounds=10**9, delta=1e-5,
+    cal = dpf.dp_fedavg_noise_multiplier(sampling_rate=0.01, n_rounds=10**9, delta=1e-5,
                                          epsilon=8.0, accountant="pld", rtol=1e-2)
     assert cal.certified_by == "rdp" and cal.epsilon <= 8.0  # PLD refused: RDP stands
     assert time.perf_counter() - t0 < 20.0
@@ -432,7 +432,7 @@ def test_fractional_orders_where_dp_accounting_gives_inf_are_finite():
     assert np.all(np.isfinite(ours)) and np.all(np.diff(ours) > 0)
     assert ours[-1] <= _dp_accounting_rdp(0.3, 0.7, [2.0])[0]
     # and the epsilon over many rounds uses them: an order below 2 is the best one
-    res = dpf.dp_fedavg_epsilon(sampling_rate=0.3, noise_multiplier=0.7, rounds=10,
+    res = dpf.dp_fedavg_epsilon(sampling_rate=0.3, noise_multiplier=0.7, n_rounds=10,
                                 delta=1e-5, orders=[1.25, 1.5, 2.0, 4.0, 8.0])
     assert math.isfinite(res.epsilon)
 

@@ -452,7 +452,7 @@ ACCOUNTING = [
          scalars={"expected_batch": "positive"},
          bad=(("expected_batch", 50.0, ValueError, "expected_batch=50 exceeds"),)),
     Case("client_epsilons", client_epsilons,
-         lambda: dict(n_train=np.array([40, 80]), noise_multiplier=1.0, rounds=2, local_steps=1,
+         lambda: dict(n_train=np.array([40, 80]), noise_multiplier=1.0, n_rounds=2, local_steps=1,
                       delta=1e-5, sampling_rate=0.25),
          counts=("n_train",), scalars={"local_steps": "count"},
          bad=(("rounds", -1, ValueError), ("rounds", 1.5, TypeError),
@@ -461,7 +461,7 @@ ACCOUNTING = [
               ("participated", [3, 1], ValueError), ("participated", [1], ValueError),
               ("participated", [0.5, 1], ValueError))),
     Case("calibrate_noise_multiplier", calibrate_noise_multiplier,
-         lambda: dict(epsilon=4.0, delta=1e-5, n_train=np.array([40, 80]), rounds=2,
+         lambda: dict(epsilon=4.0, delta=1e-5, n_train=np.array([40, 80]), n_rounds=2,
                       local_steps=1, expected_batch=8.0),
          valid=False, counts=("n_train",),
          scalars={"epsilon": "positive", "local_steps": "count", "rounds": "count"},
@@ -537,7 +537,7 @@ def _run_kw():
 
 
 EXPERIMENTS = [
-    Case("PerAdaProtocol", _protocol, lambda: dict(n_clients=6, clients_per_round=3, rounds=3),
+    Case("PerAdaProtocol", _protocol, lambda: dict(n_clients=6, clients_per_round=3, n_rounds=3),
          scalars={"n_clients": "size", "lr": "positive", "lam": "nonnegative",
                   "dropout": "probability", "delta": "open_unit", "kd_lr": "positive",
                   "dp_clip": "positive", "local_steps": "count", "batch_size": "count"},
@@ -621,7 +621,7 @@ def test_nan_pretrained_weights_are_refused_by_name_not_trained():
         FedAlt(_plain(), personal="output", pretrained=_with(model_state(_plain()),
                                                             "conv1.weight", NAN))
     with pytest.raises(ValueError, match=r"init_params\['conv1.weight'\]"):
-        train(FedAlt(_plain(), personal="output"), _fed_data(), rounds=1, local_steps=1,
+        train(FedAlt(_plain(), personal="output"), _fed_data(), n_rounds=1, local_steps=1,
               batch_size=2, init_params=_with(model_state(_plain()), "conv1.weight", NAN))
     model = _net()
     before = model_state(model)
@@ -645,7 +645,7 @@ def test_auxiliary_images_of_another_size_are_refused_before_training():
     alg = PerAda(_net(), _pretrained(), aux=_aux(side=5), kd_steps=1)  # the model pools: it fits
     with pytest.raises(ValueError, match=r"aux must hold inputs shaped as the clients' "
                                          r"\(1, 8, 8\), got \(1, 5, 5\)"):
-        train(alg, _fed_data(), rounds=1, local_steps=1, batch_size=2)
+        train(alg, _fed_data(), n_rounds=1, local_steps=1, batch_size=2)
     with pytest.raises(ValueError, match=r"kd_validation\[0\] \(x\) must hold inputs shaped as "
                                          r"aux's"):
         PerAda(_net(), _pretrained(), aux=_aux(), kd_validation=(_aux(2, side=5), _labels(0, 1)))
@@ -655,7 +655,7 @@ def test_auxiliary_images_of_another_size_are_refused_before_training():
 
 def test_matching_auxiliary_images_train():
     alg = PerAda(_net(), _pretrained(), aux=_aux(), kd_steps=1, kd_validation=_validation())
-    res = train(alg, _fed_data(), rounds=1, local_steps=1, batch_size=2)
+    res = train(alg, _fed_data(), n_rounds=1, local_steps=1, batch_size=2)
     assert bool(torch.isfinite(torch.as_tensor(res.accuracy)).all()) and "kd" in res.server
 
 

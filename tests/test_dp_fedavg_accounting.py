@@ -39,7 +39,7 @@ PAPER_ROWS = {
 
 
 def _kw(q, z, **extra):
-    return dict(sampling_rate=q, noise_multiplier=z, rounds=T, delta=DELTA, **extra)
+    return dict(sampling_rate=q, noise_multiplier=z, n_rounds=T, delta=DELTA, **extra)
 
 
 # --------------------------------------------------------------------------- the paper's rows
@@ -51,14 +51,14 @@ def test_rdp_reproduces_the_papers_epsilons(qz):
     res = dp_fedavg_epsilon(**_kw(*qz))
     assert round(res.epsilon, 3) == eps
     assert res.order == order
-    assert (res.accountant, res.conversion, res.rounds) == ("rdp", "improved", T)
+    assert (res.accountant, res.conversion, res.n_rounds) == ("rdp", "improved", T)
     assert round(dp_fedavg_epsilon(**_kw(*qz, conversion="classic")).epsilon, 4) == classic
 
 
 @pytest.mark.parametrize("qz", list(PAPER_ROWS), ids=["mnist", "fmnist", "femnist"])
 def test_the_improved_conversion_is_the_formula_on_the_rdp_curve(qz):
     """eps = min_a [T RDP_a + log((a-1)/a) - (log delta + log a)/(a-1)], written out."""
-    orders, rdp = dp_fedavg_rdp(sampling_rate=qz[0], noise_multiplier=qz[1], rounds=T)
+    orders, rdp = dp_fedavg_rdp(sampling_rate=qz[0], noise_multiplier=qz[1], n_rounds=T)
     eps = rdp + np.log((orders - 1) / orders) - (math.log(DELTA) + np.log(orders)) / (orders - 1)
     best = int(np.argmin(eps))
     res = dp_fedavg_epsilon(**_kw(*qz))
@@ -116,11 +116,11 @@ def quadrature_rdp(q, z, alpha):
 
 @pytest.mark.parametrize("q, z, rounds", [(0.05, 1.5, 500), (0.03, 4.0, 500), (0.3, 0.8, 7),
                                           (0.001, 10.0, 10**6)])
-def test_rdp_at_integer_orders_equals_the_binomial_expansion(q, z, rounds):
-    orders, rdp = dp_fedavg_rdp(sampling_rate=q, noise_multiplier=z, rounds=rounds)
+def test_rdp_at_integer_orders_equals_the_binomial_expansion(q, z, n_rounds):
+    orders, rdp = dp_fedavg_rdp(sampling_rate=q, noise_multiplier=z, n_rounds=n_rounds)
     integer = [i for i, a in enumerate(orders) if float(a).is_integer() and a <= 256]
     assert len(integer) > 50
-    naive = np.array([rounds * naive_rdp_integer(q, z, int(orders[i])) for i in integer])
+    naive = np.array([n_rounds * naive_rdp_integer(q, z, int(orders[i])) for i in integer])
     np.testing.assert_allclose(rdp[integer], naive, rtol=1e-9)
 
 
@@ -129,14 +129,14 @@ def test_rdp_at_fractional_orders_is_a_close_upper_bound(q, z):
     """dp-accounting's fractional-order series sums absolute values: never below the
     exact value, and close to it at the orders that decide these epsilons."""
     alphas = [1.5, 4.3, 5.1, 9.9]
-    _, rdp = dp_fedavg_rdp(sampling_rate=q, noise_multiplier=z, rounds=1, orders=alphas)
+    _, rdp = dp_fedavg_rdp(sampling_rate=q, noise_multiplier=z, n_rounds=1, orders=alphas)
     exact = np.array([quadrature_rdp(q, z, a) for a in alphas])
     assert np.all(rdp >= exact * (1 - 1e-9))
     np.testing.assert_allclose(rdp[1:], exact[1:], rtol=2e-3)
 
 
 def test_without_sampling_the_rdp_is_the_gaussians():
-    orders, rdp = dp_fedavg_rdp(sampling_rate=1.0, noise_multiplier=2.0, rounds=3)
+    orders, rdp = dp_fedavg_rdp(sampling_rate=1.0, noise_multiplier=2.0, n_rounds=3)
     np.testing.assert_allclose(rdp, 3 * orders / 8.0, rtol=1e-15)
     assert orders.tolist() == list(TFP_ORDERS)
 
@@ -161,7 +161,7 @@ def test_epsilon_decreases_with_noise_and_grows_with_rounds_and_sampling():
 def test_noise_multiplier_inverts_epsilon(qz):
     q, z = qz
     target = dp_fedavg_epsilon(**_kw(q, z)).epsilon
-    cal = dp_fedavg_noise_multiplier(sampling_rate=q, rounds=T, delta=DELTA, epsilon=target)
+    cal = dp_fedavg_noise_multiplier(sampling_rate=q, n_rounds=T, delta=DELTA, epsilon=target)
     assert cal.converged and not cal.at_bound
     assert cal.noise_multiplier == pytest.approx(z, rel=2e-6)
     assert cal.epsilon <= target
@@ -170,26 +170,26 @@ def test_noise_multiplier_inverts_epsilon(qz):
 
 
 def test_noise_multiplier_for_the_papers_rounded_epsilon():
-    cal = dp_fedavg_noise_multiplier(sampling_rate=0.05, rounds=T, delta=DELTA, epsilon=3.6)
+    cal = dp_fedavg_noise_multiplier(sampling_rate=0.05, n_rounds=T, delta=DELTA, epsilon=3.6)
     assert cal.converged and cal.epsilon <= 3.6
     assert 1.5 < cal.noise_multiplier < 1.51   # 3.6 < 3.608: a little more noise
 
 
 def test_noise_multiplier_by_pld_needs_less_noise():
-    kw = dict(sampling_rate=0.03, rounds=T, delta=DELTA, epsilon=0.6)
+    kw = dict(sampling_rate=0.03, n_rounds=T, delta=DELTA, epsilon=0.6)
     rdp = dp_fedavg_noise_multiplier(**kw)
     pld = dp_fedavg_noise_multiplier(**kw, accountant="pld", value_discretization_interval=1e-3)
     assert pld.converged and pld.epsilon <= 0.6
     assert pld.noise_multiplier < rdp.noise_multiplier
     check = dp_fedavg_epsilon(sampling_rate=0.03, noise_multiplier=pld.noise_multiplier,
-                              rounds=T, delta=DELTA, accountant="pld",
+                              n_rounds=T, delta=DELTA, accountant="pld",
                               value_discretization_interval=1e-3)
     assert check.epsilon == pytest.approx(pld.epsilon, rel=1e-12)
 
 
 def test_an_unbracketed_target_is_flagged_and_warned():
     with pytest.warns(RuntimeWarning, match="smallest noise multiplier"):
-        cal = dp_fedavg_noise_multiplier(sampling_rate=0.001, rounds=1, delta=DELTA,
+        cal = dp_fedavg_noise_multiplier(sampling_rate=0.001, n_rounds=1, delta=DELTA,
                                          epsilon=1e9)
     assert cal.at_bound and not cal.converged
     assert cal.noise_multiplier == 1e-3 and cal.epsilon <= 1e9
@@ -308,7 +308,7 @@ def test_results_are_json_able():
     d = json.loads(json.dumps(res.to_dict()))
     assert d["epsilon"] == res.epsilon and d["orders"] == list(TFP_ORDERS)
     assert d["noise_multiplier"] == 1.5 and d["sampling_rate"] == 0.05
-    cal = dp_fedavg_noise_multiplier(sampling_rate=0.05, rounds=T, delta=DELTA, epsilon=3.6)
+    cal = dp_fedavg_noise_multiplier(sampling_rate=0.05, n_rounds=T, delta=DELTA, epsilon=3.6)
     assert json.loads(json.dumps(cal.to_dict()))["converged"] is True
 
 

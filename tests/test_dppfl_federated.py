@@ -46,14 +46,14 @@ def data():
     return DeviceData.from_lists(xs, ys, xs_test, ys_test)
 
 
-def both(data, rounds=K * H, seed=SEED, **kwargs):
+def both(data, n_rounds=K * H, seed=SEED, **kwargs):
     """fit_dppfl (serial kernel) and the in-process protocol run on the same settings."""
     fit_kwargs = {k: v for k, v in kwargs.items() if k != "inner"}
     inner = kwargs.get("inner", K)
-    fit = fit_dppfl(data, lam=LAM, xi=XI, inner=inner, outer=rounds // inner, seed=seed,
+    fit = fit_dppfl(data, lam=LAM, xi=XI, inner=inner, outer=n_rounds // inner, seed=seed,
                     parallel=False, **fit_kwargs)
     alg = DPPFL.for_data(data, lam=LAM, xi=XI, **{"inner": inner, **fit_kwargs})
-    res = run(alg, data, RunConfig(n_clients=data.n_clients, rounds=rounds, seed=seed))
+    res = run(alg, data, RunConfig(n_clients=data.n_clients, n_rounds=n_rounds, seed=seed))
     return fit, alg, res
 
 
@@ -139,7 +139,7 @@ def test_one_device_at_a_time_equals_the_stacked_run(data, privacy):
     """As Flower runs the halves (a stack of one), with a failure thrown in."""
     alg = DPPFL.for_data(data, lam=LAM, inner=4, tau=0.5, drop_probability=0.2,
                          privacy=privacy)
-    cfg = RunConfig(n_clients=data.n_clients, rounds=9, seed=2)
+    cfg = RunConfig(n_clients=data.n_clients, n_rounds=9, seed=2)
     failures = {3: {1, 4}}
     res = run(alg, data, cfg, failures=failures)
     server, clients = one_at_a_time(alg, data, cfg, failures)
@@ -150,7 +150,7 @@ def test_one_device_at_a_time_equals_the_stacked_run(data, privacy):
 
 def test_a_dropped_device_replies_zeros_and_keeps_its_state(data):
     alg = DPPFL.for_data(data, lam=LAM, drop_probability=0.5)
-    cfg = RunConfig(n_clients=data.n_clients, rounds=1, seed=SEED)
+    cfg = RunConfig(n_clients=data.n_clients, n_rounds=1, seed=SEED)
     server, ids = alg.init_server(cfg), np.arange(data.n_clients)
     clients = alg.init_clients(cfg, data, ids)
     reply = alg.client_train(alg.broadcast(server, RoundContext(cfg, 0, ids)), clients, data,
@@ -169,7 +169,7 @@ def test_a_dropped_device_replies_zeros_and_keeps_its_state(data):
 def test_omega_step_falls_due_in_a_round_without_replies(data):
     """Every device failing in the K-th round: the server still takes the Omega-step."""
     alg = DPPFL.for_data(data, lam=LAM, inner=3)
-    cfg = RunConfig(n_clients=data.n_clients, rounds=3, seed=SEED)
+    cfg = RunConfig(n_clients=data.n_clients, n_rounds=3, seed=SEED)
     res = run(alg, data, cfg, failures={2: set(range(data.n_clients))})
     fit2 = fit_dppfl(data, lam=LAM, xi=0.5, inner=2, outer=1, omega=np.eye(5) / 5, seed=SEED,
                      parallel=False)  # two iterations at Omega = I / m, no Omega-step
@@ -180,10 +180,10 @@ def test_omega_step_falls_due_in_a_round_without_replies(data):
 
 def test_checkpoint_resume_equals_an_uninterrupted_run(data, tmp_path):
     alg = DPPFL.for_data(data, lam=LAM, inner=3, tau=0.5, drop_probability=0.2)
-    whole = run(alg, data, RunConfig(n_clients=5, rounds=7, seed=1))
+    whole = run(alg, data, RunConfig(n_clients=5, n_rounds=7, seed=1))
     path = tmp_path / "ckpt.pkl"
-    run(alg, data, RunConfig(n_clients=5, rounds=4, seed=1), checkpoint=path)
-    resumed = run(alg, data, RunConfig(n_clients=5, rounds=7, seed=1), checkpoint=path)
+    run(alg, data, RunConfig(n_clients=5, n_rounds=4, seed=1), checkpoint=path)
+    resumed = run(alg, data, RunConfig(n_clients=5, n_rounds=7, seed=1), checkpoint=path)
     for key, value in flatten({"s": whole.server, "c": whole.clients}).items():
         assert_array_equal(flatten({"s": resumed.server, "c": resumed.clients})[key], value)
 
@@ -208,11 +208,11 @@ def test_bad_input_is_refused_naming_the_argument(data):
         DPPFL.for_data(data, lam=LAM, omega=np.eye(5))  # trace 5
     alg = DPPFL.for_data(data, lam=LAM)
     with pytest.raises(ValueError, match="the run has 4 clients"):
-        run(alg, data.subset([0, 1, 2, 3]), RunConfig(n_clients=4, rounds=1))
+        run(alg, data.subset([0, 1, 2, 3]), RunConfig(n_clients=4, n_rounds=1))
     other = DPPFL(np.flip(data.sizes), data.n_features, lam=LAM)
     if not np.array_equal(other.sizes, data.sizes):
         with pytest.raises(ValueError, match="data does not fit the protocol"):
-            run(other, data, RunConfig(n_clients=5, rounds=1))
+            run(other, data, RunConfig(n_clients=5, n_rounds=1))
     with pytest.raises(ValueError, match="clients\\['alpha'\\] must have shape"):
         alg.dual_variables({"alpha": np.zeros((2, 3))})
 
@@ -225,7 +225,7 @@ def test_job_runs_and_takes_its_settings():
                      "lambda": 0.2, "seed": 2})
     alg = job.algorithm
     assert (alg.n_clients, alg.inner, alg.lam, alg.privacy) == (4, 3, 0.2, None)
-    assert job.data.X_test is not None and job.config.rounds == 6
+    assert job.data.X_test is not None and job.config.n_rounds == 6
     res = run(alg, job.data, job.config)
     assert set(res.metrics) == {"train_loss", "test_error"}
     assert res.history[-1]["train_loss"] < res.history[0]["train_loss"]
@@ -241,7 +241,7 @@ def test_job_runs_and_takes_its_settings():
 
 def test_loss_metric_follows_the_loss(data):
     alg = DPPFL.for_data(data, lam=LAM, loss="squared", inner=2)
-    res = run(alg, data, RunConfig(n_clients=5, rounds=2, seed=0))
+    res = run(alg, data, RunConfig(n_clients=5, n_rounds=2, seed=0))
     W = alg.models(res.server)
     X, y = data.device(2)
     assert res.metrics["train_loss"][2] == pytest.approx(

@@ -53,7 +53,7 @@ def drive_one_client_at_a_time(algorithm, data, config, *, failures=None):
     clients = [algorithm.init_clients(config, data, ids) for ids in alone]
     weights = np.concatenate([np.asarray(algorithm.client_weights(data.subset(ids)), float)
                               for ids in alone])
-    for r in range(config.rounds):
+    for r in range(config.n_rounds):
         sampled = sample_clients(config, r, everyone=algorithm.all_clients_train)
         failed = set(failures.get(r, ()))
         message = algorithm.broadcast(server, RoundContext(config, r, sampled))
@@ -242,7 +242,7 @@ def test_torch_generators_accept_every_stream_seed():
 
 
 def test_sample_clients_is_deterministic_sorted_and_without_replacement():
-    cfg = RunConfig(n_clients=20, rounds=50, clients_per_round=6, seed=3)
+    cfg = RunConfig(n_clients=20, n_rounds=50, clients_per_round=6, seed=3)
     draws = [sample_clients(cfg, r) for r in range(50)]
     for r, ids in enumerate(draws):
         assert ids.dtype.kind == "i" and ids.shape == (6,)
@@ -250,32 +250,32 @@ def test_sample_clients_is_deterministic_sorted_and_without_replacement():
         assert 0 <= ids.min() and ids.max() < 20
         np.testing.assert_array_equal(sample_clients(cfg, r), ids)
     assert len({tuple(d) for d in draws}) > 40  # rounds differ
-    other = RunConfig(n_clients=20, rounds=50, clients_per_round=6, seed=4)
+    other = RunConfig(n_clients=20, n_rounds=50, clients_per_round=6, seed=4)
     assert any(not np.array_equal(sample_clients(other, r), draws[r]) for r in range(50))
     np.testing.assert_array_equal(sample_clients(cfg, 0, everyone=True), np.arange(20))
-    full = RunConfig(n_clients=20, rounds=1)
+    full = RunConfig(n_clients=20, n_rounds=1)
     np.testing.assert_array_equal(sample_clients(full, 0), np.arange(20))
 
 
 def test_sample_clients_frequencies_are_uniform():
-    m, k, rounds = 10, 3, 3000
-    cfg = RunConfig(n_clients=m, rounds=rounds, clients_per_round=k, seed=0)
+    m, k, n_rounds = 10, 3, 3000
+    cfg = RunConfig(n_clients=m, n_rounds=n_rounds, clients_per_round=k, seed=0)
     hits = np.zeros(m)
     pairs = np.zeros((m, m))
-    for r in range(rounds):
+    for r in range(n_rounds):
         ids = sample_clients(cfg, r)
         hits[ids] += 1
         pairs[np.ix_(ids, ids)] += 1
     # Counts of K-of-m sampling without replacement have covariance
     # R p (1 - p) m / (m - 1) (I - 11'/m), p = K/m, so this statistic is chi^2(m - 1).
     p = k / m
-    stat = (m - 1) / m * np.sum((hits - rounds * p) ** 2) / (rounds * p * (1 - p))
+    stat = (m - 1) / m * np.sum((hits - n_rounds * p) ** 2) / (n_rounds * p * (1 - p))
     assert stats.chi2.sf(stat, m - 1) > 1e-3, (hits, stat)
     # every pair together with probability K(K-1)/(m(m-1)): 45 binomial counts, each within
     # 4 standard errors (false-alarm rate ~ 45 * 6e-5 for a uniform sampler)
     q = k * (k - 1) / (m * (m - 1))
     together = pairs[np.triu_indices(m, 1)]
-    z = (together - rounds * q) / np.sqrt(rounds * q * (1 - q))
+    z = (together - n_rounds * q) / np.sqrt(n_rounds * q * (1 - q))
     assert np.max(np.abs(z)) < 4, z
 
 
@@ -299,15 +299,15 @@ def test_run_config_refuses_bad_values_by_name(name, value, exc):
 
 
 def test_run_config_normalizes_and_round_trips():
-    cfg = RunConfig(n_clients=np.int64(5), rounds=np.int32(3), seed=2**64 - 1, lr_decay=0.5)
-    assert cfg.clients_per_round == 5 and type(cfg.n_clients) is int and type(cfg.rounds) is int
+    cfg = RunConfig(n_clients=np.int64(5), n_rounds=np.int32(3), seed=2**64 - 1, lr_decay=0.5)
+    assert cfg.clients_per_round == 5 and type(cfg.n_clients) is int and type(cfg.n_rounds) is int
     assert RunConfig(**cfg.to_dict()) == cfg
     with pytest.raises(AttributeError):
-        cfg.rounds = 4  # frozen: every participant sees the same configuration
+        cfg.n_rounds = 4  # frozen: every participant sees the same configuration
 
 
 def test_round_context_seeds_and_learning_rate_schedule():
-    cfg = RunConfig(n_clients=6, rounds=5, seed=9, local_steps=4, iters_per_epoch=6,
+    cfg = RunConfig(n_clients=6, n_rounds=5, seed=9, local_steps=4, iters_per_epoch=6,
                     lr_decay=0.5)
     rc = RoundContext(cfg, 2, np.array([4, 1]))
     assert rc.seeds() == [stream_seed(9, 2, 4), stream_seed(9, 2, 1)]
@@ -322,7 +322,7 @@ def test_round_context_seeds_and_learning_rate_schedule():
 
 
 def test_the_base_class_defaults_and_required_methods():
-    alg, cfg = FederatedAlgorithm(), RunConfig(n_clients=2, rounds=1)
+    alg, cfg = FederatedAlgorithm(), RunConfig(n_clients=2, n_rounds=1)
     rc = RoundContext(cfg, 0, np.arange(2))
     data = _toy_data(m=2)
     assert alg.idle_message({}, rc) == {} and alg.evaluation_message({}) == {}
@@ -429,10 +429,10 @@ def test_tree_nbytes_counts_the_array_payload():
 
 def test_noisy_mean_rounds_follow_the_closed_form():
     data = _toy_data()
-    cfg = RunConfig(n_clients=8, rounds=3, clients_per_round=3, seed=5)
-    for rounds in (1, 2, 3):
-        res = run(NoisyMean(DIM), data, RunConfig(**{**cfg.to_dict(), "rounds": rounds}))
-        r = rounds - 1
+    cfg = RunConfig(n_clients=8, n_rounds=3, clients_per_round=3, seed=5)
+    for n_rounds in (1, 2, 3):
+        res = run(NoisyMean(DIM), data, RunConfig(**{**cfg.to_dict(), "rounds": n_rounds}))
+        r = n_rounds - 1
         expect = _expected_estimate(data, 0.5, 5, r, sample_clients(cfg, r))
         np.testing.assert_allclose(res.server["estimate"], expect, rtol=1e-12, atol=1e-12)
     trained = sum(np.isin(np.arange(8), sample_clients(cfg, r)) for r in range(3))
@@ -442,15 +442,15 @@ def test_noisy_mean_rounds_follow_the_closed_form():
 
 def test_failed_clients_keep_their_state_and_the_server_aggregates_the_others():
     data = _toy_data()
-    cfg = RunConfig(n_clients=8, rounds=3, clients_per_round=4, seed=11)
+    cfg = RunConfig(n_clients=8, n_rounds=3, clients_per_round=4, seed=11)
     sampled = sample_clients(cfg, 1)
     failed = int(sampled[1])
     bystander = int(np.setdiff1d(np.arange(8), sampled)[0])  # fails while not sampled
     failures = {1: [failed, bystander]}
 
-    def upto(rounds, failures=failures):  # the failures of the rounds run (others are refused)
-        return run(NoisyMean(DIM), data, RunConfig(**{**cfg.to_dict(), "rounds": rounds}),
-                   failures=failures and {r: c for r, c in failures.items() if r < rounds})
+    def upto(n_rounds, failures=failures):  # the failures of the rounds run (others are refused)
+        return run(NoisyMean(DIM), data, RunConfig(**{**cfg.to_dict(), "rounds": n_rounds}),
+                   failures=failures and {r: c for r, c in failures.items() if r < n_rounds})
 
     before, after, full = upto(1), upto(2), upto(3)
     assert [h["clients"] for h in full.history] == [4, 4, 4]
@@ -476,7 +476,7 @@ def test_failed_clients_keep_their_state_and_the_server_aggregates_the_others():
 
 def test_failed_unsampled_clients_do_not_idle():
     data = _toy_data()
-    cfg = RunConfig(n_clients=8, rounds=2, clients_per_round=3, seed=2)
+    cfg = RunConfig(n_clients=8, n_rounds=2, clients_per_round=3, seed=2)
     unsampled = np.setdiff1d(np.arange(8), sample_clients(cfg, 1))
     res = run(NoisyMean(DIM, idle=True), data, cfg, failures={1: [int(unsampled[0])]})
     idled = sum(~np.isin(np.arange(8), sample_clients(cfg, r)) for r in range(2))
@@ -486,7 +486,7 @@ def test_failed_unsampled_clients_do_not_idle():
 
 def test_traffic_is_the_message_bytes_per_client_and_the_reply_bytes():
     data = _toy_data()
-    cfg = RunConfig(n_clients=8, rounds=3, clients_per_round=3, seed=1)
+    cfg = RunConfig(n_clients=8, n_rounds=3, clients_per_round=3, seed=1)
     failed = int(sample_clients(cfg, 2)[0])
     res = run(NoisyMean(DIM, idle=True), data, cfg, failures={2: [failed]})
     # broadcast: DIM float64 to 3 clients; idle message: 1 float64 to the 5 others;
@@ -497,7 +497,7 @@ def test_traffic_is_the_message_bytes_per_client_and_the_reply_bytes():
 
 def test_history_rows_and_evaluation_schedule():
     data = _toy_data()
-    cfg = RunConfig(n_clients=8, rounds=5, clients_per_round=2, seed=0, local_steps=3,
+    cfg = RunConfig(n_clients=8, n_rounds=5, clients_per_round=2, seed=0, local_steps=3,
                     eval_every=2)
     res = run(NoisyMean(DIM), data, cfg)
     assert [h["round"] for h in res.history] == [2, 4, 5]  # every 2 rounds, and the last
@@ -513,7 +513,7 @@ def test_history_rows_and_evaluation_schedule():
 
 def test_the_runtime_equals_the_one_client_at_a_time_driver_on_numpy():
     data = _toy_data()
-    cfg = RunConfig(n_clients=8, rounds=4, clients_per_round=3, seed=6)
+    cfg = RunConfig(n_clients=8, n_rounds=4, clients_per_round=3, seed=6)
     failures = {2: [int(sample_clients(cfg, 2)[0])]}
     for idle in (False, True):
         res = run(NoisyMean(DIM, idle=idle), data, cfg, failures=failures)
@@ -528,7 +528,7 @@ def test_run_leaves_its_inputs_alone():
     data = _toy_data()
     values, weights = data.values.copy(), data.weights.copy()
     failures = {0: [1]}
-    run(NoisyMean(DIM), data, RunConfig(n_clients=8, rounds=2, clients_per_round=4),
+    run(NoisyMean(DIM), data, RunConfig(n_clients=8, n_rounds=2, clients_per_round=4),
         failures=failures)
     np.testing.assert_array_equal(data.values, values)
     np.testing.assert_array_equal(data.weights, weights)
@@ -541,7 +541,7 @@ class _Crash(Exception):
 
 def test_a_run_resumed_from_its_checkpoint_after_a_crash_equals_the_uninterrupted_run(tmp_path):
     data = _toy_data()
-    cfg = RunConfig(n_clients=8, rounds=6, clients_per_round=3, seed=8, eval_every=2)
+    cfg = RunConfig(n_clients=8, n_rounds=6, clients_per_round=3, seed=8, eval_every=2)
     failures = {3: [int(sample_clients(cfg, 3)[0])]}
     full = run(NoisyMean(DIM), data, cfg, failures=failures)
 
@@ -588,7 +588,7 @@ def test_a_run_resumed_from_its_checkpoint_after_a_crash_equals_the_uninterrupte
 ])
 def test_run_refuses_bad_input_by_name(kwargs, exc, pattern):
     call = dict(algorithm=NoisyMean(DIM), data=_toy_data(),
-                config=RunConfig(n_clients=8, rounds=1))
+                config=RunConfig(n_clients=8, n_rounds=1))
     call.update(kwargs)
     with pytest.raises(exc, match=pattern):
         run(call.pop("algorithm"), call.pop("data"), call.pop("config"), **call)
@@ -629,7 +629,7 @@ def _strategy(name):
 
 STRATEGIES = ["FedAvg", "Local", "AdaPeD", "AdaPeD-FT", "DP-AdaPeD", "DP-AdaPeD-concat"]
 #: 3 of 6 clients per round, 5 local steps, the learning rate halved every 4 iterations
-TORCH_RUN = dict(n_clients=6, rounds=3, clients_per_round=3, local_steps=5, batch_size=10,
+TORCH_RUN = dict(n_clients=6, n_rounds=3, clients_per_round=3, local_steps=5, batch_size=10,
                  iters_per_epoch=4, lr_decay=0.5, seed=2)
 
 

@@ -64,8 +64,8 @@ def means():
     return simulated_means(M, [5, 15, 30] * (M // 3), seed=0)
 
 
-def config(m=M, rounds=2, seed=3):
-    return RunConfig(n_clients=m, rounds=rounds, seed=seed)
+def config(m=M, n_rounds=2, seed=3):
+    return RunConfig(n_clients=m, n_rounds=n_rounds, seed=seed)
 
 
 def release_streams(m, seed, round_=0):
@@ -79,7 +79,7 @@ def one_at_a_time(alg, data, cfg, failures=None):
     server = alg.init_server(cfg)
     clients = [alg.init_clients(cfg, data.subset([c]), np.array([c]))
                for c in range(data.n_clients)]
-    for r in range(cfg.rounds):
+    for r in range(cfg.n_rounds):
         sampled = sample_clients(cfg, r, everyone=alg.all_clients_train)
         message = alg.broadcast(server, RoundContext(cfg, r, sampled))
         active = [int(c) for c in sampled if c not in failures.get(r, ())]
@@ -186,7 +186,7 @@ def test_randomized_response_reports_with_the_flip_law():
     data = simulated_counts(3000, 20, seed=4)
     eps = 1.0
     alg = EBBetaBinomial("npmle", n_grid=20, privacy="randomized-response", epsilon=eps)
-    res = run(alg, data, RunConfig(n_clients=3000, rounds=1, seed=9))
+    res = run(alg, data, RunConfig(n_clients=3000, n_rounds=1, seed=9))
     f = RandomizedResponse(eps).flip_probability
     z, n = data.successes, data.trials
     expected = np.sum(z * (1 - f) + (n - z) * f)
@@ -311,7 +311,7 @@ PROTOCOLS = {
 def test_stacked_clients_equal_clients_run_one_at_a_time(name, failures, counts, means):
     make, which = PROTOCOLS[name]
     data = {"counts": counts, "means": means}[which]
-    cfg = config(rounds=3)
+    cfg = config(n_rounds=3)
     res = run(make(), data, cfg, failures=failures)
     server, clients = one_at_a_time(make(), data, cfg, failures)
     a, b = flatten({**res.server, **res.clients}), flatten({**server, **clients})
@@ -365,16 +365,16 @@ def test_a_client_outside_a_leave_one_out_fit_uses_all_the_others(counts):
 
 
 def test_a_client_failing_in_the_posterior_round_computes_it_next_round(counts):
-    res2 = run(EBBetaBinomial(), counts, config(rounds=2), failures={1: [4]})
+    res2 = run(EBBetaBinomial(), counts, config(n_rounds=2), failures={1: [4]})
     assert np.isnan(res2.clients["mean"][4]) and res2.history[-1]["answered"] == M - 1
     assert np.isnan(res2.metrics["estimate"][4])
-    res3 = run(EBBetaBinomial(), counts, config(rounds=3), failures={1: [4]})
-    full = run(EBBetaBinomial(), counts, config(rounds=2))
+    res3 = run(EBBetaBinomial(), counts, config(n_rounds=3), failures={1: [4]})
+    full = run(EBBetaBinomial(), counts, config(n_rounds=2))
     assert_array_equal(res3.clients["mean"], full.clients["mean"])
 
 
 def test_too_few_replies_postpone_the_fit_and_releases_are_not_redrawn(counts):
-    cfg = config(rounds=3)
+    cfg = config(n_rounds=3)
     failures = {0: list(range(1, M))}  # only client 0 replies in round 0
     with pytest.warns(RuntimeWarning, match="asks again"):
         res = run(EBBetaBinomial(privacy="binary", epsilon=1.0), counts, cfg,
@@ -393,7 +393,7 @@ def test_too_few_replies_postpone_the_fit_and_releases_are_not_redrawn(counts):
 
 
 def test_one_round_fits_the_prior_without_posteriors(counts):
-    res = run(EBBetaBinomial(), counts, config(rounds=1))
+    res = run(EBBetaBinomial(), counts, config(n_rounds=1))
     assert "prior" in res.server and np.isnan(res.clients["mean"]).all()
     assert res.history[-1]["answered"] == 0
 

@@ -119,7 +119,7 @@ def test_server_round_equals_algorithm_2_and_noise_uses_this_rounds_clip_norm():
     model = _model()
     alg = FedHDP(model, GROUPS, ratio=0.3, noise_multiplier=[0.0, 1.2], clip=0.7,
                  count_noise=2.0)
-    config = RunConfig(n_clients=GROUPS.size, rounds=3, seed=5, clients_per_round=6)
+    config = RunConfig(n_clients=GROUPS.size, n_rounds=3, seed=5, clients_per_round=6)
     server = _server(alg, config, 0.7)
     ids = np.array([0, 2, 4, 5, 8, 11])
     gen = torch.Generator().manual_seed(0)
@@ -149,7 +149,7 @@ def test_noise_standard_deviation_matches_z_delta_s_over_n():
     coordinate; its sample sd over many coordinates and rounds matches (4 standard errors)."""
     model = MLP(64, 10, hidden=(32,)).double()
     alg = FedHDP(model, GROUPS, ratio=1.0, noise_multiplier=[0.0, 1.5], clip=0.5, adaptive=False)
-    config = RunConfig(n_clients=GROUPS.size, rounds=1, seed=1, clients_per_round=6)
+    config = RunConfig(n_clients=GROUPS.size, n_rounds=1, seed=1, clients_per_round=6)
     server = _server(alg, config, 0.5)
     ids = np.array([0, 3, 5, 6, 9, 10])  # 1 non-private, 5 private
     zero = _replies([{n: torch.zeros_like(p) for n, p in server["global"].items()}
@@ -168,7 +168,7 @@ def test_noise_standard_deviation_matches_z_delta_s_over_n():
 def test_r0_private_clients_neither_train_nor_move_the_global_model(digits):
     model = _model()
     alg = FedHDP(model, GROUPS, ratio=0.0, noise_multiplier=[0.0, 1.0], count_noise=2.0)
-    res = train(alg, digits, rounds=4, local_steps=2, batch_size=4, clients_per_round=6, seed=3)
+    res = train(alg, digits, n_rounds=4, local_steps=2, batch_size=4, clients_per_round=6, seed=3)
     trained = res.clients["trained"].numpy()
     assert not trained[GROUPS == 1].any()  # private clients never trained
     assert trained[GROUPS == 0].any()
@@ -176,7 +176,7 @@ def test_r0_private_clients_neither_train_nor_move_the_global_model(digits):
     acc, acc_g = res.history[-1]["accuracy"], res.history[-1]["global_accuracy"]
     assert np.isfinite(acc) and np.isfinite(acc_g)
     # private clients' replies do not change the global model: zero them and get the same step
-    config = RunConfig(n_clients=GROUPS.size, rounds=1, seed=0, clients_per_round=6)
+    config = RunConfig(n_clients=GROUPS.size, n_rounds=1, seed=0, clients_per_round=6)
     server = _server(alg, config, 0.5)
     ids = np.array([0, 1, 3, 4, 7, 9])
     gen = torch.Generator().manual_seed(2)
@@ -199,7 +199,7 @@ def test_client_half_equals_a_single_client_ditto_loop_with_clipping(digits):
     model = _model()
     alg = FedHDP(model, GROUPS, lr=0.3, lr_personal=0.2, lam=[0.05, 0.5], ratio=0.5,
                  noise_multiplier=[0.0, 1.0], clip=0.05, count_noise=2.0)
-    config = RunConfig(n_clients=GROUPS.size, rounds=1, seed=7, clients_per_round=4,
+    config = RunConfig(n_clients=GROUPS.size, n_rounds=1, seed=7, clients_per_round=4,
                        local_steps=3, batch_size=5)
     server = alg.init_server(config)
     ids = np.array([1, 4])
@@ -260,7 +260,7 @@ def test_both_runtimes_agree(digits, make):
            "hdp_fedavg": lambda: hdp_fedavg_ditto(model, GROUPS, **kw)}[make]()
     from ebfl.federated import run
 
-    config = RunConfig(n_clients=GROUPS.size, rounds=3, seed=11, clients_per_round=4,
+    config = RunConfig(n_clients=GROUPS.size, n_rounds=3, seed=11, clients_per_round=4,
                        local_steps=2, batch_size=4,
                        sampling="poisson" if make == "poisson" else "fixed")
     res = run(alg, digits, config, failures={1: [3]})
@@ -276,7 +276,7 @@ def test_expected_denominator_releases_noise_in_a_round_nobody_joined(digits):
     model = _model()
     alg = FedHDP(model, GROUPS, ratio=0.2, noise_multiplier=[0.0, 1.0], count_noise=2.0,
                  denominator="expected")
-    config = RunConfig(n_clients=GROUPS.size, rounds=1, seed=0, clients_per_round=3,
+    config = RunConfig(n_clients=GROUPS.size, n_rounds=1, seed=0, clients_per_round=3,
                        sampling="poisson")
     server = alg.init_server(config)
     out = alg.aggregate(server, None, np.zeros(0), RoundContext(config, 0, np.zeros(0, int)))
@@ -293,12 +293,12 @@ def test_adaptive_clip_tracks_the_target_quantile_of_update_norms(digits):
     model = _model()
     alg = FedHDP(model, np.zeros(12, np.int64), noise_multiplier=0.0, clip=5.0, lr=0.1,
                  count_noise=1e-9, clip_lr=0.5)
-    res = train(alg, digits, rounds=30, local_steps=3, batch_size=8, clients_per_round=12,
+    res = train(alg, digits, n_rounds=30, local_steps=3, batch_size=8, clients_per_round=12,
                 seed=0, lr_decay=1.0)
     clips = [h["clip"] for h in res.history]
     assert clips[-1] < 1.0  # came down from 5, where nothing is clipped
     # at the end, the clip norm sits between the client update norms
-    config = RunConfig(n_clients=12, rounds=1, seed=99, clients_per_round=12, local_steps=3,
+    config = RunConfig(n_clients=12, n_rounds=1, seed=99, clients_per_round=12, local_steps=3,
                        batch_size=8)
     ids = np.arange(12)
     message = {"global": res.server["global"], "clip": res.server["clip"]}
@@ -328,13 +328,13 @@ def test_bad_input():
         FedHDP(model, [0, 1], noise_multiplier=[0, 1.5], count_noise=0.5)
     alg = FedHDP(model, [0, 1, 1, 1], noise_multiplier=[0, 1.5])  # default sigma_b = K / 20
     with pytest.raises(ValueError, match="count_noise"):
-        alg.init_server(RunConfig(n_clients=4, rounds=1, clients_per_round=4))
+        alg.init_server(RunConfig(n_clients=4, n_rounds=1, clients_per_round=4))
 
 
 def test_personal_model_of_an_untrained_client_is_the_global_model(digits):
     model = _model()
     alg = FedHDP(model, GROUPS, noise_multiplier=[0.0, 1.0], count_noise=2.0)
-    config = RunConfig(n_clients=GROUPS.size, rounds=1, seed=0)
+    config = RunConfig(n_clients=GROUPS.size, n_rounds=1, seed=0)
     server = alg.init_server(config)
     server["global"] = {n: p + 1.0 for n, p in server["global"].items()}
     ids = np.arange(GROUPS.size)
@@ -345,6 +345,6 @@ def test_personal_model_of_an_untrained_client_is_the_global_model(digits):
 
 def test_privacy_per_group_is_the_accountants_at_the_groups_multiplier():
     alg = FedHDP(_model(), GROUPS, noise_multiplier=[0.0, 1.5])
-    eps = alg.privacy(1e-4, rounds=500, sampling_rate=0.05).epsilon
+    eps = alg.privacy(1e-4, n_rounds=500, sampling_rate=0.05).epsilon
     assert math.isinf(eps[0])
     assert eps[1] == pytest.approx(3.608, abs=5e-4)  # Table 7's (3.6, 1e-4) on non-IID MNIST

@@ -48,7 +48,7 @@ def test_metrics_follow_section_5_2_and_the_papers_variance_convention():
 @pytest.fixture(scope="module")
 def sweep():
     return reproduce_fedhdp("synthetic", table="sweep", ratios=(0.0, 0.1), quick=True,
-                            rounds=4)
+                            n_rounds=4)
 
 
 def test_quick_sweep_runs_every_algorithm_beside_the_papers_rows(sweep, tmp_path):
@@ -91,7 +91,7 @@ def table3_cli(tmp_path_factory):
 def test_table3_quick_with_checkpoints_resumes_to_the_same_result(table3_cli):
     """The same protocol and defaults as the CLI's run: every run resumes from its file."""
     a, ck = table3_cli
-    b = reproduce_fedhdp("synthetic", quick=True, rounds=3, checkpoint_dir=ck)
+    b = reproduce_fedhdp("synthetic", quick=True, n_rounds=3, checkpoint_dir=ck)
     assert [r["acc_g"] for r in a["rows"]] == [r["acc_g"] for r in b["rows"]]
     assert len(list(ck.glob("*.pt"))) == len(a["rows"])
 
@@ -121,7 +121,7 @@ def test_cli_reproduce_fedhdp_json_and_bad_input(table3_cli, capsys):
 
 @requires_data("mnist")
 def test_quick_table3_on_non_iid_mnist_runs_end_to_end():
-    out = reproduce_fedhdp("mnist", quick=True, rounds=2)
+    out = reproduce_fedhdp("mnist", quick=True, n_rounds=2)
     assert out["federation"]["name"] == "noniid-mnist" and out["federation"]["n_clients"] == 200
     fedhdp = out["rows"][-1]
     assert fedhdp["algorithm"] == "FedHDP" and fedhdp["r"] == 0.01
@@ -130,7 +130,7 @@ def test_quick_table3_on_non_iid_mnist_runs_end_to_end():
 
 @requires_data("fashion-mnist")
 def test_fashion_mnist_stand_in_runs_table_7s_fmnist_column_beside_table_10():
-    out = reproduce_fedhdp("fashion-mnist", quick=True, rounds=1)
+    out = reproduce_fedhdp("fashion-mnist", quick=True, n_rounds=1)
     assert out["federation"]["name"] == "noniid-fashion-mnist"
     assert out["protocol"]["noise_multiplier"] == 4.0 and out["protocol"]["lr"] == 0.01
     fedhdp = out["rows"][-1]

@@ -38,8 +38,8 @@ def two_groups(data, gamma2=0.3, ratio=0.25, lambda_np=2.0, lambda_p=0.6, center
                                             center=center)
 
 
-def config(m, rounds=2, seed=SEED):
-    return RunConfig(n_clients=m, rounds=rounds, seed=seed)
+def config(m, n_rounds=2, seed=SEED):
+    return RunConfig(n_clients=m, n_rounds=n_rounds, seed=seed)
 
 
 def noise_draws(m, seed=SEED, round_=0):
@@ -149,7 +149,7 @@ def test_ratio_zero_ignores_the_private_clients(data):
 @pytest.mark.parametrize("failures", [None, {0: [1, 7], 1: [3, 7]}], ids=["all", "faults"])
 @pytest.mark.parametrize("center", ["global", "printed"])
 def test_stacked_clients_equal_clients_run_one_at_a_time(data, failures, center):
-    cfg = config(data.n_clients, rounds=3)
+    cfg = config(data.n_clients, n_rounds=3)
     res = run(two_groups(data, center=center), data, cfg, failures=failures)
     server, clients = one_at_a_time(two_groups(data, center=center), data, cfg, failures)
     a, b = flatten({**res.server, **res.clients}), flatten({**server, **clients})
@@ -159,7 +159,7 @@ def test_stacked_clients_equal_clients_run_one_at_a_time(data, failures, center)
 
 
 def test_a_failed_client_is_left_out_and_personalizes_later(data):
-    cfg = config(data.n_clients, rounds=2)
+    cfg = config(data.n_clients, n_rounds=2)
     failures = {0: [0, 4], 1: [2]}
     res = run(two_groups(data), data, cfg, failures=failures)
     private = data.groups == 1
@@ -172,17 +172,17 @@ def test_a_failed_client_is_left_out_and_personalizes_later(data):
     assert res.server["contributors"][0] == 28
     assert np.isnan(res.clients["personal"][2]) and np.isnan(res.metrics["squared_error"][2])
     assert not np.isnan(res.clients["personal"][[0, 4]]).any()
-    later = run(two_groups(data), data, config(data.n_clients, rounds=3), failures=failures)
+    later = run(two_groups(data), data, config(data.n_clients, n_rounds=3), failures=failures)
     assert not np.isnan(later.clients["personal"]).any()
 
 
 def test_without_a_weighted_reply_the_server_asks_again_with_the_same_releases(data):
-    cfg = config(data.n_clients, rounds=3)
+    cfg = config(data.n_clients, n_rounds=3)
     non_private = np.flatnonzero(data.groups == 0)
     with pytest.warns(RuntimeWarning, match="no client with a positive ratio"):
         res = run(two_groups(data, ratio=0.0), data, cfg, failures={0: non_private})
     with pytest.warns(RuntimeWarning, match="asks again next round"):
-        first = run(two_groups(data, ratio=0.0), data, config(data.n_clients, rounds=1),
+        first = run(two_groups(data, ratio=0.0), data, config(data.n_clients, n_rounds=1),
                     failures={0: non_private})
     private = data.groups == 1
     assert "global" not in first.server
@@ -243,7 +243,7 @@ def test_monte_carlo_errors_match_the_closed_forms(ratio):
         d = simulate_point_estimation(n, rho, alpha2, tau2, n_s, phi=-2.0, rng=10_000 + t)
         alg = FedHDPPointEstimation.two_groups(d.groups == 1, gamma2, ratio=r,
                                                lambda_np=lam_np, lambda_p=lam_p)
-        res = run(alg, d, RunConfig(n_clients=n, rounds=2, seed=t))
+        res = run(alg, d, RunConfig(n_clients=n, n_rounds=2, seed=t))
         server.append(res.metrics["server_squared_error"][0])
         sq = res.metrics["squared_error"]
         own_np.append(sq[d.groups == 0][0])

@@ -77,8 +77,8 @@ def test_a_rerun_on_the_checkpoints_gives_the_same_result_without_training(quick
         raise AssertionError("a cached run was trained again")
 
     monkeypatch.setattr(engine, "train", refuse)
-    again = reproduce_perada(dataset=QUICK_DATASET, quick=True, rounds=1, checkpoint_dir=tmp / "ck",
-                             cache_dir=tmp / "cache")
+    again = reproduce_perada(dataset=QUICK_DATASET, quick=True, n_rounds=1,
+                             checkpoint_dir=tmp / "ck", cache_dir=tmp / "cache")
     for part in PARTS:
         assert json.loads(json.dumps(again[part])) == result[part]
     path = plot_perada(again, tmp / "again.png")
@@ -115,7 +115,7 @@ def test_resnet18_setting_builds_the_papers_adapter_and_runs_a_round_on_a_fixtur
     assert alg.communicated_parameters() == 1_413_258
     from ebfl.learning.torch.engine import train
 
-    res = train(alg, fed, rounds=1, local_steps=1, batch_size=2, seed=0)
+    res = train(alg, fed, n_rounds=1, local_steps=1, batch_size=2, seed=0)
     assert res.accuracy.shape == (2,)
 
 

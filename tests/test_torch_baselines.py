@@ -93,7 +93,7 @@ def _mlp():
 
 def _rc(data, clients, *, seed=0, round_=0, **kw):
     """The RoundContext of ``clients`` in a run on ``data``."""
-    cfg = run_config(data, rounds=1, seed=seed, **{"batch_size": 4, **kw})
+    cfg = run_config(data, n_rounds=1, seed=seed, **{"batch_size": 4, **kw})
     return RoundContext(cfg, round_, np.asarray(clients))
 
 
@@ -259,7 +259,7 @@ def test_per_fedavg_step_and_personal_equal_a_client_loop(digits):
         xi, yi = digits.x_train[i, :n].double(), digits.y_train[i, :n]
         _close(personal, i, _sgd(model, message["global"], _ce(model, xi, yi), 0.01))
     with pytest.raises(ValueError, match="batch_size must be >= 2, got 1"):
-        train(PerFedAvg(LogisticModel(64, 10)), digits, rounds=1, local_steps=1, batch_size=1)
+        train(PerFedAvg(LogisticModel(64, 10)), digits, n_rounds=1, local_steps=1, batch_size=1)
 
 
 def test_quped_fp_step_equals_a_client_loop():
@@ -416,7 +416,7 @@ def _one_at_a_time(strat, data, cfg):
     server = strat.init_server(cfg)
     clients = [strat.init_clients(cfg, data, [c]) for c in range(m)]
     weights = strat.client_weights(data.subset(range(m)))
-    for r in range(cfg.rounds):
+    for r in range(cfg.n_rounds):
         sampled = sample_clients(cfg, r, everyone=strat.all_clients_train)
         message = strat.broadcast(server, RoundContext(cfg, r, sampled))
         replies = [strat.client_train(message, clients[c], data.subset([c]),
@@ -437,7 +437,7 @@ def _one_at_a_time(strat, data, cfg):
 @pytest.mark.parametrize("key", list(BASELINES))
 def test_a_client_alone_computes_what_it_computes_stacked(digits, key):
     make, down, up, state = BASELINES[key]
-    kw = dict(rounds=3, local_steps=3, clients_per_round=4, batch_size=6, seed=5)
+    kw = dict(n_rounds=3, local_steps=3, clients_per_round=4, batch_size=6, seed=5)
     strat = make(LogisticModel(64, 10))
     res = train(strat, digits, **kw)
     server, clients, accuracy, _ = _one_at_a_time(strat, digits, run_config(digits, **kw))
@@ -484,7 +484,7 @@ def images():
 def test_a_batchnorm_model_trains_alone_as_stacked(images, key):
     net = bn_net()
     pre = pretrained_state(net)
-    kw = dict(rounds=2, local_steps=2, clients_per_round=3, batch_size=5, seed=4)
+    kw = dict(n_rounds=2, local_steps=2, clients_per_round=3, batch_size=5, seed=4)
     strat = BN_BASELINES[key](net)
     res = train(strat, images, init_params=pre, **kw)
     strat.init_params = pre
@@ -505,7 +505,7 @@ def test_the_server_averages_batchnorm_statistics_as_parameters(images, key):
     net = bn_net()
     strat = BN_BASELINES[key](net)
     strat.init_params = pretrained_state(net)
-    cfg = run_config(images, rounds=1, local_steps=2, batch_size=5)
+    cfg = run_config(images, n_rounds=1, local_steps=2, batch_size=5)
     clients = np.array([0, 2, 5])
     rc = RoundContext(cfg, 0, clients)
     server = strat.init_server(cfg)
@@ -612,7 +612,7 @@ def test_dp_fedem_refuses_batchnorm_statistics():
 # --- through the engine ---------------------------------------------------------------------
 
 def test_quick_training_learns_on_load_digits(digits):
-    kw = dict(rounds=20, local_steps=10, clients_per_round=4, batch_size=10, seed=0,
+    kw = dict(n_rounds=20, local_steps=10, clients_per_round=4, batch_size=10, seed=0,
               eval_every=20)
     acc = {}
     for strat in (FedAvg(LogisticModel(64, 10)), FedAvgFT(LogisticModel(64, 10)),
@@ -629,7 +629,7 @@ def test_quick_training_learns_on_load_digits(digits):
 
 
 def test_fedavg_ft_trains_exactly_as_fedavg(digits):
-    kw = dict(rounds=3, local_steps=3, clients_per_round=4, batch_size=8, seed=2)
+    kw = dict(n_rounds=3, local_steps=3, clients_per_round=4, batch_size=8, seed=2)
     plain = train(FedAvg(LogisticModel(64, 10)), digits, **kw)
     for tuned in (FedAvgFT(LogisticModel(64, 10)),
                   FedAvgFT(LogisticModel(64, 10), finetune_batch=4)):
@@ -641,7 +641,7 @@ def test_fedavg_ft_trains_exactly_as_fedavg(digits):
 def test_pfedme_train_idle_changes_only_idle_personal_models(digits):
     model = LogisticModel(64, 10)
     init = {n: p.detach().clone() for n, p in model.named_parameters()}
-    kw = dict(rounds=1, local_steps=2, clients_per_round=3, batch_size=4, seed=3,
+    kw = dict(n_rounds=1, local_steps=2, clients_per_round=3, batch_size=4, seed=3,
               init_params=init)
     runs = {flag: train(PFedMe(model, train_idle=flag), digits, **kw) for flag in (False, True)}
     for n, p in runs[False].server["global"].items():  # the server sees the sampled clients only
@@ -665,7 +665,7 @@ class _Crash(Exception):
                                   lambda m: DPFedEM(m, clip=1.0, noise=0.3),
                                   lambda m: FedAvgFT(m, finetune_batch=4)])
 def test_a_run_resumed_after_a_crash_equals_the_uninterrupted_run(tmp_path, digits, make):
-    kw = dict(rounds=4, local_steps=2, clients_per_round=4, batch_size=6, eval_every=2, seed=1)
+    kw = dict(n_rounds=4, local_steps=2, clients_per_round=4, batch_size=6, eval_every=2, seed=1)
     full = train(make(LogisticModel(64, 10)), digits, **kw)
     crashing = make(LogisticModel(64, 10))
     aggregate = crashing.aggregate
@@ -688,7 +688,7 @@ def test_a_run_resumed_after_a_crash_equals_the_uninterrupted_run(tmp_path, digi
 
 def test_fedem_is_evaluated_as_a_mixture(digits):
     strat = FedEM(LogisticModel(64, 10))
-    res = train(strat, digits, rounds=3, local_steps=3, clients_per_round=4, batch_size=8)
+    res = train(strat, digits, n_rounds=3, local_steps=3, clients_per_round=4, batch_size=8)
     everyone = digits.subset(range(digits.n_clients))
     mixture = strat.personal_logits(strat.evaluation_message(res.server), res.clients, everyone,
                                     digits.x_test)
@@ -705,7 +705,7 @@ def test_fedem_is_evaluated_as_a_mixture(digits):
 def test_fedem_components_start_apart_whatever_the_seed(digits, seed):
     # component 0 is the run's initialization (drawn from the seed); the others must never
     # coincide with it, or the mixture would stay degenerate
-    cfg = run_config(digits, rounds=1, seed=seed)
+    cfg = run_config(digits, n_rounds=1, seed=seed)
     for init_seed in (None, 0, 1):
         comps = FedEM(LogisticModel(64, 10), n_components=3,
                       init_seed=init_seed).init_server(cfg)["components"]

@@ -110,7 +110,7 @@ FAMILIES = {
     "FedAlt": lambda: (FedAlt(_resnet(), personal="output", personal_steps=1), True, {}),
 }
 
-RUN = dict(rounds=2, local_steps=2, clients_per_round=3, batch_size=4, eval_every=1, seed=3)
+RUN = dict(n_rounds=2, local_steps=2, clients_per_round=3, batch_size=4, eval_every=1, seed=3)
 
 
 def _family(name):

@@ -33,7 +33,7 @@ def _adaped_round(strat, model, k, psi=2.0):
     """The working state of K clients of a DP-AdaPeD round, and the round's mu."""
     mu = _params(model)
     client = {"theta": replicate(mu, k)}
-    rc = RoundContext(RunConfig(n_clients=k, rounds=1), 0, np.arange(k))
+    rc = RoundContext(RunConfig(n_clients=k, n_rounds=1), 0, np.arange(k))
     work = strat.client_begin({"mu": mu, "psi": torch.tensor(psi, dtype=torch.float64)},
                               client, rc)
     return work, client, replicate(mu, k)
@@ -82,7 +82,7 @@ def test_a_round_moves_mu_at_most_tau_clipped_steps(digits):
                      noise_psi=0.0, weight_decay=0.0)
     init = _params(model)
     # one round, K = m: the average over clients of mu_i moved by <= tau * eta2 * C1 each
-    res = train(strat, digits, rounds=1, local_steps=tau, batch_size=6, init_params=init)
+    res = train(strat, digits, n_rounds=1, local_steps=tau, batch_size=6, init_params=init)
     moved = torch.cat([(res.server["mu"][n] - init[n]).flatten() for n in init]).norm()
     assert float(moved) <= tau * lr_mu * clip * (1 + 1e-5)
     assert float(moved) > 0  # mu did learn
@@ -124,7 +124,7 @@ def test_each_clients_noise_comes_from_its_own_stream():
 
 
 def test_dp_adaped_trains_and_is_reproducible(digits):
-    kw = dict(rounds=10, local_steps=5, clients_per_round=4, batch_size=10, seed=0)
+    kw = dict(n_rounds=10, local_steps=5, clients_per_round=4, batch_size=10, seed=0)
 
     def run():
         strat = DPAdaPeD(LogisticModel(64, 10), clip_mu=1.0, noise_mu=0.5, clip_psi=1.0,
@@ -200,7 +200,7 @@ def test_clip_and_noise_equals_a_per_client_loop():
 
 def _fedem_round(strat, model, k):
     """The working state of K clients of a FedEM round, and the round's components."""
-    cfg = RunConfig(n_clients=k, rounds=1)
+    cfg = RunConfig(n_clients=k, n_rounds=1)
     server = strat.init_server(cfg)
     client = strat.init_clients(cfg, None, range(k))
     work = strat.client_begin(strat.broadcast(server, None), client,
@@ -271,7 +271,7 @@ def test_dp_fedem_without_clipping_or_noise_is_fedem_averaged_unweighted(digits)
 
 
 def test_dp_fedem_trains_reproducibly_and_reports_the_accountant(digits):
-    kw = dict(rounds=4, local_steps=3, clients_per_round=4, batch_size=8, seed=3)
+    kw = dict(n_rounds=4, local_steps=3, clients_per_round=4, batch_size=8, seed=3)
 
     def run():
         return train(DPFedEM(LogisticModel(64, 10), clip=1.0, noise=0.5), digits, **kw)

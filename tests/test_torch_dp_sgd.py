@@ -277,7 +277,7 @@ def _clients(ns=(40, 60, 80), seed=0):
 
 
 def _round(alg, data, clients, local_steps=1, seed=0, message=None):
-    cfg = RunConfig(n_clients=data.n_clients, rounds=1, seed=seed, local_steps=local_steps)
+    cfg = RunConfig(n_clients=data.n_clients, n_rounds=1, seed=seed, local_steps=local_steps)
     run_rc = RoundContext(cfg, 0, np.asarray(clients))
     client = {k: {n: t.clone() for n, t in v.items()}
               for k, v in alg.init_clients(cfg, data, np.asarray(clients)).items()}
@@ -330,7 +330,7 @@ def test_the_proximal_pull_is_added_after_the_noise():
     data = _clients()
     kw = dict(clip=1.0, noise_multiplier=1.0, expected_batch=10, lr=0.1, lr_personal=0.25)
     base = DPPerAda(net, pretrained, lam=0.0, **kw)
-    cfg = RunConfig(n_clients=3, rounds=1)
+    cfg = RunConfig(n_clients=3, n_rounds=1)
     w = {n: t + 0.3 if t.is_floating_point() and n != "dropout_key" else t
          for n, t in base.init_server(cfg)["global"].items()}
     v = base.initial_params(cfg)
@@ -355,7 +355,7 @@ def test_dp_perada_and_dp_ditto_train_end_to_end():
     alg = DPPerAda(net, pretrained, clip=1.0, noise_multiplier=1.0, expected_batch=8, lr=0.1,
                    aux=aux, kd_steps=2, kd_batch_size=8)
     assert alg.name == "DP-PerAda" and alg.config()["expected_batch"] == 8.0
-    res = train(alg, data, rounds=2, local_steps=1, seed=1)
+    res = train(alg, data, n_rounds=2, local_steps=1, seed=1)
     assert bool(torch.isfinite(res.accuracy).all())
     stats = [n for n in buffer_names(net) if "running" in n and n in alg.trainable]
     for n in stats:  # through distillation too: statistics stay the pretrained ones
@@ -365,7 +365,7 @@ def test_dp_perada_and_dp_ditto_train_end_to_end():
                                                                              .shape))
     ditto = DPDitto(net, clip=1.0, noise_multiplier=1.0, sampling_rate=0.1, lr=0.1)
     assert ditto.name == "DP-Ditto"
-    res = train(ditto, data, rounds=1, local_steps=1, seed=1, init_params=pretrained)
+    res = train(ditto, data, n_rounds=1, local_steps=1, seed=1, init_params=pretrained)
     for n in buffer_names(net):
         if "running" in n:
             assert torch.equal(res.clients["personal"][n][0], pretrained[n])
@@ -414,44 +414,44 @@ def _hand_rdp_epsilon(q, z, steps, delta, orders):
 
 
 def test_each_round_spends_two_dp_sgd_steps_per_local_iteration():
-    res = client_epsilons([640], noise_multiplier=1.0, rounds=30, local_steps=5, delta=1e-5,
+    res = client_epsilons([640], noise_multiplier=1.0, n_rounds=30, local_steps=5, delta=1e-5,
                           sampling_rate=0.05)
     assert res.steps.tolist() == [300]
-    direct = dp_fedavg_epsilon(sampling_rate=0.05, noise_multiplier=1.0, rounds=300,
+    direct = dp_fedavg_epsilon(sampling_rate=0.05, noise_multiplier=1.0, n_rounds=300,
                                delta=1e-5).epsilon
     assert res.epsilons[0] == direct
-    one_adapter = dp_fedavg_epsilon(sampling_rate=0.05, noise_multiplier=1.0, rounds=150,
+    one_adapter = dp_fedavg_epsilon(sampling_rate=0.05, noise_multiplier=1.0, n_rounds=150,
                                     delta=1e-5).epsilon
     assert res.epsilons[0] > 1.2 * one_adapter
     # independent: the hand RDP composition on the integer orders 2..64 (the library's grid
     # also has fractional orders, so it can only be lower, and the optimum sits near 4)
     hand = _hand_rdp_epsilon(0.05, 1.0, 300, 1e-5, range(2, 65))
-    exact_integer = dp_fedavg_epsilon(sampling_rate=0.05, noise_multiplier=1.0, rounds=300,
+    exact_integer = dp_fedavg_epsilon(sampling_rate=0.05, noise_multiplier=1.0, n_rounds=300,
                                       delta=1e-5, orders=np.arange(2.0, 65.0)).epsilon
     assert hand == pytest.approx(exact_integer, rel=1e-9)
     assert res.epsilons[0] <= hand <= 1.02 * res.epsilons[0]
     # the PLD accountant is tighter than RDP, and not by much here
-    pld = client_epsilons([640], noise_multiplier=1.0, rounds=30, local_steps=5, delta=1e-5,
+    pld = client_epsilons([640], noise_multiplier=1.0, n_rounds=30, local_steps=5, delta=1e-5,
                           sampling_rate=0.05, accountant="pld").epsilons[0]
     assert 0.8 * res.epsilons[0] < pld < res.epsilons[0]
 
 
 def test_fixed_batch_gives_smaller_clients_larger_epsilon():
     n = [100, 200, 400, 400]
-    res = client_epsilons(n, noise_multiplier=1.2, rounds=10, local_steps=3, delta=1e-5,
+    res = client_epsilons(n, noise_multiplier=1.2, n_rounds=10, local_steps=3, delta=1e-5,
                           expected_batch=20)
     np.testing.assert_allclose(res.sampling_rates, [0.2, 0.1, 0.05, 0.05])
     assert res.epsilons[0] > res.epsilons[1] > res.epsilons[2] == res.epsilons[3]
     assert res.mean == pytest.approx(np.mean(res.epsilons))
     assert res.std == pytest.approx(np.std(res.epsilons)) and res.std > 0
     np.testing.assert_allclose(client_sampling_rates(n, expected_batch=20), res.sampling_rates)
-    fixed = client_epsilons(n, noise_multiplier=1.2, rounds=10, local_steps=3, delta=1e-5,
+    fixed = client_epsilons(n, noise_multiplier=1.2, n_rounds=10, local_steps=3, delta=1e-5,
                             sampling_rate=0.1)
     assert fixed.std == 0.0 and fixed.epsilons[0] == pytest.approx(res.epsilons[1])
 
 
 def test_only_participating_rounds_are_spent():
-    kw = dict(noise_multiplier=1.0, rounds=10, local_steps=2, delta=1e-5, sampling_rate=0.1)
+    kw = dict(noise_multiplier=1.0, n_rounds=10, local_steps=2, delta=1e-5, sampling_rate=0.1)
     full = client_epsilons([50, 50, 50], **kw)
     part = client_epsilons([50, 50, 50], participated=[10, 4, 0], **kw)
     assert part.epsilons[0] == full.epsilons[0]
@@ -461,7 +461,7 @@ def test_only_participating_rounds_are_spent():
 
 
 def test_calibration_finds_the_smallest_sufficient_noise():
-    n, kw = [300, 900], dict(rounds=20, local_steps=5, expected_batch=30)
+    n, kw = [300, 900], dict(n_rounds=20, local_steps=5, expected_batch=30)
     cal = calibrate_noise_multiplier(3.0, 1e-5, n_train=n, **kw)
     assert cal.converged and not cal.at_bound
     at = client_epsilons(n, noise_multiplier=cal.noise_multiplier, delta=1e-5, **kw)
@@ -475,7 +475,7 @@ def test_strategy_privacy_delegates_to_client_epsilons():
     net = _net(dtype=torch.float32)
     alg = DPPerAda(net, model_state(net), clip=1.0, noise_multiplier=0.9, expected_batch=16)
     got = alg.privacy(1e-5, 12, n_train=torch.tensor([64, 128]), local_steps=4)
-    want = client_epsilons([64, 128], noise_multiplier=0.9, rounds=12, local_steps=4,
+    want = client_epsilons([64, 128], noise_multiplier=0.9, n_rounds=12, local_steps=4,
                            delta=1e-5, expected_batch=16)
     np.testing.assert_array_equal(got.epsilons, want.epsilons)
 
@@ -489,7 +489,7 @@ def test_strategy_privacy_delegates_to_client_epsilons():
     (dict(expected_batch=100, sampling_rate=None), ValueError, "expected_batch=100 exceeds"),
 ])
 def test_client_epsilons_bad_input(kwargs, err, match):
-    kw = dict(n_train=[50], noise_multiplier=1.0, rounds=10, local_steps=1, delta=1e-5,
+    kw = dict(n_train=[50], noise_multiplier=1.0, n_rounds=10, local_steps=1, delta=1e-5,
               sampling_rate=0.1)
     kw.update(kwargs)
     n_train = kw.pop("n_train")

@@ -131,7 +131,7 @@ def test_vectorized_adaped_step_equals_a_client_by_client_loop():
 def test_adaped_round_and_aggregation_equal_the_printed_algorithm():
     data = _digits_clients()
     model = LogisticModel(64, 10)
-    cfg = RunConfig(n_clients=data.n_clients, rounds=3, clients_per_round=3, local_steps=4,
+    cfg = RunConfig(n_clients=data.n_clients, n_rounds=3, clients_per_round=3, local_steps=4,
                     batch_size=7, iters_per_epoch=6, lr_decay=0.5, seed=4)
     strat = AdaPeD(model, psi0=1.5)
     active = np.array([0, 6, 10])
@@ -168,7 +168,7 @@ def test_vectorized_fedavg_round_equals_a_loop_and_weighted_average():
     data = _digits_clients()
     init = fresh_params(model, 3)
     strat = FedAvg(model, 0.2, weight_decay=0.0)
-    cfg = RunConfig(n_clients=data.n_clients, rounds=2, clients_per_round=3, local_steps=3,
+    cfg = RunConfig(n_clients=data.n_clients, n_rounds=2, clients_per_round=3, local_steps=3,
                     batch_size=8, iters_per_epoch=2, lr_decay=0.5, seed=0)
     active = np.array([0, 3, 5])
     rc = RoundContext(cfg, 0, active)
@@ -197,7 +197,7 @@ def test_psi_floor_and_its_printed_gradient():
     model = LogisticModel(64, 10)
     data = _digits_clients()
     strat = AdaPeD(model, psi0=0.6, lr_psi=5.0)  # a large eta3 drives psi to the floor
-    res = train(strat, data, rounds=3, local_steps=2, clients_per_round=4, batch_size=5)
+    res = train(strat, data, n_rounds=3, local_steps=2, clients_per_round=4, batch_size=5)
     assert float(res.server["psi"]) == 0.5  # every client's psi stopped at the floor
     assert all(h["psi"] == 0.5 for h in res.history)
     # one step: the unclamped printed update would go below the floor
@@ -226,29 +226,29 @@ def _same_state(a, b):
 def test_same_seed_same_run_and_checkpoint_resume(tmp_path):
     data = _digits_clients()
     kw = dict(local_steps=3, clients_per_round=4, batch_size=8, eval_every=2, seed=5)
-    full = train(AdaPeD(MLP(64, 10, hidden=(16,))), data, rounds=6, **kw)
-    again = train(AdaPeD(MLP(64, 10, hidden=(16,))), data, rounds=6, **kw)
+    full = train(AdaPeD(MLP(64, 10, hidden=(16,))), data, n_rounds=6, **kw)
+    again = train(AdaPeD(MLP(64, 10, hidden=(16,))), data, n_rounds=6, **kw)
     assert full.history == again.history
     _same_state(full, again)
-    other = train(AdaPeD(MLP(64, 10, hidden=(16,))), data, rounds=6, **dict(kw, seed=6))
+    other = train(AdaPeD(MLP(64, 10, hidden=(16,))), data, n_rounds=6, **dict(kw, seed=6))
     assert other.history != full.history
 
     # a run stopped after 4 rounds and continued to 6 (the README's and notebook's use)
     ckpt = tmp_path / "run.pt"
-    part = train(AdaPeD(MLP(64, 10, hidden=(16,))), data, rounds=4, checkpoint=ckpt, **kw)
+    part = train(AdaPeD(MLP(64, 10, hidden=(16,))), data, n_rounds=4, checkpoint=ckpt, **kw)
     assert ckpt.is_file() and part.history == full.history[:2]
-    resumed = train(AdaPeD(MLP(64, 10, hidden=(16,))), data, rounds=6, checkpoint=ckpt, **kw)
+    resumed = train(AdaPeD(MLP(64, 10, hidden=(16,))), data, n_rounds=6, checkpoint=ckpt, **kw)
     assert resumed.history == full.history
     _same_state(resumed, full)
     torch.testing.assert_close(resumed.accuracy, full.accuracy, atol=0, rtol=0)
     with pytest.raises(ValueError, match="another configuration"):
-        train(AdaPeD(MLP(64, 10, hidden=(16,)), lr_theta=0.05), data, rounds=6,
+        train(AdaPeD(MLP(64, 10, hidden=(16,)), lr_theta=0.05), data, n_rounds=6,
               checkpoint=ckpt, **kw)
 
 
 def test_quick_training_learns_on_load_digits():
     data = _digits_clients()
-    kw = dict(rounds=20, local_steps=10, clients_per_round=4, batch_size=10, seed=0)
+    kw = dict(n_rounds=20, local_steps=10, clients_per_round=4, batch_size=10, seed=0)
     acc = {}
     for strat in (Local(LogisticModel(64, 10), 0.1), FedAvg(LogisticModel(64, 10), 0.1),
                   AdaPeD(LogisticModel(64, 10)), AdaPeD(LogisticModel(64, 10), fine_tune=True)):
@@ -265,7 +265,7 @@ def test_idle_clients_train_only_with_fine_tuning():
     data = _digits_clients()
     model = LogisticModel(64, 10)
     init = {n: p.detach().clone() for n, p in model.named_parameters()}
-    kw = dict(rounds=1, local_steps=2, clients_per_round=2, batch_size=4, seed=3,
+    kw = dict(n_rounds=1, local_steps=2, clients_per_round=2, batch_size=4, seed=3,
               init_params=init)
     for fine_tune, expected in ((False, 2), (True, data.n_clients)):
         res = train(AdaPeD(model, fine_tune=fine_tune), data, **kw)
@@ -290,7 +290,7 @@ def _accuracy_by_hand(model, stack, data):
 
 def test_evaluation_is_each_clients_accuracy_on_its_own_test_rows():
     data = _digits_clients(m=20)  # more than one chunk of 16 clients
-    kw = dict(rounds=2, local_steps=3, clients_per_round=5, batch_size=8, seed=1)
+    kw = dict(n_rounds=2, local_steps=3, clients_per_round=5, batch_size=8, seed=1)
     model = LogisticModel(64, 10)
     ada = AdaPeD(model)
     res = train(ada, data, **kw)
@@ -309,7 +309,7 @@ def test_evaluation_is_each_clients_accuracy_on_its_own_test_rows():
 
 def test_sampling_ratio_is_k_of_m():
     data = _digits_clients()
-    kw = dict(rounds=2, local_steps=2, batch_size=4, seed=2)
+    kw = dict(n_rounds=2, local_steps=2, batch_size=4, seed=2)
     by_ratio = train(FedAvg(LogisticModel(64, 10)), data, sampling_ratio=0.34, **kw)
     k = max(1, round(0.34 * data.n_clients))
     by_k = train(FedAvg(LogisticModel(64, 10)), data, clients_per_round=k, **kw)
@@ -322,19 +322,19 @@ def test_sampling_ratio_is_k_of_m():
 def test_bad_input():
     data = _digits_clients()
     with pytest.raises(ValueError, match="clients_per_round"):
-        train(FedAvg(LogisticModel(64, 10)), data, rounds=1, clients_per_round=99)
+        train(FedAvg(LogisticModel(64, 10)), data, n_rounds=1, clients_per_round=99)
     for ratio in (0.0, 1.5, float("nan")):
         with pytest.raises(ValueError, match="sampling_ratio"):
-            train(FedAvg(LogisticModel(64, 10)), data, rounds=1, sampling_ratio=ratio)
+            train(FedAvg(LogisticModel(64, 10)), data, n_rounds=1, sampling_ratio=ratio)
     with pytest.raises(ValueError, match="not both"):
-        train(FedAvg(LogisticModel(64, 10)), data, rounds=1, sampling_ratio=0.5,
+        train(FedAvg(LogisticModel(64, 10)), data, n_rounds=1, sampling_ratio=0.5,
               clients_per_round=2)
     with pytest.raises(TypeError, match="FederatedDataset"):
-        train(FedAvg(LogisticModel(64, 10)), data.x_train, rounds=1)
+        train(FedAvg(LogisticModel(64, 10)), data.x_train, n_rounds=1)
     with pytest.raises(TypeError, match="failures"):
-        train(FedAvg(LogisticModel(64, 10)), data, rounds=1, failures=[0])
+        train(FedAvg(LogisticModel(64, 10)), data, n_rounds=1, failures=[0])
     with pytest.raises(ValueError, match="failures round"):
-        train(FedAvg(LogisticModel(64, 10)), data, rounds=1, failures={-1: [0]})
+        train(FedAvg(LogisticModel(64, 10)), data, n_rounds=1, failures={-1: [0]})
     with pytest.raises(ValueError, match="psi0"):
         AdaPeD(LogisticModel(64, 10), psi0=0.1)
     with pytest.raises(ValueError, match="lr_theta"):

@@ -237,7 +237,7 @@ def test_adapter_strategy_with_server_distillation_runs_in_the_one_loop(digits, 
     backbone = _pretrained_backbone()
     kept = {n: p.clone() for n, p in backbone.items()}
     kw = dict(local_steps=5, clients_per_round=4, batch_size=10, eval_every=5, seed=0)
-    res = train(AdapterDistill(_model(), backbone, _aux(digits)), digits, rounds=20, **kw)
+    res = train(AdapterDistill(_model(), backbone, _aux(digits)), digits, n_rounds=20, **kw)
     for n in BACKBONE:  # the backbone never moved, and never travelled
         assert torch.equal(backbone[n], kept[n])
         assert n not in res.server["w"] and n not in res.clients["v"]
@@ -249,8 +249,8 @@ def test_adapter_strategy_with_server_distillation_runs_in_the_one_loop(digits, 
     with pytest.raises(KeyboardInterrupt):  # a run interrupted after round 10
         interrupted = AdapterDistill(_model(), backbone, _aux(digits))
         interrupted.aggregate = _interrupt_at(interrupted.aggregate, 10)
-        train(interrupted, digits, rounds=20, checkpoint=ckpt, **kw)
-    resumed = train(AdapterDistill(_model(), backbone, _aux(digits)), digits, rounds=20,
+        train(interrupted, digits, n_rounds=20, checkpoint=ckpt, **kw)
+    resumed = train(AdapterDistill(_model(), backbone, _aux(digits)), digits, n_rounds=20,
                     checkpoint=ckpt, **kw)
     assert resumed.history == res.history
     assert_trees_close(resumed.server, res.server)
@@ -274,7 +274,7 @@ def test_two_privacy_levels_with_group_weighted_aggregation(digits):
     m = digits.n_clients
     model = _model()
     strat = TwoLevelDPFedAvg(model, _private(m), noise=(0.0, 0.0), clip=1e9, ratio=0.25)
-    cfg = RunConfig(n_clients=m, rounds=1)
+    cfg = RunConfig(n_clients=m, n_rounds=1)
     server = strat.init_server(cfg)
     active = np.array([0, 1, 2, 4])  # clients 0 (open), 1, 2, 4 (private)
     gen = torch.Generator().manual_seed(3)
@@ -285,7 +285,7 @@ def test_two_privacy_levels_with_group_weighted_aggregation(digits):
         expect = p + (1 / 1.75) * delta[n][0] + (0.75 / 1.75) * delta[n][1:].mean(0)
         torch.testing.assert_close(new["global"][n], expect, atol=1e-5, rtol=0)
 
-    kw = dict(rounds=6, local_steps=3, clients_per_round=6, batch_size=8, seed=1)
+    kw = dict(n_rounds=6, local_steps=3, clients_per_round=6, batch_size=8, seed=1)
 
     def history(noise_private, ratio):
         strat = TwoLevelDPFedAvg(_model(), _private(m), (0.0, noise_private), ratio=ratio)
@@ -299,7 +299,7 @@ def test_two_privacy_levels_with_group_weighted_aggregation(digits):
 
 def test_client_updates_are_clipped_before_they_leave(digits):
     m, clip = digits.n_clients, 1e-3
-    cfg = RunConfig(n_clients=m, rounds=1, clients_per_round=5, local_steps=3, batch_size=8)
+    cfg = RunConfig(n_clients=m, n_rounds=1, clients_per_round=5, local_steps=3, batch_size=8)
     strat = TwoLevelDPFedAvg(_model(), _private(m), (0.0, 1.0), clip=clip)
     ids = sample_clients(cfg, 0)
     rc = RoundContext(cfg, 0, ids)
@@ -312,7 +312,7 @@ def test_client_updates_are_clipped_before_they_leave(digits):
 @pytest.mark.parametrize("which", ["adapter", "two-level"])
 def test_both_shapes_run_one_client_at_a_time_to_the_same_result(digits, which):
     m = digits.n_clients
-    cfg = RunConfig(n_clients=m, rounds=3, clients_per_round=4, local_steps=3, batch_size=8,
+    cfg = RunConfig(n_clients=m, n_rounds=3, clients_per_round=4, local_steps=3, batch_size=8,
                     seed=4)
 
     def make():

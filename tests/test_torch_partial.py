@@ -100,7 +100,7 @@ PARTIAL = {
     "LG-FedAvg": lambda net, pre: LGFedAvg(net, 0.05, pretrained=pre),
 }
 ADAPTER_MODELS = {"FedAlt (adapter)", "FedSim (adapter)"}
-RUN = dict(rounds=2, local_steps=2, clients_per_round=3, batch_size=5, seed=3)
+RUN = dict(n_rounds=2, local_steps=2, clients_per_round=3, batch_size=5, seed=3)
 
 
 def _make(key, plain, adapted):
@@ -290,7 +290,7 @@ def _own_batches(data, client, seed, round_, steps, batch):
 def test_a_fedalt_round_alternates_v_then_u(images, plain):
     net, pre = plain
     alg = FedAlt(net, 0.05, 0.2, personal="input", personal_steps=2, pretrained=pre)
-    cfg = run_config(images, rounds=1, local_steps=3, batch_size=4, seed=11, lr_decay=0.5,
+    cfg = run_config(images, n_rounds=1, local_steps=3, batch_size=4, seed=11, lr_decay=0.5,
                      iters_per_epoch=2)
     clients = np.array([1, 4])
     rc = RoundContext(cfg, 0, clients)
@@ -339,7 +339,7 @@ def _through_flower(strat, data, cfg):
     server = strat.init_server(cfg)
     states = [send(strat.init_clients(cfg, data.subset([c]), np.array([c]))) for c in range(m)]
     weights = strat.client_weights(data.subset(range(m)))
-    for r in range(cfg.rounds):
+    for r in range(cfg.n_rounds):
         sampled = sample_clients(cfg, r)
         message = send(strat.broadcast(server, RoundContext(cfg, r, sampled)))
         replies = []
@@ -389,7 +389,7 @@ def test_a_client_alone_computes_what_it_computes_stacked(images, plain, adapted
 
 def test_apfl_with_alpha_fixed_at_one_is_local_training(images, plain):
     net, pre = plain
-    kw = dict(rounds=3, local_steps=2, batch_size=5, seed=2, init_params=pre)
+    kw = dict(n_rounds=3, local_steps=2, batch_size=5, seed=2, init_params=pre)
     apfl = train(APFL(net, 0.05, alpha=1.0, learn_alpha=False, weight_decay=1e-3), images, **kw)
     local = train(Local(net, 0.05, weight_decay=1e-3), images, **kw)
     for n, t in local.clients["theta"].items():
@@ -431,7 +431,7 @@ def test_an_apfl_step_matches_the_mixture_gradients(plain):
 def test_apfl_predicts_with_the_mixture(images, plain):
     net, pre = plain
     alg = APFL(net, 0.05, alpha=0.3)
-    res = train(alg, images, rounds=2, local_steps=2, batch_size=5, init_params=pre)
+    res = train(alg, images, n_rounds=2, local_steps=2, batch_size=5, init_params=pre)
     model = alg.personal(alg.evaluation_message(res.server), res.clients, images)
     a, w, v = res.clients["alpha"], res.server["global"], res.clients["personal"]
     assert not torch.equal(a, torch.full_like(a, 0.3))  # learned

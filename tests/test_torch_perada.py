@@ -61,7 +61,7 @@ def _aux(n=64, seed=1):
 
 
 def _config(**kw):
-    base = dict(n_clients=5, rounds=3, seed=7, clients_per_round=3, local_steps=3,
+    base = dict(n_clients=5, n_rounds=3, seed=7, clients_per_round=3, local_steps=3,
                 batch_size=6)
     return RunConfig(**{**base, **kw})
 
@@ -177,7 +177,7 @@ def test_early_stopping_keeps_the_best_student_and_can_keep_the_average(data):
 def test_kd_only_in_the_first_kd_rounds(data):
     net = _net()
     alg = PerAda(net, _pretrained(net), aux=_aux(), kd_steps=2, kd_rounds=1)
-    res = train(alg, data, rounds=3, local_steps=2, clients_per_round=2, batch_size=4, seed=1,
+    res = train(alg, data, n_rounds=3, local_steps=2, clients_per_round=2, batch_size=4, seed=1,
                 lr_decay=1.0)
     assert [("kd_steps" in h) for h in res.history] == [True, False, False]
 
@@ -199,10 +199,10 @@ def test_resumed_run_equals_the_uninterrupted_one(data, tmp_path):
     net = _net()
     alg = PerAda(net, _pretrained(net), aux=_aux(), kd_steps=2)
     kw = dict(local_steps=2, clients_per_round=2, batch_size=4, seed=4)
-    full = train(alg, data, rounds=4, **kw)
+    full = train(alg, data, n_rounds=4, **kw)
     ck = tmp_path / "ck.pt"
-    train(alg, data, rounds=2, checkpoint=ck, **kw)
-    resumed = train(alg, data, rounds=4, checkpoint=ck, **kw)
+    train(alg, data, n_rounds=2, checkpoint=ck, **kw)
+    resumed = train(alg, data, n_rounds=4, checkpoint=ck, **kw)
     assert_trees_close(resumed.server, full.server)
     assert_trees_close(resumed.clients, full.clients)
 
@@ -211,7 +211,7 @@ def test_inequalities_of_theorems_1_and_2_hold_on_a_real_evaluation(data):
     net = _net()
     aux = _aux()
     alg = PerAda(net, _pretrained(net), lr=0.2, aux=aux, kd_steps=3)
-    res = train(alg, data, rounds=4, local_steps=4, clients_per_round=3, batch_size=6, seed=2)
+    res = train(alg, data, n_rounds=4, local_steps=4, clients_per_round=3, batch_size=6, seed=2)
     x = data.x_test.reshape(-1, 12, 12)[:40]
     y = data.y_test.reshape(-1)[:40]
     shifted = (x.flip(-1), y)

@@ -35,8 +35,11 @@ BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "ebfl",
 #: Build products and caches that may lie in a working tree.
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.nbi", "*.nbc", "*.egg-info",
                                  "build", "dist", ".*")
-#: Subpackages behind an extra: ``learning`` (torch) and ``flower`` (flwr).
-OPTIONAL = ("ebfl.learning.torch", "ebfl.flower.runtime")
+#: Modules behind an extra: ``learning`` (torch: the library's layer and each paper's torch
+#: modules) and ``flower`` (flwr).
+OPTIONAL = ("ebfl.learning.torch", "ebfl.fedhdp.algorithm", "ebfl.generative.algorithm",
+            "ebfl.perada.algorithm", "ebfl.perada.dp", "ebfl.perada.generalization",
+            "ebfl.flower.runtime")
 #: What pip prints when it cannot reach the index (then the test skips).
 NETWORK_ERRORS = ("NewConnectionError", "Failed to establish a new connection",
                   "Temporary failure in name resolution", "Name or service not known",

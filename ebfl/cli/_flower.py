@@ -53,7 +53,7 @@ def _cmd_flower_simulate(args):
         if "in_process" in p:
             cols.append("in process")
         _print_table(f"\n{p['settings']['algorithm']} on {p['settings']['dataset']}, "
-                     f"{p['config']['n_clients']} clients, {p['config']['rounds']} rounds "
+                     f"{p['config']['n_clients']} clients, {p['config']['n_rounds']} rounds "
                      f"(mean {metric} per round)", rows, cols)
         print(f"Flower: {p['flower']['seconds']:.1f} s (the rounds; Ray's start-up apart)",
               end="")

@@ -196,7 +196,7 @@ def _cmd_reproduce_fedhdp(args):
     table = "sweep" if args.sweep else "3"
     payload = reproduce_fedhdp(args.dataset, table=table, lam=args.lam, ratios=args.ratio,
                                seeds=tuple(range(args.seed, args.seed + args.seeds)),
-                               quick=args.quick, rounds=args.rounds,
+                               quick=args.quick, n_rounds=args.rounds,
                                denominator=args.denominator, checkpoint_dir=args.checkpoint_dir,
                                progress=not args.json, device=args.device)
     if table == "sweep":
@@ -245,7 +245,7 @@ def _cmd_reproduce_perada(args):
     payload = reproduce_perada(dataset=args.dataset, quick=args.quick,
                                parts=args.part or PARTS,
                                seeds=tuple(range(args.seed, args.seed + args.seeds)),
-                               rounds=args.rounds, checkpoint_dir=args.checkpoint_dir,
+                               n_rounds=args.rounds, checkpoint_dir=args.checkpoint_dir,
                                arch=args.arch, backbone_weights=args.backbone_weights,
                                cache_dir=args.cache_dir, progress=not args.json,
                                device=args.device)

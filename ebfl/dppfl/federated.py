@@ -286,7 +286,7 @@ class DPPFL(FederatedAlgorithm):
         dual_std, sigma2 = np.zeros(self.n_clients), np.zeros(self.n_clients)
         if self.privacy is not None:
             sigma1, sigma2, _ = noise_multipliers(self.privacy, self.sizes, self.n_min,
-                                                  self.tau, self.drop_probability, run.rounds)
+                                                  self.tau, self.drop_probability, run.n_rounds)
             dual_std = dual_sensitivity(self.lam, self.beta, self.sizes,
                                         self.privacy.dual_sensitivity) * sigma1
         return {"device": ids.astype(np.float64), "alpha": np.zeros((k, int(self.sizes.max()))),

@@ -204,7 +204,7 @@ def load_checkpoint(path):
 
 # ------------------------------------------------------------------ identity
 
-def check_resumable(path, saved, identity, digest, rounds):
+def check_resumable(path, saved, identity, digest, n_rounds):
     """Refuse to resume from ``saved`` unless it was written for this run (identity and
     data), saying what differs."""
     if saved["data"] != digest:
@@ -220,9 +220,9 @@ def check_resumable(path, saved, identity, digest, rounds):
         raise ValueError(f"checkpoint {str(path)!r} was written by another configuration "
                          f"({'; '.join(diffs[:4])}{'; ...' if len(diffs) > 4 else ''}); "
                          f"{_START_AFRESH}")
-    if done > rounds:
+    if done > n_rounds:
         raise ValueError(f"checkpoint {str(path)!r} holds {done} rounds, more than this run's "
-                         f"rounds={rounds}; ask for at least {done} rounds, or {_START_AFRESH}")
+                         f"n_rounds={n_rounds}; ask for at least {done} rounds, or {_START_AFRESH}")
 
 
 def _differences(old, new, prefix=""):

@@ -72,23 +72,23 @@ def check_failures(failures, config, *, everyone=False, name="failures"):
     if not isinstance(failures, Mapping):
         raise TypeError(f"{name} must be a dict round -> client ids that fail in that round, "
                         f"got {type(failures).__name__}")
-    rounds, m = config.rounds, config.n_clients
+    n_rounds, m = config.n_rounds, config.n_clients
     out = {}
     for r, clients in failures.items():
-        if rounds == 0:
+        if n_rounds == 0:
             raise ValueError(f"{name}: the run has no rounds, so no client can fail in "
                              f"round {r!r}")
-        r = check_int_scalar(r, f"{name} round", minimum=0, maximum=rounds - 1)
+        r = check_int_scalar(r, f"{name} round", minimum=0, maximum=n_rounds - 1)
         if isinstance(clients, str | bytes) or not hasattr(clients, "__iter__"):
             raise TypeError(f"{name}[{r}] must be an iterable of client ids, got "
                             f"{type(clients).__name__}")
         out.setdefault(r, set()).update(
             check_int_scalar(c, f"{name} client", minimum=0, maximum=m - 1) for c in clients)
     # Only a run whose every round is listed can be silenced entirely: checked then only.
-    if out and len(out) == rounds and all(
+    if out and len(out) == n_rounds and all(
             set(sample_clients(config, r, everyone=everyone).tolist()) <= out[r]
-            for r in range(rounds)):
-        raise ValueError(f"{name} leave no client to reply in any of the {rounds} round(s): "
+            for r in range(n_rounds)):
+        raise ValueError(f"{name} leave no client to reply in any of the {n_rounds} round(s): "
                          "the server would have nothing to aggregate and every estimate "
                          "would be NaN; let at least one sampled client of some round reply")
     return out

@@ -76,7 +76,7 @@ class RunConfig:
     ----------
     n_clients : int
         m, in [1, 10^8].
-    rounds : int
+    n_rounds : int
         In [0, 10^7]; rounds are numbered 0 to ``rounds - 1``.
     seed : int
         Keys every random stream of the run, in [0, 2^64 - 1].
@@ -101,7 +101,7 @@ class RunConfig:
     """
 
     n_clients: int
-    rounds: int
+    n_rounds: int
     seed: int = 0
     clients_per_round: int | None = None
     local_steps: int = 1
@@ -117,7 +117,7 @@ class RunConfig:
         object.__setattr__(self, "n_clients", m)
         object.__setattr__(self, "clients_per_round",
                            check_int_scalar(k, "clients_per_round", minimum=1, maximum=m))
-        for name, low, high in (("rounds", 0, MAX_ROUNDS), ("local_steps", 1, MAX_LOCAL_STEPS),
+        for name, low, high in (("n_rounds", 0, MAX_ROUNDS), ("local_steps", 1, MAX_LOCAL_STEPS),
                                 ("batch_size", 1, MAX_BATCH_SIZE),
                                 ("iters_per_epoch", 1, INT64_MAX), ("eval_every", 1, INT64_MAX)):
             object.__setattr__(self, name, check_int_scalar(getattr(self, name), name,

@@ -98,7 +98,7 @@ def run(algorithm, data, config, *, failures=None, checkpoint=None, checkpoint_e
         A file, saved every ``checkpoint_every`` rounds (default
         ``config.eval_every``) and at the end; if it exists the run resumes from
         it, to the same result as an uninterrupted run (also with more
-        ``rounds`` than the run that wrote it). Tensors are saved on the CPU and
+        ``n_rounds`` than the run that wrote it). Tensors are saved on the CPU and
         placed by the algorithm's ``restore_state`` on resuming, so a run
         resumes on another device. The file records the configuration, a
         SHA-256 digest of the clients' data (computed once per run, from every
@@ -133,7 +133,8 @@ def run(algorithm, data, config, *, failures=None, checkpoint=None, checkpoint_e
     # run and its evaluation schedule (a run may be extended from a shorter one; the
     # shorter run's final evaluation then stays in the history), and failures only in
     # the rounds it has done.
-    run_identity = {k: v for k, v in config.to_dict().items() if k not in ("rounds", "eval_every")}
+    run_identity = {k: v for k, v in config.to_dict().items()
+                    if k not in ("n_rounds", "eval_every")}
     identity = {"algorithm": algorithm.config(), "run": run_identity,
                 "failures": {r: sorted(c) for r, c in sorted(failures.items())}}
     m = config.n_clients
@@ -141,7 +142,7 @@ def run(algorithm, data, config, *, failures=None, checkpoint=None, checkpoint_e
     digest = None if checkpoint is None else data_digest(data)
     if checkpoint is not None and checkpoint.is_file():
         saved = load_checkpoint(checkpoint)
-        check_resumable(checkpoint, saved, identity, digest, config.rounds)
+        check_resumable(checkpoint, saved, identity, digest, config.n_rounds)
         server, clients, start = (algorithm.restore_state(saved["server"]),
                                   algorithm.restore_state(saved["clients"]), saved["round"])
         history, metrics = saved["history"], saved["metrics"]
@@ -155,10 +156,10 @@ def run(algorithm, data, config, *, failures=None, checkpoint=None, checkpoint_e
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=config.rounds, initial=start, desc=algorithm.name, disable=None,
+        bar = tqdm(total=config.n_rounds, initial=start, desc=algorithm.name, disable=None,
                    leave=False)
     t0 = time.perf_counter()
-    for r in range(start, config.rounds):
+    for r in range(start, config.n_rounds):
         sampled = sample_clients(config, r, everyone=algorithm.all_clients_train)
         failed = failures.get(r, set())
         active = np.array([c for c in sampled if c not in failed], dtype=np.int64)
@@ -185,13 +186,13 @@ def run(algorithm, data, config, *, failures=None, checkpoint=None, checkpoint_e
             server = algorithm.aggregate(server, replies, weights[active],
                                          RoundContext(config, r, active))
         done = r + 1
-        if done % config.eval_every == 0 or done == config.rounds:
+        if done % config.eval_every == 0 or done == config.n_rounds:
             metrics = evaluate(algorithm, server, clients, data)
             history.append(history_row(config, done, metrics, algorithm.summary(server),
                                        traffic))
             if bar is not None and "accuracy" in metrics:
                 bar.set_postfix(acc=f"{history[-1]['accuracy']:.4f}")
-        if checkpoint is not None and (done % checkpoint_every == 0 or done == config.rounds):
+        if checkpoint is not None and (done % checkpoint_every == 0 or done == config.n_rounds):
             save_checkpoint(checkpoint, {"identity": identity, "data": digest,
                                          "server": _on_cpu(server), "clients": _on_cpu(clients),
                                          "round": done, "history": history,

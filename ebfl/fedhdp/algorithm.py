@@ -44,7 +44,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(f"{__name__} needs torch: pip install 'ebfl[learning]'") from exc
 
 from ebfl._validation import (
     check_bool,
@@ -362,8 +366,8 @@ class FedHDP(Strategy):
             acc.append(client_test_accuracy(logits, part))
         return {**out, "global_accuracy": torch.cat(acc)}
 
-    def privacy(self, delta, *, rounds, sampling_rate, accountant="rdp", sampling=None):
-        """Each privacy group's epsilon after ``rounds`` rounds, with what it is a proof for.
+    def privacy(self, delta, *, n_rounds, sampling_rate, accountant="rdp", sampling=None):
+        """Each privacy group's epsilon after ``n_rounds`` rounds, with what it is a proof for.
 
         Accounts each group separately, as the paper (parallel composition): the
         Poisson-sampled Gaussian at the group's z, which covers the update and
@@ -376,7 +380,7 @@ class FedHDP(Strategy):
         ----------
         delta : float
             In (0, 1).
-        rounds : int
+        n_rounds : int
         sampling_rate : float
             q in (0, 1], the probability that a client takes part in a round.
         accountant : {"rdp", "pld"}
@@ -398,8 +402,8 @@ class FedHDP(Strategy):
                                           low_open=True)
         eps = fedhdp_group_epsilons(sampling_rate=sampling_rate,
                                     noise_multipliers=self.noise_multiplier.tolist(),
-                                    rounds=rounds, delta=delta, accountant=accountant)
-        return FedHDPPrivacy(eps, float(delta), int(rounds), sampling_rate,
+                                    n_rounds=n_rounds, delta=delta, accountant=accountant)
+        return FedHDPPrivacy(eps, float(delta), int(n_rounds), sampling_rate,
                              tuple(self.noise_multiplier.tolist()), accountant, **terms)
 
 

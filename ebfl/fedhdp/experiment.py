@@ -215,7 +215,7 @@ def make_algorithm(name, fed, *, r=None, lam=0.005, protocol=MNIST_PROTOCOL,
     raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {name!r}")
 
 
-def run_fedhdp(fed, algorithm, *, r=None, lam=0.005, protocol=MNIST_PROTOCOL, rounds=None,
+def run_fedhdp(fed, algorithm, *, r=None, lam=0.005, protocol=MNIST_PROTOCOL, n_rounds=None,
                local_epochs=None, sampling_rate=None, seed=0, denominator="realized",
                eval_every=None, checkpoint=None, progress=False, device=None):
     """Train one algorithm on ``fed`` and measure the seven metrics.
@@ -230,7 +230,7 @@ def run_fedhdp(fed, algorithm, *, r=None, lam=0.005, protocol=MNIST_PROTOCOL, ro
     lam : float
         lambda_p = lambda_np.
     protocol : dict
-        :data:`MNIST_PROTOCOL` or a variant; ``rounds``, ``local_epochs`` and
+        :data:`MNIST_PROTOCOL` or a variant; ``n_rounds``, ``local_epochs`` and
         ``sampling_rate`` override its values.
     seed : int
     denominator : {"realized", "expected"}
@@ -257,7 +257,7 @@ def run_fedhdp(fed, algorithm, *, r=None, lam=0.005, protocol=MNIST_PROTOCOL, ro
     denominator = check_choice(denominator, "denominator", DENOMINATORS)
     device = check_device(device)
     p = dict(protocol)
-    for key, value in (("rounds", rounds), ("local_epochs", local_epochs),
+    for key, value in (("rounds", n_rounds), ("local_epochs", local_epochs),
                        ("sampling_rate", sampling_rate)):
         if value is not None:
             p[key] = value
@@ -271,7 +271,7 @@ def run_fedhdp(fed, algorithm, *, r=None, lam=0.005, protocol=MNIST_PROTOCOL, ro
     local_steps = p["local_epochs"] * steps_per_epoch
     eval_every = eval_every or max(1, p["rounds"] // 10)
     t0 = time.perf_counter()
-    res = train(alg, fed.data, rounds=p["rounds"], local_steps=local_steps,
+    res = train(alg, fed.data, n_rounds=p["rounds"], local_steps=local_steps,
                 clients_per_round=k, batch_size=p["batch_size"],
                 iters_per_epoch=p["decay_every_rounds"] * local_steps, lr_decay=p["lr_decay"],
                 eval_every=eval_every, seed=seed, checkpoint=checkpoint, progress=progress,
@@ -296,7 +296,7 @@ def run_fedhdp(fed, algorithm, *, r=None, lam=0.005, protocol=MNIST_PROTOCOL, ro
 
         epsilon = float(dp_fedavg_epsilon(sampling_rate=k / fed.n_clients,
                                           noise_multiplier=p["noise_multiplier"],
-                                          rounds=p["rounds"], delta=p["delta"]).epsilon)
+                                          n_rounds=p["rounds"], delta=p["delta"]).epsilon)
     # the run samples by Poisson (train above); whether it divides by the expected count
     # decides whether the epsilon is a proof for it
     terms = dp_fedavg_guarantee(sampling="poisson", denominator=alg.denominator)
@@ -319,7 +319,7 @@ def load_federation(dataset, *, quick=False, seed=0, directory=None, download=Tr
 
 
 def reproduce_fedhdp(dataset="mnist", *, table="3", lam=0.005, ratios=None, seeds=(0,),
-                     quick=False, rounds=None, denominator="realized", checkpoint_dir=None,
+                     quick=False, n_rounds=None, denominator="realized", checkpoint_dir=None,
                      directory=None, download=True, progress=False, device=None):
     """Table 3 (``table="3"``) or an r-sweep as in Tables 8-9 (``table="sweep"``), beside
     the paper's numbers.
@@ -343,7 +343,7 @@ def reproduce_fedhdp(dataset="mnist", *, table="3", lam=0.005, ratios=None, seed
         paper's non-private clients are chosen once).
     quick : bool
         200 clients, 12 rounds of 2 local epochs, q = 0.1: minutes become seconds.
-    rounds : int, optional
+    n_rounds : int, optional
         Override the 500 rounds.
     denominator : {"realized", "expected"}
     checkpoint_dir : path-like, optional
@@ -382,8 +382,8 @@ def reproduce_fedhdp(dataset="mnist", *, table="3", lam=0.005, ratios=None, seed
     overrides = {}
     if quick:
         overrides = {k: QUICK[k] for k in ("rounds", "local_epochs", "sampling_rate")}
-    if rounds is not None:
-        overrides["rounds"] = check_int_scalar(rounds, "rounds", minimum=1)
+    if n_rounds is not None:
+        overrides["rounds"] = check_int_scalar(n_rounds, "n_rounds", minimum=1)
     protocol.update(overrides)
     t0 = time.perf_counter()
     fed = load_federation(dataset, quick=quick, directory=directory, download=download)

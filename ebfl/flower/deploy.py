@@ -60,7 +60,7 @@ def write_app(directory, settings, *, superlink="127.0.0.1:9093", overwrite=Fals
         parents are not created). It must be empty unless ``overwrite``.
     settings : dict
         The job (keys of :func:`ebfl.flower.jobs.build_job`, e.g.
-        ``algorithm``, ``clients``, ``rounds``, ``seed``, ``clients-per-round``,
+        ``algorithm``, ``clients``, ``n_rounds``, ``seed``, ``clients-per-round``,
         ``local-steps``, ``batch-size``, ``lr``) and, optionally, the Flower
         runtime's options: ``round-timeout`` and ``hello-timeout`` (seconds,
         > 0; default 120), ``result-path`` (where the ServerApp writes the
@@ -212,7 +212,7 @@ def _run_config(settings):
     parse_failures(options["failures"])
     if job["clients"] is not None and options["failures"].strip():
         check_failures(options["failures"], RunConfig(n_clients=job["clients"],
-                                                      rounds=job["rounds"]), everyone=True)
+                                                      n_rounds=job["rounds"]), everyone=True)
     ordered = {"algorithm": job.pop("algorithm"), **job}
     return {**{k: _toml_scalar(k, v) for k, v in ordered.items()}, **options}
 

@@ -15,7 +15,7 @@ Settings (keys as in a Flower ``pyproject.toml``; all optional but ``algorithm``
     client holds 3 classes) for the learning algorithms; ``simulated`` (the
     default of the empirical-Bayes protocols) or ``elections`` (US counties as
     clients; needs the county-elections data) for ``eb-*``.
-``clients``, ``rounds``, ``seed``, ``clients-per-round``
+``clients``, ``n_rounds``, ``seed``, ``clients-per-round``
     The run (:class:`~ebfl.federated.RunConfig`). ``clients`` defaults to 6; on
     ``elections`` to every county (3150), and a smaller number takes the first
     counties.
@@ -218,7 +218,7 @@ def build_job(settings):
 
         data = eb_data.job_data(s)
         algorithm = eb.job_algorithm(s)
-    config = RunConfig(n_clients=data.n_clients, rounds=int(s["rounds"]), seed=int(s["seed"]),
+    config = RunConfig(n_clients=data.n_clients, n_rounds=int(s["rounds"]), seed=int(s["seed"]),
                        clients_per_round=(None if s["clients-per-round"] is None
                                           else int(s["clients-per-round"])),
                        local_steps=int(s["local-steps"]), batch_size=int(s["batch-size"]),

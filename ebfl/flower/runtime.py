@@ -294,7 +294,7 @@ def run_server(grid, run_config, *, job=0):
     server = alg.init_server(cfg)
     history, metrics = [], None
     t0 = time.perf_counter()
-    for r in range(cfg.rounds):
+    for r in range(cfg.n_rounds):
         sampled = sample_clients(cfg, r, everyone=alg.all_clients_train)
         message = alg.broadcast(server, RoundContext(cfg, r, sampled))
         out = [_msg(node_of[c], "train", r, message, c) for c in sampled]
@@ -317,15 +317,15 @@ def run_server(grid, run_config, *, job=0):
                                    RoundContext(cfg, r, np.zeros(0, np.int64)))
         done = r + 1
         log(INFO, "%s round %d/%d: %d of %d sampled clients replied", alg.name, done,
-            cfg.rounds, traffic["replies"], traffic["clients"])
-        if done % cfg.eval_every == 0 or done == cfg.rounds:
+            cfg.n_rounds, traffic["replies"], traffic["clients"])
+        if done % cfg.eval_every == 0 or done == cfg.n_rounds:
             metrics = _evaluate(grid, alg, server, node_of, m, r, timeout, _msg)
             history.append(history_row(cfg, done, metrics, alg.summary(server), traffic))
             log(INFO, "%s round %d: %s", alg.name, done,
                 {k: round(v, 6) for k, v in history[-1].items()
                  if k in metrics and isinstance(v, float)})
     if metrics is None:
-        metrics = _evaluate(grid, alg, server, node_of, m, cfg.rounds, timeout, _msg)
+        metrics = _evaluate(grid, alg, server, node_of, m, cfg.n_rounds, timeout, _msg)
     clients = {}
     if str(run_config.get("collect-states", "false")).lower() in ("1", "true", "yes"):
         clients = _collect(grid, alg, node_of, m, timeout, _msg)

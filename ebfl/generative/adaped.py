@@ -210,12 +210,12 @@ def at_grid_edge(lr, grid):
     return len(set(grid)) > 1 and lr in (min(grid), max(grid))
 
 
-def _train_table1(registry, make_model, name, clients, lr, every, *, rounds, k, seed, progress,
+def _train_table1(registry, make_model, name, clients, lr, every, *, n_rounds, k, seed, progress,
                   device):
     """One Table 1 run of method ``name`` (rate ``lr``, or its default when None)."""
     from ebfl.learning.torch import train
 
-    return train(_strategy(registry, name, make_model(), lr), clients, rounds=rounds,
+    return train(_strategy(registry, name, make_model(), lr), clients, n_rounds=n_rounds,
                  local_steps=TAU, clients_per_round=k, iters_per_epoch=ITERS_PER_EPOCH,
                  eval_every=every, seed=seed, progress=progress, device=device)
 
@@ -316,8 +316,8 @@ def table1(dataset="mnist", *, methods=METHODS, seeds=(0,), quick=False, femnist
         if not lr_grid:
             raise ValueError("lr_grid must hold at least one learning rate")
     proto = PROTOCOL[dataset]
-    rounds = _rounds(proto, quick)
-    eval_every = eval_every or (rounds if quick else max(1, rounds // 30))
+    n_rounds = _rounds(proto, quick)
+    eval_every = eval_every or (n_rounds if quick else max(1, n_rounds // 30))
     results = {name: {"per_seed": [], "seconds": []}
                | ({"lr": [], "lr_at_edge": [], "validation": [], "selection_seconds": []}
                   if lr_grid else {})
@@ -327,14 +327,14 @@ def table1(dataset="mnist", *, methods=METHODS, seeds=(0,), quick=False, femnist
         data, make_model, info = load_clients(dataset, seed=seed, femnist_root=femnist_root,
                                               **split)
         k = max(1, round(proto["ratio"] * data.n_clients))
-        run = functools.partial(_train_table1, registry, make_model, rounds=rounds, k=k,
+        run = functools.partial(_train_table1, registry, make_model, n_rounds=n_rounds, k=k,
                                 seed=seed, progress=progress, device=device)
         if lr_grid:
             held_out = load_clients(dataset, seed=seed, validation=True, **split)[0]
         for name in methods:
             lr = None
             if lr_grid:
-                trials = [run(name, held_out, v, rounds) for v in lr_grid]
+                trials = [run(name, held_out, v, n_rounds) for v in lr_grid]
                 scores = [100 * float(t.accuracy.mean()) for t in trials]
                 lr = lr_grid[int(np.argmax(scores))]
                 results[name]["lr"].append(lr)
@@ -358,7 +358,7 @@ def table1(dataset="mnist", *, methods=METHODS, seeds=(0,), quick=False, femnist
     return {"settings": {"dataset": dataset, **info, **split, "lr_grid": lr_grid,
                          "validation_fraction": VALIDATION_FRACTION if lr_grid else None,
                          "sampled_per_round": k, "tau": TAU,
-                         "rounds": rounds, "iterations": rounds * TAU, "seeds": list(seeds),
+                         "rounds": n_rounds, "iterations": n_rounds * TAU, "seeds": list(seeds),
                          "quick": bool(quick), "stand_in": dataset in ("fashion-mnist", "hapt"),
                          "metric": "test accuracy (%), mean over clients"},
             "results": results, "curves": curves, "paper": paper}
@@ -373,11 +373,11 @@ def plot_table1(result, path):
     fig, ax = subplots(figsize=(8, 4.5))
     colors = colormaps["tab20"].colors[::2] + colormaps["tab20"].colors[1::2]
     for (name, curve), color in zip(result["curves"].items(), colors, strict=False):
-        rounds, acc = zip(*curve, strict=True)
-        line, = ax.plot(rounds, acc, label=name, color=color,
-                        marker="o" if len(rounds) < 3 else None)  # visible in --quick
+        n_rounds, acc = zip(*curve, strict=True)
+        line, = ax.plot(n_rounds, acc, label=name, color=color,
+                        marker="o" if len(n_rounds) < 3 else None)  # visible in --quick
         if name in result["paper"]:
-            ax.scatter([rounds[-1]], [result["paper"][name][0]], marker="*", s=60,
+            ax.scatter([n_rounds[-1]], [result["paper"][name][0]], marker="*", s=60,
                        color=line.get_color())
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%)")
@@ -425,11 +425,11 @@ def dp_sweep(dataset="mnist", *, noise_multipliers=(0.5, 1.0, 2.0, 4.0), clip=1.
     quick, progress = check_bool(quick, "quick"), check_bool(progress, "progress")
     _root_iv(femnist_root)
     proto = PROTOCOL[dataset]
-    rounds = _rounds(proto, quick)
+    n_rounds = _rounds(proto, quick)
     data, make_model, info = load_clients(dataset, seed=seed, femnist_root=femnist_root)
     k = max(1, round(proto["ratio"] * data.n_clients))
-    kw = dict(rounds=rounds, local_steps=TAU, clients_per_round=k,
-              iters_per_epoch=ITERS_PER_EPOCH, eval_every=rounds, seed=seed, progress=progress,
+    kw = dict(n_rounds=n_rounds, local_steps=TAU, clients_per_round=k,
+              iters_per_epoch=ITERS_PER_EPOCH, eval_every=n_rounds, seed=seed, progress=progress,
               device=device)
     runs = []
     for z in noise_multipliers:
@@ -441,14 +441,14 @@ def dp_sweep(dataset="mnist", *, noise_multipliers=(0.5, 1.0, 2.0, 4.0), clip=1.
                              noise_psi=z * clip, fine_tune=fine_tune)
         res = train(strat, data, **kw)
         eps = strat.privacy(delta, n_clients=data.n_clients, n_sampled=k,
-                            n_iterations=rounds * TAU, sync_gap=TAU)
+                            n_iterations=n_rounds * TAU, sync_gap=TAU)
         runs.append({"noise_multiplier": z, "accuracy": 100 * float(res.accuracy.mean()),
                      "epsilon_theorem7": eps["theorem7"],
                      "epsilon_accountant": eps["accountant"]})
     reference = {name: 100 * float(train(strat, data, **kw).accuracy.mean())
                  for name, strat in (("AdaPeD", AdaPeD(make_model(), fine_tune=fine_tune)),
                                      ("Local", Local(make_model(), 0.1)))}
-    return {"settings": {"dataset": dataset, **info, "sampled_per_round": k, "rounds": rounds,
+    return {"settings": {"dataset": dataset, **info, "sampled_per_round": k, "rounds": n_rounds,
                          "tau": TAU, "clip": clip, "delta": delta, "concatenate": concatenate,
                          "fine_tune": fine_tune, "seed": seed, "quick": bool(quick)},
             "runs": runs, "reference": reference}
@@ -575,13 +575,13 @@ def fedem_comparison(dataset="mnist", *, noise_multipliers=(1.0, 4.0, 16.0), cli
     quick, progress = check_bool(quick, "quick"), check_bool(progress, "progress")
     _root_iv(femnist_root)
     proto = PROTOCOL[dataset]
-    rounds = _rounds(proto, quick)
+    n_rounds = _rounds(proto, quick)
     acc = {"AdaPeD": [], "FedEM": []} | {(name, z): [] for z in zs
                                          for name in ("DP-AdaPeD", "DP-FedEM")}
     for seed in seeds:
         data, make_model, info = load_clients(dataset, seed=seed, femnist_root=femnist_root)
-        kw = dict(rounds=rounds, local_steps=TAU, iters_per_epoch=ITERS_PER_EPOCH,
-                  eval_every=rounds, seed=seed, progress=progress, device=device)
+        kw = dict(n_rounds=n_rounds, local_steps=TAU, iters_per_epoch=ITERS_PER_EPOCH,
+                  eval_every=n_rounds, seed=seed, progress=progress, device=device)
         for key in acc:
             res = train(_e7_strategy(key, make_model(), clip), data, **kw)
             acc[key].append(100 * float(res.accuracy.mean()))
@@ -589,7 +589,7 @@ def fedem_comparison(dataset="mnist", *, noise_multipliers=(1.0, 4.0, 16.0), cli
     runs = []
     for z in zs:
         eps = DPAdaPeD(make_model(), clip_mu=clip, noise_mu=z * clip, concatenate=True).privacy(
-            delta, n_clients=m, n_sampled=m, n_iterations=rounds * TAU, sync_gap=TAU)
+            delta, n_clients=m, n_sampled=m, n_iterations=n_rounds * TAU, sync_gap=TAU)
         runs.append({"noise_multiplier": z, "epsilon_accountant": eps["accountant"],
                      "epsilon_theorem7": eps["theorem7"],
                      "DP-AdaPeD": _mean_sd(acc["DP-AdaPeD", z]),
@@ -598,7 +598,7 @@ def fedem_comparison(dataset="mnist", *, noise_multipliers=(1.0, 4.0, 16.0), cli
     if dataset == "mnist":
         paper = {row.method: [row.mnist, row.mnist_pm]
                  for row in paper_numbers("generative_framework_e7").itertuples()}
-    return {"settings": {"dataset": dataset, **info, "sampled_per_round": m, "rounds": rounds,
+    return {"settings": {"dataset": dataset, **info, "sampled_per_round": m, "rounds": n_rounds,
                          "tau": TAU, "clip": clip, "delta": delta, "seeds": list(seeds),
                          "quick": bool(quick), "stand_in": dataset in ("fashion-mnist", "hapt"),
                          "metric": "test accuracy (%), mean over clients"},

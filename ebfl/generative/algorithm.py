@@ -11,7 +11,11 @@ Both are
 from __future__ import annotations
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(f"{__name__} needs torch: pip install 'ebfl[learning]'") from exc
 
 from ebfl._validation import check_bool, check_nonnegative_scalar, check_positive_scalar
 from ebfl.learning.torch.functional import (

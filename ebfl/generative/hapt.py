@@ -130,7 +130,7 @@ def hapt_logistic(*, positive="SITTING", quick=False, windows=None, progress=Fal
     quick, progress = check_bool(quick, "quick"), check_bool(progress, "progress")
     windows = hapt_windows() if windows is None else windows
     train, test, users = hapt_clients(windows, positive)
-    rounds = QUICK if quick else FULL
+    n_rounds = QUICK if quick else FULL
     evaluate = _accuracy_history(test)
     results, curves = {}, {}
 
@@ -143,8 +143,8 @@ def hapt_logistic(*, positive="SITTING", quick=False, windows=None, progress=Fal
     theta, _ = logistic_map(train, np.zeros(train.dim), LOCAL_C)
     results[f"local (ridge, C={LOCAL_C:g})"] = _summary(theta, test)
 
-    fed = run_federated(FedAvgLogistic(0.5, local_steps=5), train, rounds["fedavg_rounds"],
-                        evaluate=evaluate, record_every=max(1, rounds["fedavg_rounds"] // 50),
+    fed = run_federated(FedAvgLogistic(0.5, local_steps=5), train, n_rounds["fedavg_rounds"],
+                        evaluate=evaluate, record_every=max(1, n_rounds["fedavg_rounds"] // 50),
                         progress=progress)
     results["FedAvg"] = _summary(fed.theta, test)
     curves["FedAvg"] = _curve(fed)
@@ -156,13 +156,13 @@ def hapt_logistic(*, positive="SITTING", quick=False, windows=None, progress=Fal
     for rule, name in (("fixed", "Algorithm 3 (sign fixed)"),
                        ("printed", "Algorithm 3 (as printed)")):
         gd = run_federated(LogisticGD(lr, rule=rule, lr_var=GD_LR_VAR, sigma_theta2_0=1.0),
-                           train, rounds["gd_rounds"], evaluate=evaluate,
-                           record_every=max(1, rounds["gd_rounds"] // 50), progress=progress)
+                           train, n_rounds["gd_rounds"], evaluate=evaluate,
+                           record_every=max(1, n_rounds["gd_rounds"] // 50), progress=progress)
         results[name] = {**_summary(gd.theta, test),
                          "sigma_theta2": float(gd.state["sigma_theta2"])}
         curves[name] = _curve(gd)
 
-    em = run_federated(LogisticEM(sigma_theta2_0=1.0), train, rounds["em_rounds"],
+    em = run_federated(LogisticEM(sigma_theta2_0=1.0), train, n_rounds["em_rounds"],
                        evaluate=evaluate, progress=progress)
     results["EB, Laplace EM (corrected)"] = {**_summary(em.theta, test),
                                             "sigma_theta2": float(em.state["sigma_theta2"])}
@@ -175,7 +175,7 @@ def hapt_logistic(*, positive="SITTING", quick=False, windows=None, progress=Fal
                          "test_windows": [int(n_te.min()), int(n_te.max())],
                          "positive_rate_train": float(train.Y.sum() / n_tr.sum()),
                          "split": "first complete protocol run trains, the rest tests",
-                         "quick": bool(quick), **rounds, "lr_theta": lr,
+                         "quick": bool(quick), **n_rounds, "lr_theta": lr,
                          "lr_sigma_theta2": GD_LR_VAR, "local_C": LOCAL_C},
             "results": results, "curves": curves}
 
@@ -205,8 +205,8 @@ def plot_hapt(result, path):
     ax.set_xlabel("test accuracy (mean over clients, +-1 se)")
     ax.set_title(result["settings"]["task"] + f", {result['settings']['clients']} subjects")
     for name, curve in result["curves"].items():
-        rounds, vals = zip(*curve, strict=True)
-        ax2.plot(rounds, vals, label=name)
+        n_rounds, vals = zip(*curve, strict=True)
+        ax2.plot(n_rounds, vals, label=name)
     ax2.set_xscale("symlog", linthresh=10)
     ax2.set_xlabel("round")
     ax2.set_ylabel("test accuracy")

@@ -177,8 +177,8 @@ def plot_e3(result, path):
     ax.set_xlabel("mean |theta_hat - theta|^2 (log scale)")
     ax.legend()
     for d, curve in result["curves"].items():
-        rounds, mse = zip(*curve, strict=True)
-        ax2.plot(rounds, mse, label=f"EM, d={d}")
+        n_rounds, mse = zip(*curve, strict=True)
+        ax2.plot(n_rounds, mse, label=f"EM, d={d}")
     ax2.set_xlabel("round")
     ax2.set_ylabel("MSE")
     ax2.set_title("unknown prior: EM")

@@ -104,17 +104,17 @@ class FederatedResult:
         return pd.DataFrame(self.history)
 
 
-def run_federated(algorithm, data, rounds, *, sampling="full", clients_per_round=None,
+def run_federated(algorithm, data, n_rounds, *, sampling="full", clients_per_round=None,
                   rate=None, rng=None, truth=None, evaluate=None, record_every=1,
                   progress=False):
-    """Run ``rounds`` synchronization rounds of ``algorithm`` on ``data``.
+    """Run ``n_rounds`` synchronization rounds of ``algorithm`` on ``data``.
 
     Parameters
     ----------
     algorithm : object
         See the module docstring.
     data : RegressionData
-    rounds : int
+    n_rounds : int
         >= 0.
     sampling, clients_per_round, rate
         Client participation, see :func:`sample_clients`.
@@ -148,7 +148,7 @@ def run_federated(algorithm, data, rounds, *, sampling="full", clients_per_round
     m = getattr(data, "n_clients", None)
     if not isinstance(m, numbers.Integral):
         raise TypeError(f"data must be a RegressionData, got {type(data).__name__}")
-    rounds = check_int_scalar(rounds, "rounds", minimum=0)
+    n_rounds = check_int_scalar(n_rounds, "n_rounds", minimum=0)
     record_every = check_int_scalar(record_every, "record_every", minimum=1)
     k, rate = _sampling_iv(m, sampling, clients_per_round, rate)
     if truth is not None:
@@ -176,7 +176,7 @@ def run_federated(algorithm, data, rounds, *, sampling="full", clients_per_round
         history.append(row)
 
     record(0)
-    steps = range(1, rounds + 1)
+    steps = range(1, n_rounds + 1)
     if progress:
         from tqdm.auto import tqdm
 
@@ -185,11 +185,11 @@ def run_federated(algorithm, data, rounds, *, sampling="full", clients_per_round
         active = _draw_clients(m, rng, sampling, k, rate)
         if active.size:
             state = algorithm.round(state, data, active, rng)
-        if t % record_every == 0 or t == rounds:
+        if t % record_every == 0 or t == n_rounds:
             record(t)
     theta = algorithm.personal(state)
     if not np.all(np.isfinite(theta)):
-        warnings.warn(f"{type(algorithm).__name__}: the models are not finite after {rounds} "
+        warnings.warn(f"{type(algorithm).__name__}: the models are not finite after {n_rounds} "
                       "rounds; the algorithm diverged (lower its step sizes)", RuntimeWarning,
                       stacklevel=2)
     return FederatedResult(state, theta, history)

@@ -52,7 +52,11 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(f"{__name__} needs torch: pip install 'ebfl[learning]'") from exc
 
 from ebfl._validation import (
     check_choice,
@@ -236,15 +240,15 @@ def client_sampling_rates(n_train, *, sampling_rate=None, expected_batch=None):
     return _rates(n, _rate_choice_iv(sampling_rate, expected_batch))[0]
 
 
-def _participation_iv(participated, m, rounds):
+def _participation_iv(participated, m, n_rounds):
     if participated is None:
-        return np.full(m, rounds, dtype=np.int64)
+        return np.full(m, n_rounds, dtype=np.int64)
     p = np.asarray(participated)
     if p.shape != (m,) or p.dtype.kind not in "iu":
         raise ValueError(f"participated must hold one integer per client ({m}): the rounds "
                          "each client trained in")
-    if np.any(p < 0) or np.any(p > rounds):
-        raise ValueError(f"participated must lie in [0, rounds={rounds}], got values from "
+    if np.any(p < 0) or np.any(p > n_rounds):
+        raise ValueError(f"participated must lie in [0, n_rounds={n_rounds}], got values from "
                          f"{int(p.min())} to {int(p.max())}")
     return p.astype(np.int64)
 
@@ -258,7 +262,7 @@ def _noise_iv(noise_multiplier):
     return z
 
 
-def client_epsilons(n_train, *, noise_multiplier, rounds, local_steps, delta, sampling_rate=None,
+def client_epsilons(n_train, *, noise_multiplier, n_rounds, local_steps, delta, sampling_rate=None,
                     expected_batch=None, participated=None, accountant="rdp"):
     """Each client's sample-level epsilon after DP-SGD training of two models per round.
 
@@ -275,7 +279,7 @@ def client_epsilons(n_train, *, noise_multiplier, rounds, local_steps, delta, sa
         Training samples per client.
     noise_multiplier : float
         z: 0 (epsilon = +inf) or in [1e-3, 1e8].
-    rounds : int
+    n_rounds : int
         Rounds of the run (>= 0).
     local_steps : int
         Local iterations per round (>= 1).
@@ -284,9 +288,9 @@ def client_epsilons(n_train, *, noise_multiplier, rounds, local_steps, delta, sa
     sampling_rate, expected_batch : float
         Exactly one, as in :func:`client_sampling_rates`.
     participated : array_like of int (m,), optional
-        Rounds each client actually trained in (default: all ``rounds``, full
+        Rounds each client actually trained in (default: all ``n_rounds``, full
         participation as in Table 4 of PerAda). With partial participation and
-        no count given, ``rounds`` makes every epsilon an upper bound.
+        no count given, ``n_rounds`` makes every epsilon an upper bound.
     accountant : {"rdp", "pld"}
         As :func:`~ebfl.privacy.accounting.dp_fedavg.dp_fedavg_epsilon`.
 
@@ -306,11 +310,11 @@ def client_epsilons(n_train, *, noise_multiplier, rounds, local_steps, delta, sa
     n = _n_train_iv(n_train)
     choice = _rate_choice_iv(sampling_rate, expected_batch)
     z = _noise_iv(noise_multiplier)
-    rounds = check_int_scalar(rounds, "rounds", minimum=0)
+    n_rounds = check_int_scalar(n_rounds, "n_rounds", minimum=0)
     local_steps = check_int_scalar(local_steps, "local_steps", minimum=1)
     accountant = check_choice(accountant, "accountant", _ACCOUNTANTS)
     q, _ = _rates(n, choice)
-    steps = STEPS_PER_ITERATION * local_steps * _participation_iv(participated, n.size, rounds)
+    steps = STEPS_PER_ITERATION * local_steps * _participation_iv(participated, n.size, n_rounds)
     cache = {}
     eps = np.empty(n.size)
     for i, (qi, ti) in enumerate(zip(q.tolist(), steps.tolist(), strict=True)):
@@ -321,15 +325,15 @@ def client_epsilons(n_train, *, noise_multiplier, rounds, local_steps, delta, sa
         else:
             if (qi, ti) not in cache:  # clients of equal size share one accountant call
                 cache[qi, ti] = dp_fedavg_epsilon(
-                    sampling_rate=qi, noise_multiplier=z, rounds=ti, delta=delta,
+                    sampling_rate=qi, noise_multiplier=z, n_rounds=ti, delta=delta,
                     accountant=accountant).epsilon
             eps[i] = cache[qi, ti]
     if not cache:  # still check delta
-        dp_fedavg_epsilon(sampling_rate=0.5, noise_multiplier=1.0, rounds=1, delta=delta)
+        dp_fedavg_epsilon(sampling_rate=0.5, noise_multiplier=1.0, n_rounds=1, delta=delta)
     return ClientPrivacy(eps, float(delta), q, steps, z, accountant)
 
 
-def calibrate_noise_multiplier(epsilon, delta, *, n_train, rounds, local_steps,
+def calibrate_noise_multiplier(epsilon, delta, *, n_train, n_rounds, local_steps,
                                sampling_rate=None, expected_batch=None, accountant="rdp"):
     """The smallest noise multiplier z that keeps every client's epsilon <= ``epsilon``.
 
@@ -349,7 +353,7 @@ def calibrate_noise_multiplier(epsilon, delta, *, n_train, rounds, local_steps,
     Returns
     -------
     ebfl.privacy.accounting.dp_fedavg.NoiseCalibration
-        Its ``rounds`` field holds the step count, ``sampling_rate`` the binding
+        Its ``n_rounds`` field holds the step count, ``sampling_rate`` the binding
         client's rate; ``converged`` False (with a RuntimeWarning) when the
         target is out of reach.
 
@@ -364,10 +368,10 @@ def calibrate_noise_multiplier(epsilon, delta, *, n_train, rounds, local_steps,
     """
     n = _n_train_iv(n_train)
     choice = _rate_choice_iv(sampling_rate, expected_batch)
-    rounds = check_int_scalar(rounds, "rounds", minimum=1)
+    n_rounds = check_int_scalar(n_rounds, "n_rounds", minimum=1)
     local_steps = check_int_scalar(local_steps, "local_steps", minimum=1)
     q = float(np.max(_rates(n, choice)[0]))
-    return dp_fedavg_noise_multiplier(sampling_rate=q, rounds=STEPS_PER_ITERATION * rounds
+    return dp_fedavg_noise_multiplier(sampling_rate=q, n_rounds=STEPS_PER_ITERATION * n_rounds
                                       * local_steps, delta=delta, epsilon=epsilon,
                                       accountant=accountant)
 
@@ -442,14 +446,14 @@ class _DPSGDClients:
             g = {n: t + self.lam * (stack[n] - anchor[n]) for n, t in g.items()}
         return sgd_step(stack, g, lr, self.weight_decay)
 
-    def privacy(self, delta, rounds, *, n_train, local_steps, participated=None,
+    def privacy(self, delta, n_rounds, *, n_train, local_steps, participated=None,
                 accountant="rdp"):
-        """Each client's sample-level epsilon after ``rounds`` rounds (see :func:`client_epsilons`).
+        """Each client's sample-level epsilon after ``n_rounds`` rounds (:func:`client_epsilons`).
 
         Parameters
         ----------
         delta : float
-        rounds : int
+        n_rounds : int
         n_train : array_like of int (m,)
             The clients' training-set sizes (e.g. ``data.n_train``).
         local_steps : int
@@ -465,7 +469,7 @@ class _DPSGDClients:
         -------
         ClientPrivacy
         """
-        return client_epsilons(n_train, noise_multiplier=self.noise_multiplier, rounds=rounds,
+        return client_epsilons(n_train, noise_multiplier=self.noise_multiplier, n_rounds=n_rounds,
                                local_steps=local_steps, delta=delta,
                                sampling_rate=self.sampling_rate,
                                expected_batch=self.expected_batch, participated=participated,

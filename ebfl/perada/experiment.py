@@ -62,7 +62,7 @@ MAX_SEED = 2**63 - 1
 class PerAdaProtocol:
     """One reproduction's settings (``FULL`` and ``QUICK`` below); checked when built.
 
-    Counts are integers (``rounds`` at most 10^6, ``clients_per_round`` at most
+    Counts are integers (``n_rounds`` at most 10^6, ``clients_per_round`` at most
     ``n_clients``), rates and the clip > 0, ``lam`` >= 0, ``dropout`` in [0, 1),
     ``delta`` in (0, 1); ``dp_epsilons``, ``lambdas`` and ``kd_step_grid`` are
     non-empty sequences of such values.
@@ -74,7 +74,7 @@ class PerAdaProtocol:
     n_test: int = 2000
     n_aux: int = 2000
     n_ood: int = 500
-    rounds: int = 20
+    n_rounds: int = 20
     clients_per_round: int = 8
     local_steps: int = 10
     batch_size: int = 32
@@ -118,7 +118,7 @@ class PerAdaProtocol:
             "alpha": check_real_scalar(self.alpha, "alpha", low=0.0, high=MAX_ALPHA,
                                        low_open=True),
             **{n: count(n, 1, 10**6) for n in ("n_train", "n_test", "n_ood")},
-            "n_aux": count("n_aux", 0, 10**6), "rounds": count("rounds", 1, MAX_ROUNDS),
+            "n_aux": count("n_aux", 0, 10**6), "n_rounds": count("n_rounds", 1, MAX_ROUNDS),
             **{n: count(n, 1, 2**31 - 1) for n in ("local_steps", "batch_size",
                                                    "kd_batch_size")},
             "kd_steps": count("kd_steps", 0, MAX_KD_STEPS),
@@ -147,7 +147,7 @@ class PerAdaProtocol:
 #: The CPU-scale reproduction.
 FULL = PerAdaProtocol()
 #: Seconds instead of minutes: a pipeline check for CI, not a reproduction.
-QUICK = PerAdaProtocol(n_clients=6, n_train=1500, n_test=300, n_aux=300, n_ood=100, rounds=3,
+QUICK = PerAdaProtocol(n_clients=6, n_train=1500, n_test=300, n_aux=300, n_ood=100, n_rounds=3,
                        clients_per_round=3, local_steps=3, kd_steps=3, kd_batch_size=64,
                        pretrain_epochs=1, pretrain_n_train=5000, dp_epsilons=(4.0,),
                        lambdas=(0.2, 2.0), kd_step_grid=(0, 3))
@@ -155,7 +155,7 @@ QUICK = PerAdaProtocol(n_clients=6, n_train=1500, n_test=300, n_aux=300, n_ood=1
 #: The paper's CIFAR-10 setting with the official code's defaults (a GPU job: 200 rounds of 10
 #: local epochs of ResNet-18 on 8 clients, 500 distillation steps of batch 2048 per round).
 PAPER = PerAdaProtocol(n_clients=20, alpha=0.1, n_train=50000, n_test=10000, n_aux=50000,
-                       n_ood=10000, rounds=200, clients_per_round=8, local_steps=350,
+                       n_ood=10000, n_rounds=200, clients_per_round=8, local_steps=350,
                        batch_size=64, lr=0.01, lam=2.0, kd_steps=500, kd_lr=1e-3,
                        kd_batch_size=2048, kd_optimizer="adam", kd_rounds=30, dropout=0.3)
 
@@ -393,9 +393,9 @@ def run_method(name, data, protocol, backbone, *, seed=0, progress=False, cache=
     alg, init = make_method(name, data=data, protocol=protocol, backbone=backbone, seed=seed,
                             **kw)
     t0 = time.perf_counter()
-    schedule = dict(rounds=protocol.rounds, local_steps=protocol.local_steps,
+    schedule = dict(n_rounds=protocol.n_rounds, local_steps=protocol.local_steps,
                     clients_per_round=protocol.clients_per_round, batch_size=protocol.batch_size,
-                    lr_decay=1.0, eval_every=max(1, protocol.rounds // 5), seed=seed)
+                    lr_decay=1.0, eval_every=max(1, protocol.n_rounds // 5), seed=seed)
     res = train(alg, data.federated, init_params=init, progress=progress, device=device,
                 **schedule)
     train_seconds = time.perf_counter() - t0
@@ -416,7 +416,7 @@ def run_method(name, data, protocol, backbone, *, seed=0, progress=False, cache=
            "seconds": time.perf_counter() - t0}
     if hasattr(alg, "privacy"):
         with quiet_absl():
-            priv = alg.privacy(protocol.delta, protocol.rounds, n_train=data.federated.n_train,
+            priv = alg.privacy(protocol.delta, protocol.n_rounds, n_train=data.federated.n_train,
                                local_steps=protocol.local_steps,
                                participated=_participation(run_config(data.federated,
                                                                       **schedule)))
@@ -435,7 +435,7 @@ def _participation(config):
     from ebfl.federated.protocol import sample_clients
 
     counts = np.zeros(config.n_clients, dtype=np.int64)
-    for r in range(config.rounds):
+    for r in range(config.n_rounds):
         counts[sample_clients(config, r)] += 1
     return counts
 
@@ -532,7 +532,7 @@ def _table2_row(name, runs):
             "phi_aux": _row(runs, lambda r: r["report"].get("phi_aux"))}
 
 
-def reproduce_perada(*, dataset="mnist", quick=False, parts=PARTS, seeds=(0,), rounds=None,
+def reproduce_perada(*, dataset="mnist", quick=False, parts=PARTS, seeds=(0,), n_rounds=None,
                      checkpoint_dir=None, directory=None, cache_dir=None, arch="small",
                      backbone_weights=None, progress=False, device=None):
     """The CPU-scale analogue of PerAda's Tables 1, 2, 4 and Figures 4, 7.
@@ -550,7 +550,7 @@ def reproduce_perada(*, dataset="mnist", quick=False, parts=PARTS, seeds=(0,), r
         Run in the order given.
     seeds : sequence of int
         At most 10,000 seeds, each in [0, 2^63 - 1].
-    rounds : int, optional
+    n_rounds : int, optional
         Override the protocol's rounds, in [1, 10^6].
     checkpoint_dir : path-like, optional
         One JSON per finished run: an interrupted reproduction resumes run by run.
@@ -612,8 +612,8 @@ def reproduce_perada(*, dataset="mnist", quick=False, parts=PARTS, seeds=(0,), r
         if path is not None and Path(path).exists() and not Path(path).is_dir():
             raise ValueError(f"{name} must be a folder, got the file {os.fspath(path)}")
     protocol = QUICK if quick else (PAPER if arch == "resnet18" else FULL)
-    if rounds is not None:
-        protocol = replace(protocol, rounds=check_int_scalar(rounds, "rounds", minimum=1,
+    if n_rounds is not None:
+        protocol = replace(protocol, n_rounds=check_int_scalar(n_rounds, "n_rounds", minimum=1,
                                                              maximum=MAX_ROUNDS))
     resnet18 = check_backbone_weights(arch, backbone_weights)  # read before any data
     t0 = time.perf_counter()
@@ -724,7 +724,7 @@ def _table4(runs, data, protocol):
             # from the rounds each client really trained in, are at most the target
             with quiet_absl():
                 z = calibrate_noise_multiplier(eps, protocol.delta, n_train=n_train,
-                                               rounds=protocol.rounds,
+                                               n_rounds=protocol.n_rounds,
                                                local_steps=protocol.local_steps,
                                                expected_batch=batch).noise_multiplier
             dp = {"clip": protocol.dp_clip, "noise_multiplier": z, "expected_batch": batch}

@@ -26,8 +26,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-import torch
-from torch.func import functional_call
+
+try:
+    import torch
+    from torch.func import functional_call
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(f"{__name__} needs torch: pip install 'ebfl[learning]'") from exc
 
 from ebfl._validation import check_int_scalar, check_nonnegative_scalar
 from ebfl.learning.torch.functional import check_labels, eval_mode

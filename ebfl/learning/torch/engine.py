@@ -146,18 +146,18 @@ def evaluate_strategy(strategy, result, data):
 
 
 @flush_denormals()
-def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, sampling_ratio=None,
+def train(strategy, data, *, n_rounds, local_steps=10, clients_per_round=None, sampling_ratio=None,
           batch_size=None, iters_per_epoch=60, lr_decay=0.99, eval_every=1, seed=0, checkpoint=None,
           checkpoint_every=None, init_params=None, failures=None, progress=False,
           sampling="fixed", device=None):
-    """Run ``rounds`` synchronization rounds of ``strategy`` on ``data``, in this process.
+    """Run ``n_rounds`` synchronization rounds of ``strategy`` on ``data``, in this process.
 
     Parameters
     ----------
     strategy : Strategy
         FedAvg, Local, AdaPeD, ... (:mod:`ebfl.learning.torch.strategies`).
     data : FederatedDataset
-    rounds : int
+    n_rounds : int
     local_steps : int
         tau, local iterations per round (paper: 10).
     clients_per_round : int, optional
@@ -235,7 +235,7 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, sam
     if not isinstance(data, FederatedDataset):
         raise TypeError(f"data must be a FederatedDataset, got {type(data).__name__}")
     _strategy_iv(strategy, data)
-    config = run_config(data, rounds=rounds, local_steps=local_steps,
+    config = run_config(data, n_rounds=n_rounds, local_steps=local_steps,
                         clients_per_round=clients_per_round, sampling_ratio=sampling_ratio,
                         batch_size=batch_size, iters_per_epoch=iters_per_epoch,
                         lr_decay=lr_decay, eval_every=eval_every, seed=seed, sampling=sampling)
@@ -255,11 +255,11 @@ def train(strategy, data, *, rounds, local_steps=10, clients_per_round=None, sam
                        res.history, res.seconds)
 
 
-def run_config(data, *, rounds, local_steps=10, clients_per_round=None, sampling_ratio=None,
+def run_config(data, *, n_rounds, local_steps=10, clients_per_round=None, sampling_ratio=None,
                batch_size=None, iters_per_epoch=60, lr_decay=0.99, eval_every=1, seed=0,
                sampling="fixed"):
     """The :class:`~ebfl.federated.RunConfig` of :func:`train`'s arguments on ``data``."""
-    rounds = check_int_scalar(rounds, "rounds", minimum=0)
+    n_rounds = check_int_scalar(n_rounds, "n_rounds", minimum=0)
     local_steps = check_int_scalar(local_steps, "local_steps", minimum=1)
     iters_per_epoch = check_int_scalar(iters_per_epoch, "iters_per_epoch", minimum=1)
     eval_every = check_int_scalar(eval_every, "eval_every", minimum=1)
@@ -280,7 +280,7 @@ def run_config(data, *, rounds, local_steps=10, clients_per_round=None, sampling
     if batch_size is None:
         batch_size = max(1, round(float(data.n_train.float().mean()) / iters_per_epoch))
     batch_size = check_int_scalar(batch_size, "batch_size", minimum=1)
-    return RunConfig(n_clients=m, rounds=rounds, seed=seed, clients_per_round=k,
+    return RunConfig(n_clients=m, n_rounds=n_rounds, seed=seed, clients_per_round=k,
                      local_steps=local_steps, batch_size=batch_size,
                      iters_per_epoch=iters_per_epoch, lr_decay=lr_decay, eval_every=eval_every,
                      sampling=sampling)

@@ -120,7 +120,7 @@ class DPFedAvgPrivacy:
         RDP -> DP conversion (``"improved"`` or ``"classic"``); None for PLD.
     sampling_rate, noise_multiplier : float
         q and z.
-    rounds : int
+    n_rounds : int
         T.
     orders : tuple of float or None
         The Renyi orders (RDP accountant).
@@ -139,7 +139,7 @@ class DPFedAvgPrivacy:
     conversion: str | None
     sampling_rate: float
     noise_multiplier: float
-    rounds: int
+    n_rounds: int
     orders: tuple | None = None
     value_discretization_interval: float | None = None
     sampling: str = "poisson"
@@ -167,7 +167,7 @@ class NoiseCalibration:
         The epsilon at ``noise_multiplier``.
     target_epsilon, delta : float
     sampling_rate : float
-    rounds : int
+    n_rounds : int
     accountant : str
         The accountant asked for.
     converged : bool
@@ -190,7 +190,7 @@ class NoiseCalibration:
     target_epsilon: float
     delta: float
     sampling_rate: float
-    rounds: int
+    n_rounds: int
     accountant: str
     converged: bool
     at_bound: bool
@@ -208,8 +208,8 @@ class NoiseCalibration:
 # --------------------------------------------------------------------------- validation
 
 
-def _rounds_iv(rounds):
-    return check_int_scalar(rounds, "rounds", minimum=1, maximum=MAX_ROUNDS)
+def _rounds_iv(n_rounds):
+    return check_int_scalar(n_rounds, "n_rounds", minimum=1, maximum=MAX_ROUNDS)
 
 
 # --------------------------------------------------------------------------- kernels
@@ -221,13 +221,13 @@ def _round_event(q, z):
     return gauss if q == 1.0 else dp_event.PoissonSampledDpEvent(q, gauss)
 
 
-def _rdp_curve(q, z, rounds, orders):
+def _rdp_curve(q, z, n_rounds, orders):
     """T RDP_a: rounds compose by adding their RDP (the core's RDP of the event, exact at
     fractional orders, see :func:`ebfl.privacy.accounting.rdp.poisson_gaussian_rdp`)."""
-    return event_rdp(dp_event.SelfComposedDpEvent(_round_event(q, z), rounds), orders)
+    return event_rdp(dp_event.SelfComposedDpEvent(_round_event(q, z), n_rounds), orders)
 
 
-def _check_pld_size(q, z, rounds, delta, vdi):
+def _check_pld_size(q, z, n_rounds, delta, vdi):
     """Refuse a PLD computation too large for memory, before anything is built.
 
     One round's grid is about (2 t + 1/z)/z points over the grid step (the
@@ -238,12 +238,12 @@ def _check_pld_size(q, z, rounds, delta, vdi):
     check_pld_points(gaussian_pld_points(z, vdi), what=f"per round at noise_multiplier={z:g}",
                      vdi=vdi)
     orders = np.array(TFP_ORDERS)
-    eps = _epsilon_and_order(orders, _rdp_curve(q, z, rounds, orders), delta, "improved")[0]
+    eps = _epsilon_and_order(orders, _rdp_curve(q, z, n_rounds, orders), delta, "improved")[0]
     check_pld_points(eps / vdi, what=f"for the composed privacy loss (range about {eps:.3g} "
-                     f"after rounds={rounds} at noise_multiplier={z:g})", vdi=vdi)
+                     f"after n_rounds={n_rounds} at noise_multiplier={z:g})", vdi=vdi)
 
 
-def _composed_points(pld, rounds):
+def _composed_points(pld, n_rounds):
     """The FFT length of ``pld.self_compose(rounds)``: dp-accounting's own Chernoff bounds
     on the composed support (1e-15 tail mass, its default), evaluated before it allocates.
 
@@ -253,34 +253,34 @@ def _composed_points(pld, rounds):
     sizes = []
     pmfs = {id(p): p for p in (pld._pmf_remove, pld._pmf_add)}  # no public accessor
     for pmf in pmfs.values():
-        lo, hi = pld_common.compute_self_convolve_bounds(pmf.to_dense_pmf()._probs, rounds,
+        lo, hi = pld_common.compute_self_convolve_bounds(pmf.to_dense_pmf()._probs, n_rounds,
                                                          1e-15)
         sizes.append(hi - lo + 1)
     return max(sizes)
 
 
-def _pld_epsilon(q, z, rounds, delta, vdi):
-    _check_pld_size(q, z, rounds, delta, vdi)
+def _pld_epsilon(q, z, n_rounds, delta, vdi):
+    _check_pld_size(q, z, n_rounds, delta, vdi)
     # one round's PLD, as dp-accounting's PLDAccountant builds it for the event
     one = privacy_loss_distribution.from_gaussian_mechanism(
         standard_deviation=z, value_discretization_interval=vdi, sampling_prob=q,
         neighboring_relation=_RELATION)
-    points = _composed_points(one, rounds)
+    points = _composed_points(one, n_rounds)
     if points > MAX_PLD_COMPOSED_POINTS:
-        raise ValueError(f"accountant='pld' would compose rounds={rounds} on a grid of about "
+        raise ValueError(f"accountant='pld' would compose n_rounds={n_rounds} on a grid of about "
                          f"{points:.2g} points at noise_multiplier={z:g} (at most "
                          f"{MAX_PLD_COMPOSED_POINTS:g}): raise value_discretization_interval "
                          f"(now {vdi:g}) or use accountant='rdp'")
     # as PLDAccountant.compose: the identity composed with the T-fold self-composition
     composed = privacy_loss_distribution.identity(value_discretization_interval=vdi)
-    return float(composed.compose(_self_compose(one, rounds)).get_epsilon_for_delta(delta))
+    return float(composed.compose(_self_compose(one, n_rounds)).get_epsilon_for_delta(delta))
 
 
-def _self_compose(pld, rounds):
+def _self_compose(pld, n_rounds):
     """``pld.self_compose(rounds)`` without its ``size ** rounds`` for a sparse PMF.
 
     dp-accounting decides whether a sparse PMF must become dense from the integer
-    ``size ** rounds``, a number of ``rounds`` digits (minutes at 1e9 rounds), and then
+    ``size ** rounds``, a number of ``n_rounds`` digits (minutes at 1e9 rounds), and then
     densifies it; a PMF it would densify is densified here first, so the result is the
     same.
     """
@@ -288,24 +288,24 @@ def _self_compose(pld, rounds):
     pmfs = []
     for pmf in (pld._pmf_remove, pld._pmf_add):
         if (isinstance(pmf, pld_pmf.SparsePLDPmf) and pmf.size > 1
-                and rounds * math.log(pmf.size) > sparse_limit):
+                and n_rounds * math.log(pmf.size) > sparse_limit):
             pmf = pmf.to_dense_pmf()
         pmfs.append(pmf)
     remove, add = pmfs
     return privacy_loss_distribution.PrivacyLossDistribution(
-        remove, None if pld._symmetric else add).self_compose(rounds)
+        remove, None if pld._symmetric else add).self_compose(n_rounds)
 
 
-def _epsilon(q, z, rounds, delta, accountant, orders, conversion, vdi):
+def _epsilon(q, z, n_rounds, delta, accountant, orders, conversion, vdi):
     if accountant == "rdp":
-        return _epsilon_and_order(orders, _rdp_curve(q, z, rounds, orders), delta, conversion)
-    return _pld_epsilon(q, z, rounds, delta, vdi), None
+        return _epsilon_and_order(orders, _rdp_curve(q, z, n_rounds, orders), delta, conversion)
+    return _pld_epsilon(q, z, n_rounds, delta, vdi), None
 
 
 # --------------------------------------------------------------------------- public API
 
 
-def dp_fedavg_rdp(*, sampling_rate, noise_multiplier, rounds, orders=None):
+def dp_fedavg_rdp(*, sampling_rate, noise_multiplier, n_rounds, orders=None):
     """The RDP curve of T rounds of DP-FedAvg: T * RDP_a of the Poisson-sampled Gaussian.
 
     Parameters
@@ -314,7 +314,7 @@ def dp_fedavg_rdp(*, sampling_rate, noise_multiplier, rounds, orders=None):
         q in (0, 1], the probability that a client takes part in a round.
     noise_multiplier : float
         z in [1e-3, 1e8]: noise standard deviation over the clip norm.
-    rounds : int
+    n_rounds : int
         T >= 1.
     orders : array_like, optional
         Renyi orders in (1, 1e6], at most 1000 of them; default :data:`TFP_ORDERS`.
@@ -350,12 +350,12 @@ def dp_fedavg_rdp(*, sampling_rate, noise_multiplier, rounds, orders=None):
     """
     q = check_sampling_rate(sampling_rate)
     z = check_noise_multiplier(noise_multiplier)
-    rounds = _rounds_iv(rounds)
+    n_rounds = _rounds_iv(n_rounds)
     orders = check_orders(orders, TFP_ORDERS)
-    return orders.copy(), np.asarray(_rdp_curve(q, z, rounds, orders), dtype=np.float64)
+    return orders.copy(), np.asarray(_rdp_curve(q, z, n_rounds, orders), dtype=np.float64)
 
 
-def dp_fedavg_epsilon(*, sampling_rate, noise_multiplier, rounds, delta, accountant="rdp",
+def dp_fedavg_epsilon(*, sampling_rate, noise_multiplier, n_rounds, delta, accountant="rdp",
                       orders=None, conversion="improved",
                       value_discretization_interval=DEFAULT_VDI):
     r"""Client-level epsilon of T rounds of DP-FedAvg with Poisson sampling.
@@ -369,7 +369,7 @@ def dp_fedavg_epsilon(*, sampling_rate, noise_multiplier, rounds, delta, account
         q in (0, 1].
     noise_multiplier : float
         z in [1e-3, 1e8].
-    rounds : int
+    n_rounds : int
         T in [1, 2^53].
     delta : float
         In (0, 1).
@@ -416,20 +416,20 @@ def dp_fedavg_epsilon(*, sampling_rate, noise_multiplier, rounds, delta, account
     """
     q = check_sampling_rate(sampling_rate)
     z = check_noise_multiplier(noise_multiplier)
-    rounds = _rounds_iv(rounds)
+    n_rounds = _rounds_iv(n_rounds)
     delta = check_delta(delta)
     accountant = check_choice(accountant, "accountant", ACCOUNTANTS)
     conversion = check_choice(conversion, "conversion", CONVERSIONS)
     orders = check_orders(orders, TFP_ORDERS)
     vdi = check_vdi(value_discretization_interval)
-    eps, order = _epsilon(q, z, rounds, delta, accountant, orders, conversion, vdi)
+    eps, order = _epsilon(q, z, n_rounds, delta, accountant, orders, conversion, vdi)
     rdp = accountant == "rdp"
     return DPFedAvgPrivacy(eps, delta, order, accountant, conversion if rdp else None, q, z,
-                           rounds, tuple(float(a) for a in orders) if rdp else None,
+                           n_rounds, tuple(float(a) for a in orders) if rdp else None,
                            None if rdp else vdi)
 
 
-def dp_fedavg_noise_multiplier(*, sampling_rate, rounds, delta, epsilon, accountant="rdp",
+def dp_fedavg_noise_multiplier(*, sampling_rate, n_rounds, delta, epsilon, accountant="rdp",
                                orders=None, conversion="improved",
                                value_discretization_interval=DEFAULT_VDI, rtol=1e-6):
     """The smallest noise multiplier z whose T rounds of DP-FedAvg are (epsilon, delta)-DP.
@@ -480,7 +480,7 @@ def dp_fedavg_noise_multiplier(*, sampling_rate, rounds, delta, epsilon, account
     (4.0, True, True)
     """
     q = check_sampling_rate(sampling_rate)
-    rounds = _rounds_iv(rounds)
+    n_rounds = _rounds_iv(n_rounds)
     delta = check_delta(delta)
     target = check_positive_scalar(epsilon, "epsilon")
     accountant = check_choice(accountant, "accountant", ACCOUNTANTS)
@@ -489,7 +489,7 @@ def dp_fedavg_noise_multiplier(*, sampling_rate, rounds, delta, epsilon, account
     vdi = check_vdi(value_discretization_interval)
     rtol = check_real_scalar(rtol, "rtol", low=1e-12, high=0.1)
     def epsilon_of(accountant):
-        return lambda z: _epsilon(q, z, rounds, delta, accountant, orders, conversion, vdi)[0]
+        return lambda z: _epsilon(q, z, n_rounds, delta, accountant, orders, conversion, vdi)[0]
 
     low, high = SEARCH_RANGE
     search = NoiseSearch(epsilon_of("rdp"), target, low=low, high=high)
@@ -505,7 +505,7 @@ def dp_fedavg_noise_multiplier(*, sampling_rate, rounds, delta, epsilon, account
                 search, (z, converged, at_bound), certified_by = pld, found, "pld"
         evaluations += pld.evaluations
     _warn_search(search, z, target, rtol, converged, at_bound)
-    return NoiseCalibration(z, search.epsilon(z), target, delta, q, rounds, accountant,
+    return NoiseCalibration(z, search.epsilon(z), target, delta, q, n_rounds, accountant,
                             converged, at_bound, evaluations, certified_by)
 
 
@@ -605,7 +605,7 @@ def adaptive_clipping_effective_noise(update_noise_multiplier, count_noise):
     return a / math.hypot(1.0, a / b)
 
 
-def fedhdp_group_epsilons(sampling_rate, noise_multipliers, rounds, delta, *, accountant="rdp",
+def fedhdp_group_epsilons(sampling_rate, noise_multipliers, n_rounds, delta, *, accountant="rdp",
                           orders=None, value_discretization_interval=DEFAULT_VDI):
     """FedHDP's epsilon for each privacy group, accounted separately (Section 4 of the paper).
 
@@ -622,7 +622,7 @@ def fedhdp_group_epsilons(sampling_rate, noise_multipliers, rounds, delta, *, ac
     noise_multipliers : array_like (l,)
         z_i per group; 0 for a non-private group (its epsilon is +inf), else in
         [1e-3, 1e8]; at most 1000 groups.
-    rounds : int
+    n_rounds : int
     delta : float
     accountant, orders, value_discretization_interval
         As in :func:`dp_fedavg_epsilon` (improved conversion).
@@ -649,7 +649,7 @@ def fedhdp_group_epsilons(sampling_rate, noise_multipliers, rounds, delta, *, ac
     >>> fedhdp_group_epsilons(0.03, [0.0, 1.0], 500, 1e-4).round(3).tolist()
     [inf, 4.122]
     """
-    rounds, delta = _rounds_iv(rounds), check_delta(delta)
+    n_rounds, delta = _rounds_iv(n_rounds), check_delta(delta)
     accountant = check_choice(accountant, "accountant", ACCOUNTANTS)
     orders = check_orders(orders, TFP_ORDERS)
     vdi = check_vdi(value_discretization_interval)
@@ -677,7 +677,7 @@ def fedhdp_group_epsilons(sampling_rate, noise_multipliers, rounds, delta, *, ac
     for i, (qi, zi) in enumerate(zip(q.tolist(), z.tolist(), strict=True)):
         if zi != 0.0:
             if (qi, zi) not in done:
-                done[qi, zi] = _epsilon(qi, zi, rounds, delta, accountant, orders, "improved",
+                done[qi, zi] = _epsilon(qi, zi, n_rounds, delta, accountant, orders, "improved",
                                         vdi)[0]
             out[i] = done[qi, zi]
     return out

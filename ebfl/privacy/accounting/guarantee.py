@@ -103,7 +103,7 @@ class FedHDPPrivacy:
         Epsilon of each group (+inf for a non-private group); the run is
         (max epsilon, delta)-DP (parallel composition), inside the model.
     delta : float
-    rounds : int
+    n_rounds : int
     sampling_rate : float
     noise_multipliers : tuple of float
         z_i per group.
@@ -120,7 +120,7 @@ class FedHDPPrivacy:
 
     epsilon: np.ndarray
     delta: float
-    rounds: int
+    n_rounds: int
     sampling_rate: float
     noise_multipliers: tuple
     accountant: str
