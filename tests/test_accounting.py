@@ -162,7 +162,7 @@ def _theorem27_alpha2(q, s):
     return math.log(1.0 + q * q * min(4.0 * (math.exp(e2) - 1.0), 2.0 * math.exp(e2)))
 
 
-@pytest.mark.parametrize("m, K, tau, clip, noise, rounds", [
+@pytest.mark.parametrize("m, K, tau, clip, noise, n_rounds", [
     (66, 22, 10, 1.0, 5.0, 240), (30, 6, 4, 1.0, 3.0, 25), (100, 50, 1, 0.5, 0.4, 3)])
 def test_without_replacement_rdp_is_theorem27_by_hand(m, K, tau, clip, noise, n_rounds):
     """The corrected WOR path against Theorem 27 computed here (alpha = 2, replace-one).

@@ -27,7 +27,7 @@ from ebfl.privacy.accounting.rdp import event_rdp, poisson_gaussian_rdp
 ORDERS = np.array([1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 16.0, 32.0, 64.0])
 
 
-@pytest.mark.parametrize("q, z, rounds", [(0.05, 1.5, 500), (0.3, 0.8, 40), (1.0, 3.0, 7)])
+@pytest.mark.parametrize("q, z, n_rounds", [(0.05, 1.5, 500), (0.3, 0.8, 40), (1.0, 3.0, 7)])
 def test_dp_fedavg_and_dp_adaped_coincide_under_poisson_sampling(q, z, n_rounds):
     """DP-AdaPeD with Poisson sampling, one block and tau = 1 is DP-FedAvg: K = q m clients,
     noise std sigma sqrt(K) over the norm bound C gives the multiplier z = sigma sqrt(K)/C."""

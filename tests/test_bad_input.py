@@ -1100,7 +1100,8 @@ LEARNING = [
     Case("run_federated", _federated,
          lambda: dict(algorithm=LinearEM(), data=_data(), n_rounds=2, rng=0),
          scalars={"rng": "rng", "record_every": "count", "progress": "bool"},
-         bad=(("rounds", -1, ValueError), ("rounds", 1.5, TypeError), ("rounds", "2", TypeError),
+         bad=(("n_rounds", -1, ValueError), ("n_rounds", 1.5, TypeError),
+              ("n_rounds", "2", TypeError),
               ("data", _X(), TypeError), ("algorithm", None, TypeError),
               ("sampling", "some", ValueError), ("sampling", ["full"], TypeError),
               ("clients_per_round", 2, ValueError), ("rate", 0.5, ValueError),
@@ -1419,7 +1420,7 @@ def _train(model="logistic", strategy="fedavg", **kw):
     net = models[model]() if isinstance(model, str) else model
     torch.manual_seed(0)
     strat = FedAvg(net, 0.1) if strategy == "fedavg" else strategy
-    res = train(strat, _fed_data(), **{"rounds": 1, "local_steps": 1, "batch_size": 2, **kw})
+    res = train(strat, _fed_data(), **{"n_rounds": 1, "local_steps": 1, "batch_size": 2, **kw})
     return res.accuracy
 
 
@@ -1483,7 +1484,8 @@ TORCH = [
          scalars={"local_steps": "count", "iters_per_epoch": "count",
                   "eval_every": "count", "batch_size": "count", "progress": "bool",
                   "checkpoint_every": "count"},
-         bad=(("rounds", -1, ValueError), ("rounds", 1.5, TypeError), ("rounds", "1", TypeError),
+         bad=(("n_rounds", -1, ValueError), ("n_rounds", 1.5, TypeError),
+              ("n_rounds", "1", TypeError),
               ("model", "wide", ValueError, r"model does not accept.*\(B, 4\)"),
               ("model", "classes", ValueError, r"model must return .*\(B, 3\)"),
               ("model", "mlp", ValueError, "model"), ("seed", -1, ValueError),

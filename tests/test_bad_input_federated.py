@@ -65,7 +65,7 @@ def _means(seed=1):
 
 
 def _config(**kw):
-    return RunConfig(**{"n_clients": M, "rounds": 2, **kw})
+    return RunConfig(**{"n_clients": M, "n_rounds": 2, **kw})
 
 
 def _run_result(res):
@@ -165,9 +165,10 @@ FEDERATED = [
          scalars={"n_clients": "size", "local_steps": "size", "batch_size": "size",
                   "iters_per_epoch": "size", "eval_every": "size", "seed": "rng",
                   "lr_decay": "probability", "clients_per_round": "size"},
-         bad=(("rounds", -1, ValueError), ("rounds", 10**20, ValueError),
-              ("rounds", 10**7 + 1, ValueError), ("rounds", 2.5, TypeError),
-              ("rounds", "2", TypeError), ("rounds", True, TypeError), ("rounds", NAN, TypeError),
+         bad=(("n_rounds", -1, ValueError), ("n_rounds", 10**20, ValueError),
+              ("n_rounds", 10**7 + 1, ValueError), ("n_rounds", 2.5, TypeError),
+              ("n_rounds", "2", TypeError), ("n_rounds", True, TypeError),
+              ("n_rounds", NAN, TypeError),
               ("n_clients", 10**9, ValueError), ("clients_per_round", M + 1, ValueError),
               ("local_steps", 10**8, ValueError), ("batch_size", 10**8, ValueError),
               ("seed", 2**64, ValueError), ("lr_decay", 0.0, ValueError),
@@ -209,7 +210,7 @@ FEDERATED = [
          bad=(("failures", {2: [0]}, ValueError), ("failures", {0: [6]}, ValueError),
               ("failures", {0: ["0"]}, TypeError), ("failures", {0: "0"}, TypeError),
               ("failures", "0:6", ValueError), ("failures", "0-1", ValueError),
-              ("failures", (0, 1), TypeError), ("config", {"rounds": 2}, TypeError),
+              ("failures", (0, 1), TypeError), ("config", {"n_rounds": 2}, TypeError),
               ("failures", _SILENT, ValueError),
               ("config", RunConfig(n_clients=M, n_rounds=0), ValueError, "failures"))),
     Case("parse_failures", parse_failures, lambda: dict(text="1:0, 0:2,1:3"),
@@ -384,7 +385,7 @@ def test_a_checkpoint_of_another_configuration_says_what_differs(tmp_path):
         run(EBBetaBinomial(method="moments"), _counts(), _config(), checkpoint=ckpt)
     with pytest.raises(ValueError, match=r"run\.seed: 0 in the checkpoint, 4 now"):
         run(EBBetaBinomial(), _counts(), _config(seed=4), checkpoint=ckpt)
-    with pytest.raises(ValueError, match="holds 2 rounds, more than this run's rounds=1"):
+    with pytest.raises(ValueError, match="holds 2 rounds, more than this run's n_rounds=1"):
         run(EBBetaBinomial(), _counts(), _config(n_rounds=1), checkpoint=ckpt)
 
 

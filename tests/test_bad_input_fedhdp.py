@@ -43,7 +43,7 @@ _ORDERS_BAD = (("orders", np.array([1.0, 2.0]), ValueError),
                ("orders", np.array([]), ValueError),
                ("orders", np.linspace(1.5, 64.0, 10_001), ValueError, "at most 10000"))
 _NOISE_BAD = (("noise_multiplier", 1e-4, ValueError), ("noise_multiplier", 2e8, ValueError))
-_ROUNDS_BAD = (("rounds", 2**53 + 1, ValueError), ("rounds", 10**9 + 0.5, TypeError))
+_ROUNDS_BAD = (("n_rounds", 2**53 + 1, ValueError), ("n_rounds", 10**9 + 0.5, TypeError))
 _ACCOUNTANT_BAD = (("accountant", "moments", ValueError), ("accountant", ["rdp"], TypeError),
                    ("accountant", None, ValueError))
 _VDI_BAD = (("value_discretization_interval", 1e-9, ValueError),
@@ -64,37 +64,37 @@ def _group_epsilons(**kw):
 
 DP_FEDAVG = [
     Case("dp_fedavg_rdp", dpf.dp_fedavg_rdp, lambda: _setting(orders=_orders()),
-         real=("orders",), scalars={"noise_multiplier": "positive", "rounds": "size"},
+         real=("orders",), scalars={"noise_multiplier": "positive", "n_rounds": "size"},
          bad=_RATE_BAD + _ORDERS_BAD + _NOISE_BAD + _ROUNDS_BAD,
-         extreme=(("rounds", 2**53), ("sampling_rate", 1.0), ("sampling_rate", 5e-324),
+         extreme=(("n_rounds", 2**53), ("sampling_rate", 1.0), ("sampling_rate", 5e-324),
                   ("orders", np.array([1.0 + 2**-52, 1.25, 1e6])), ("noise_multiplier", 1e-3),
                   ("noise_multiplier", 1e6))),
     Case("dp_fedavg_epsilon", dpf.dp_fedavg_epsilon,
          lambda: _setting(delta=1e-5, orders=_orders()),
          real=("orders",),
-         scalars={"noise_multiplier": "positive", "rounds": "size", "delta": "open_unit",
+         scalars={"noise_multiplier": "positive", "n_rounds": "size", "delta": "open_unit",
                   "value_discretization_interval": "positive"},
          bad=(_RATE_BAD + _ORDERS_BAD + _NOISE_BAD + _ROUNDS_BAD + _ACCOUNTANT_BAD + _VDI_BAD
               + (("conversion", "lemma2", ValueError), ("conversion", ["classic"], TypeError))),
-         extreme=(("rounds", 2**53), ("delta", 5e-324), ("delta", 1.0 - 2**-53),
+         extreme=(("n_rounds", 2**53), ("delta", 5e-324), ("delta", 1.0 - 2**-53),
                   ("sampling_rate", 1.0))),
     Case("dp_fedavg_epsilon-pld", dpf.dp_fedavg_epsilon,
          lambda: _setting(delta=1e-5, accountant="pld", value_discretization_interval=1e-2),
          scalars={"value_discretization_interval": "positive"},
          bad=(("noise_multiplier", 1e-3, ValueError, "would need"),
-              ("rounds", 10**9, ValueError, "for the composed privacy loss")),
+              ("n_rounds", 10**9, ValueError, "for the composed privacy loss")),
          # a PLD that cannot be built in memory is refused by name, never attempted
-         extreme=(("rounds", 2**53), ("rounds", 10**9), ("noise_multiplier", 1e-3))),
+         extreme=(("n_rounds", 2**53), ("n_rounds", 10**9), ("noise_multiplier", 1e-3))),
     Case("dp_fedavg_noise_multiplier", dpf.dp_fedavg_noise_multiplier,
          lambda: dict(sampling_rate=0.25, n_rounds=10, delta=1e-5, epsilon=4.0,
                       orders=np.array([2.0, 4.0, 8.0, 16.0]), rtol=1e-3),
          real=("orders",),
-         scalars={"rounds": "size", "delta": "open_unit", "epsilon": "positive",
+         scalars={"n_rounds": "size", "delta": "open_unit", "epsilon": "positive",
                   "rtol": "positive"},
          bad=(_RATE_BAD + _ORDERS_BAD + _ROUNDS_BAD + _ACCOUNTANT_BAD
               + (("rtol", 0.5, ValueError), ("rtol", 1e-13, ValueError),
                  ("conversion", "exact", ValueError))),
-         extreme=(("rounds", 2**53), ("rounds", 10**9), ("epsilon", 1e-6))),
+         extreme=(("n_rounds", 2**53), ("n_rounds", 10**9), ("epsilon", 1e-6))),
     Case("dp_fedavg_noise_multiplier-pld", dpf.dp_fedavg_noise_multiplier,
          lambda: dict(sampling_rate=0.25, n_rounds=10, delta=1e-5, epsilon=4.0,
                       orders=np.array([2.0, 4.0, 8.0, 16.0]), accountant="pld",
@@ -112,7 +112,7 @@ DP_FEDAVG = [
          lambda: dict(sampling_rate=0.25, noise_multipliers=np.array([1.5, 4.0, 1.5]),
                       n_rounds=10, delta=1e-5, orders=_orders()),
          real=("noise_multipliers", "orders"),
-         scalars={"rounds": "size", "delta": "open_unit"},
+         scalars={"n_rounds": "size", "delta": "open_unit"},
          bad=(_RATE_BAD + _ORDERS_BAD + _ROUNDS_BAD + _ACCOUNTANT_BAD + _VDI_BAD
               + (("noise_multipliers", np.array([0.0, -1.0]), ValueError),
                  ("noise_multipliers", np.array([0.0, 1e-5]), ValueError,
@@ -125,7 +125,7 @@ DP_FEDAVG = [
                  ("sampling_rate", np.array([0.25, 0.0, 0.5]), ValueError,
                   r"sampling_rate\[1\]"),
                  ("sampling_rate", np.array([[0.25, 0.5, 0.75]]), ValueError))),
-         extreme=(("rounds", 2**53),)),
+         extreme=(("n_rounds", 2**53),)),
     Case("fedhdp_group_epsilons-per-group", _group_epsilons,
          lambda: dict(sampling_rate=np.array([0.25, 0.5, 0.75]),
                       noise_multipliers=np.array([1.5, 1.5, 4.0]), n_rounds=10, delta=1e-5,
@@ -169,7 +169,7 @@ def _privacy(denominator="realized", **kw):
 FEDHDP_PRIVACY = [
     Case("FedHDP.privacy", _privacy,
          lambda: dict(delta=1e-5, n_rounds=10, sampling_rate=0.25, sampling="poisson"),
-         scalars={"delta": "open_unit", "rounds": "size"}, finite=False,
+         scalars={"delta": "open_unit", "n_rounds": "size"}, finite=False,
          bad=_RATE_BAD + _ACCOUNTANT_BAD + (("sampling", "uniform", ValueError),
                                             ("sampling", ["fixed"], TypeError),
                                             ("sampling_rate", [0.25, 0.5], TypeError))),
@@ -380,7 +380,7 @@ def test_where_pld_is_tighter_its_noise_is_returned_and_certifies_the_target():
 
 def test_a_billion_rounds_is_computed_or_refused_quickly():
     t0 = time.perf_counter()
-    with pytest.raises(ValueError, match="composed privacy loss .* after rounds=1000000000"):
+    with pytest.raises(ValueError, match="composed privacy loss .* after n_rounds=1000000000"):
         dpf.dp_fedavg_epsilon(sampling_rate=0.01, noise_multiplier=10.0, n_rounds=10**9,
                               delta=1e-5, accountant="pld")
     cal = dpf.dp_fedavg_noise_multiplier(sampling_rate=0.01, n_rounds=10**9, delta=1e-5,

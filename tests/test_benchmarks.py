@@ -95,7 +95,7 @@ def test_bench_dppfl_smoke(capsys):
 def test_bench_beta_bernoulli_smoke(capsys):
     # P1 in process, and one P5 child's body (make bench runs it in a fresh process).
     bench = _load("bench_beta_bernoulli")
-    p1 = bench.run_p1(3000, seed=0, n_reps=1, methods=["mle", "loo_corrected"])
+    p1 = bench.run_p1(3000, seed=0, reps=1, methods=["mle", "loo_corrected"])
     assert set(p1["methods"]) == {"mle", "loo_corrected"}
     assert p1["streaming_read_seconds"] > 0 and p1["input_bytes"] == p1["n_observations"] + 8 * 3001
     bench.main(["--p5-child", "loo_proof", "--p5-clients", "3000", "--reps", "1"])

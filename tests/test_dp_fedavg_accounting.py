@@ -114,7 +114,7 @@ def quadrature_rdp(q, z, alpha):
     return (math.log(value) + top) / (alpha - 1)
 
 
-@pytest.mark.parametrize("q, z, rounds", [(0.05, 1.5, 500), (0.03, 4.0, 500), (0.3, 0.8, 7),
+@pytest.mark.parametrize("q, z, n_rounds", [(0.05, 1.5, 500), (0.03, 4.0, 500), (0.3, 0.8, 7),
                                           (0.001, 10.0, 10**6)])
 def test_rdp_at_integer_orders_equals_the_binomial_expansion(q, z, n_rounds):
     orders, rdp = dp_fedavg_rdp(sampling_rate=q, noise_multiplier=z, n_rounds=n_rounds)
@@ -150,7 +150,7 @@ def test_tfp_orders():
 def test_epsilon_decreases_with_noise_and_grows_with_rounds_and_sampling():
     eps = [dp_fedavg_epsilon(**_kw(0.05, z)).epsilon for z in (0.8, 1.5, 3.0)]
     assert eps[0] > eps[1] > eps[2]
-    assert dp_fedavg_epsilon(**{**_kw(0.05, 1.5), "rounds": 1000}).epsilon > eps[1]
+    assert dp_fedavg_epsilon(**{**_kw(0.05, 1.5), "n_rounds": 1000}).epsilon > eps[1]
     assert dp_fedavg_epsilon(**_kw(0.1, 1.5)).epsilon > eps[1]
 
 
@@ -273,8 +273,8 @@ def test_group_epsilons_refuse_bad_input(args, match):
     ({"sampling_rate": "0.1"}, "sampling_rate"),
     ({"noise_multiplier": 0.0}, "noise_multiplier"),
     ({"noise_multiplier": 1e9}, r"noise_multiplier must be a real number in \[0.001, 1e\+08\]"),
-    ({"rounds": 0}, "rounds"),
-    ({"rounds": 2.5}, "rounds"),
+    ({"n_rounds": 0}, "n_rounds"),
+    ({"n_rounds": 2.5}, "n_rounds"),
     ({"delta": 0.0}, "delta"),
     ({"delta": 1.0}, "delta"),
     ({"accountant": "moments"}, "accountant"),
@@ -298,7 +298,7 @@ def test_bad_input_names_the_argument(change, match):
     ({"sampling_rate": -0.1}, "sampling_rate"),
 ])
 def test_noise_multiplier_refuses_bad_input(change, match):
-    kw = {"sampling_rate": 0.05, "rounds": T, "delta": DELTA, "epsilon": 1.0, **change}
+    kw = {"sampling_rate": 0.05, "n_rounds": T, "delta": DELTA, "epsilon": 1.0, **change}
     with pytest.raises((ValueError, TypeError), match=match):
         dp_fedavg_noise_multiplier(**kw)
 
@@ -331,7 +331,7 @@ def test_cli_prints_rdp_and_pld(capsys):
     assert round(out["rdp"]["epsilon"], 3) == 3.608 and out["rdp"]["order"] == 5.1
     assert out["pld"]["epsilon"] == pytest.approx(
         dp_fedavg_epsilon(**_kw(0.05, 1.5, accountant="pld")).epsilon, rel=1e-12)
-    assert out["setting"] == {"sampling_rate": 0.05, "noise_multiplier": 1.5, "rounds": 500,
+    assert out["setting"] == {"sampling_rate": 0.05, "noise_multiplier": 1.5, "n_rounds": 500,
                               "delta": 1e-4}
     assert main(ARGV + ["--accountant", "rdp", "--json"]) == 0
     assert "pld" not in json.loads(capsys.readouterr().out)

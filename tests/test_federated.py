@@ -284,7 +284,7 @@ def test_sample_clients_frequencies_are_uniform():
 
 @pytest.mark.parametrize(("name", "value", "exc"), [
     ("n_clients", 0, ValueError), ("n_clients", "3", TypeError), ("n_clients", True, TypeError),
-    ("rounds", -1, ValueError), ("rounds", 1.5, TypeError),
+    ("n_rounds", -1, ValueError), ("n_rounds", 1.5, TypeError),
     ("clients_per_round", 0, ValueError), ("clients_per_round", 5, ValueError),
     ("seed", -1, ValueError), ("seed", 2**64, ValueError), ("seed", "0", TypeError),
     ("local_steps", 0, ValueError), ("batch_size", 0, ValueError),
@@ -293,7 +293,7 @@ def test_sample_clients_frequencies_are_uniform():
     ("lr_decay", float("nan"), ValueError), ("lr_decay", "1", TypeError),
 ])
 def test_run_config_refuses_bad_values_by_name(name, value, exc):
-    kw = {"n_clients": 4, "rounds": 2, name: value}
+    kw = {"n_clients": 4, "n_rounds": 2, name: value}
     with pytest.raises(exc, match=name):
         RunConfig(**kw)
 
@@ -431,7 +431,7 @@ def test_noisy_mean_rounds_follow_the_closed_form():
     data = _toy_data()
     cfg = RunConfig(n_clients=8, n_rounds=3, clients_per_round=3, seed=5)
     for n_rounds in (1, 2, 3):
-        res = run(NoisyMean(DIM), data, RunConfig(**{**cfg.to_dict(), "rounds": n_rounds}))
+        res = run(NoisyMean(DIM), data, RunConfig(**{**cfg.to_dict(), "n_rounds": n_rounds}))
         r = n_rounds - 1
         expect = _expected_estimate(data, 0.5, 5, r, sample_clients(cfg, r))
         np.testing.assert_allclose(res.server["estimate"], expect, rtol=1e-12, atol=1e-12)
@@ -449,7 +449,7 @@ def test_failed_clients_keep_their_state_and_the_server_aggregates_the_others():
     failures = {1: [failed, bystander]}
 
     def upto(n_rounds, failures=failures):  # the failures of the rounds run (others are refused)
-        return run(NoisyMean(DIM), data, RunConfig(**{**cfg.to_dict(), "rounds": n_rounds}),
+        return run(NoisyMean(DIM), data, RunConfig(**{**cfg.to_dict(), "n_rounds": n_rounds}),
                    failures=failures and {r: c for r, c in failures.items() if r < n_rounds})
 
     before, after, full = upto(1), upto(2), upto(3)

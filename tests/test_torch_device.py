@@ -285,7 +285,7 @@ def test_every_strategy_family_runs_on_a_device_as_on_the_cpu(name, stand_in_cud
 def test_a_checkpoint_written_on_the_device_resumes_on_the_cpu(tmp_path, stand_in_cuda):
     strategy, data, kw = _family("AdaPeD-FT")
     ckpt = tmp_path / "run.pkl"
-    train(strategy, data, checkpoint=ckpt, device="cuda", **{**kw, "rounds": 1})
+    train(strategy, data, checkpoint=ckpt, device="cuda", **{**kw, "n_rounds": 1})
     with open(ckpt, "rb") as fh:
         saved = pickle.load(fh)
     flat, _ = tree_flatten({"server": saved["server"], "clients": saved["clients"]})
@@ -295,7 +295,7 @@ def test_a_checkpoint_written_on_the_device_resumes_on_the_cpu(tmp_path, stand_i
     _assert_same_run(resumed, full)
     # and back: a CPU checkpoint resumed on the device
     ckpt2 = tmp_path / "run2.pkl"
-    train(strategy, data, checkpoint=ckpt2, **{**kw, "rounds": 1})
+    train(strategy, data, checkpoint=ckpt2, **{**kw, "n_rounds": 1})
     _assert_same_run(train(strategy, data, checkpoint=ckpt2, device="cuda", **kw), full)
 
 
@@ -391,7 +391,7 @@ def test_every_strategy_family_on_a_gpu_agrees_with_the_cpu(name):
 def test_a_checkpoint_written_on_a_gpu_resumes_on_the_cpu(tmp_path):
     strategy, data, kw = _family("AdaPeD-FT")
     ckpt = tmp_path / "run.pkl"
-    train(strategy, data, checkpoint=ckpt, device="cuda", **{**kw, "rounds": 1})
+    train(strategy, data, checkpoint=ckpt, device="cuda", **{**kw, "n_rounds": 1})
     resumed = train(strategy, data, checkpoint=ckpt, **kw)  # on the CPU
     gpu = train(strategy, data, device="cuda", **kw)
     for a, b in zip(_tensors(resumed)[:-1], _tensors(gpu)[:-1], strict=True):

@@ -143,7 +143,7 @@ def test_the_personal_part_never_leaves_the_client(images, plain, adapted, key):
     spy = object.__new__(Recording)
     spy.__dict__.update(alg.__dict__)
     res = train(spy, images, **RUN)
-    assert len(seen) == RUN["rounds"]
+    assert len(seen) == RUN["n_rounds"]
     for replies, _, _ in seen:
         assert set(replies) == {"shared"} and set(replies["shared"]) == shared
     replies, weights, clients = seen[-1]  # u: the replies averaged by training-set size
@@ -161,7 +161,7 @@ def test_the_personal_part_never_leaves_the_client(images, plain, adapted, key):
 def test_unsampled_clients_keep_their_personal_part(images, plain):
     net, pre = plain
     alg = FedSim(net, personal="output", lr=0.05, pretrained=pre)
-    res = train(alg, images, **{**RUN, "rounds": 1})
+    res = train(alg, images, **{**RUN, "n_rounds": 1})
     cfg = run_config(images, **RUN)
     sampled = sample_clients(cfg, 0)
     start = alg.init_clients(cfg, images, np.arange(images.n_clients))["personal"]
@@ -210,7 +210,7 @@ def test_a_pretrained_backbone_can_be_frozen(images, adapted):
 def test_each_client_draws_its_own_dropout_masks(images, adapted):
     net, pre = adapted
     alg = FedSim(net, personal="adapter", lr=0.05, pretrained=pre)
-    res = train(alg, images, **{**RUN, "clients_per_round": None, "rounds": 1})
+    res = train(alg, images, **{**RUN, "clients_per_round": None, "n_rounds": 1})
     keys = res.clients["personal"]["dropout_key"]
     assert "dropout_key" not in res.server["shared"]
     assert len(set(keys.tolist())) == images.n_clients  # redrawn from each client's stream
@@ -460,7 +460,7 @@ def test_feddf_distills_the_average_toward_the_ensemble(images, plain):
     # inputs: the distillation loss of the same inputs must fall
     alg = FedDF(net, 0.2, aux=digit_images(2).x_train[0, :16], kd_steps=40, kd_lr=0.1,
                 kd_batch_size=16, kd_optimizer="sgd")
-    kw = {**RUN, "rounds": 1, "local_steps": 20, "init_params": pre}
+    kw = {**RUN, "n_rounds": 1, "local_steps": 20, "init_params": pre}
     res = train(alg, images, **kw)
     row = res.history[-1]
     assert row["kd_steps"] == 40

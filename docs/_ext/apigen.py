@@ -178,6 +178,8 @@ def _homes() -> dict[int, str]:
 def _resolve(path: str) -> tuple[list[str], list[object]] | None:
     """The names after the longest importable module of dotted ``path``, and the
     objects along them (the module first); None if a name is missing."""
+    if not path:  # a reference from a page outside any module (the user guide)
+        return None
     parts = path.split(".")
     for i in range(len(parts), 0, -1):
         try:

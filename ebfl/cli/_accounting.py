@@ -55,7 +55,7 @@ def _cmd_accounting_fedhdp(args):
         raise ValueError(f"--sampling-rate must lie in (0, 1] and --noise in [{lo:g}, {hi:g}], "
                          f"got {args.sampling_rate:g} and {args.noise:g}")
     setting = {"sampling_rate": args.sampling_rate, "noise_multiplier": args.noise,
-               "rounds": args.rounds, "delta": args.delta}
+               "n_rounds": args.rounds, "delta": args.delta}
     kinds = ["rdp", "pld"] if args.accountant == "both" else [args.accountant]
     results = {kind: dp_fedavg_epsilon(accountant=kind, **setting) for kind in kinds}
     # the epsilon of the accountant's model: a proof only for runs inside it
@@ -73,7 +73,7 @@ def _cmd_accounting_fedhdp(args):
                  "order": p[kind].get("order")} for kind in ("rdp", "pld") if kind in p]
         s = p["setting"]
         _print_table(f"DP-FedAvg / FedHDP group, client level: q={s['sampling_rate']:g}, "
-                     f"z={s['noise_multiplier']:g}, T={s['rounds']}, delta={s['delta']:g}",
+                     f"z={s['noise_multiplier']:g}, T={s['n_rounds']}, delta={s['delta']:g}",
                      rows, ["accountant", "epsilon", "order"])
         print(f"model: {p['accountant_model']}\n{p['valid_for']}")
     _emit(args, payload, render)

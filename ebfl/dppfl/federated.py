@@ -136,7 +136,7 @@ class DPPFL(FederatedAlgorithm):
     >>> xs = [l2_normalize(rng.normal(size=(30, 4))) for _ in range(3)]
     >>> data = DeviceData.from_lists(xs, [np.where(x[:, 0] > 0, 1.0, -1.0) for x in xs])
     >>> alg = DPPFL.for_data(data, lam=0.1, inner=5, tau=0.5, drop_probability=0.2)
-    >>> res = run(alg, data, RunConfig(n_clients=3, rounds=10, seed=4))
+    >>> res = run(alg, data, RunConfig(n_clients=3, n_rounds=10, seed=4))
     >>> fit = fit_dppfl(data, lam=0.1, inner=5, outer=2, tau=0.5, drop_probability=0.2,
     ...                 seed=4, parallel=False)
     >>> bool(np.allclose(res.server["V"], fit.V, atol=1e-12, rtol=0))

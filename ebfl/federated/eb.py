@@ -10,8 +10,8 @@ outputs theta_hat_i(X_i, Agg)"), written as two
 :class:`~ebfl.federated.FederatedAlgorithm` halves so that it runs in process
 (:func:`ebfl.federated.run`) and on Flower alike.
 
-Rounds (``rounds=2`` is a full run)
------------------------------------
+Rounds (``n_rounds=2`` is a full run)
+-------------------------------------
 * round 0: the server's message is ``{"request": 0}``; every client replies
   its summary and remembers, in its state, the round it answered
   (``"sent"``) and, for a private protocol, its noisy release
@@ -324,7 +324,7 @@ class EBBetaBinomial(_EmpiricalBayes):
     --------
     >>> from ebfl.federated import RunConfig, run, simulated_counts
     >>> data = simulated_counts(200, 14, seed=0)
-    >>> res = run(EBBetaBinomial(), data, RunConfig(n_clients=200, rounds=2))
+    >>> res = run(EBBetaBinomial(), data, RunConfig(n_clients=200, n_rounds=2))
     >>> direct = beta_binomial_eb(data.successes, data.trials)
     >>> bool(np.array_equal(res.clients["mean"], direct.posterior.mean))
     True
@@ -658,7 +658,7 @@ class EBGaussian(_EmpiricalBayes):
     --------
     >>> from ebfl.federated import RunConfig, run, simulated_means
     >>> data = simulated_means(200, 15, seed=0)
-    >>> res = run(EBGaussian(sigma_x=0.5), data, RunConfig(n_clients=200, rounds=2))
+    >>> res = run(EBGaussian(sigma_x=0.5), data, RunConfig(n_clients=200, n_rounds=2))
     >>> direct = gaussian_eb(data.mean, 0.5 / np.sqrt(data.count))
     >>> float(np.max(np.abs(res.clients["mean"] - direct.posterior.mean))) < 1e-12
     True

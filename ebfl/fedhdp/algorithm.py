@@ -34,7 +34,7 @@ Examples
 >>> groups = [0, 1, 1, 1, 1, 1]  # client 0 opts out, the others are private
 >>> alg = FedHDP(LogisticModel(4, 2), groups, ratio=0.1, noise_multiplier=[0.0, 1.0],
 ...              count_noise=1.0)
->>> res = train(alg, data, rounds=3, local_steps=2, batch_size=5, clients_per_round=4)
+>>> res = train(alg, data, n_rounds=3, local_steps=2, batch_size=5, clients_per_round=4)
 >>> sorted(res.server), sorted(res.clients)
 (['clip', 'global'], ['personal', 'trained'])
 """

@@ -24,8 +24,8 @@ r_i / sum_k N_k r_k (eq. (64)).
 (:func:`ebfl.federated.run`) and on Flower alike; :func:`simulate_point_estimation`
 draws the clients' data of eqs. (5)-(6) and keeps the truth for evaluation.
 
-Rounds (``rounds=2`` is a full run)
------------------------------------
+Rounds (``n_rounds=2`` is a full run)
+-------------------------------------
 Algorithm 1's client takes one step of size eta = 1 on its loss, which lands
 on phi_hat_j whatever the model it received, and uploads it with its noise;
 its personal step needs the *global* estimate, which exists only once the
@@ -321,7 +321,7 @@ class FedHDPPointEstimation(FederatedAlgorithm):
     >>> r_star = 2.0 / (2.0 + n_p * gamma2)   # sigma_c^2 / (sigma_c^2 + N_p gamma^2)
     >>> alg = FedHDPPointEstimation(data.groups, [0.0, gamma2], ratios=[1.0, r_star],
     ...                             lambdas=[1.0, 0.7])
-    >>> res = run(alg, data, RunConfig(n_clients=20, rounds=2, seed=1))
+    >>> res = run(alg, data, RunConfig(n_clients=20, n_rounds=2, seed=1))
     >>> psi, w = res.clients["psi"], np.where(data.groups == 1, r_star, 1.0)
     >>> bool(np.isclose(res.server["global"][0], np.sum(w * psi) / np.sum(w)))
     True

@@ -101,8 +101,8 @@ class PerAda(ServerDistillation, Strategy):
         default: every round, as Algorithm 1.
     kd_validation : (Tensor, Tensor), optional
         Labelled server data for the best-student selection and early stopping
-        of :func:`distill` (the official code's; the paper does not mention
-        it, so it is off by default): inputs as ``aux``'s, integer labels in
+        of :func:`~ebfl.learning.torch.distillation.distill` (the official code's; the paper
+        does not mention it, so it is off by default): inputs as ``aux``'s, integer labels in
         [0, n_classes).
     kd_patience, kd_eval_every : int, optional
     trainable : list of str, optional

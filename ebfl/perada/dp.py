@@ -302,7 +302,7 @@ def client_epsilons(n_train, *, noise_multiplier, n_rounds, local_steps, delta, 
     --------
     30 rounds of 5 steps per model at q = 0.05, z = 1:
 
-    >>> res = client_epsilons([640, 640], noise_multiplier=1.0, rounds=30, local_steps=5,
+    >>> res = client_epsilons([640, 640], noise_multiplier=1.0, n_rounds=30, local_steps=5,
     ...                       delta=1e-5, sampling_rate=0.05)
     >>> res.steps.tolist(), round(res.mean, 3), res.std
     ([300, 300], 6.464, 0.0)
@@ -359,9 +359,9 @@ def calibrate_noise_multiplier(epsilon, delta, *, n_train, n_rounds, local_steps
 
     Examples
     --------
-    >>> cal = calibrate_noise_multiplier(2.0, 1e-5, n_train=[640, 1280], rounds=30,
+    >>> cal = calibrate_noise_multiplier(2.0, 1e-5, n_train=[640, 1280], n_rounds=30,
     ...                                  local_steps=5, expected_batch=32)
-    >>> res = client_epsilons([640, 1280], noise_multiplier=cal.noise_multiplier, rounds=30,
+    >>> res = client_epsilons([640, 1280], noise_multiplier=cal.noise_multiplier, n_rounds=30,
     ...                       local_steps=5, delta=1e-5, expected_batch=32)
     >>> cal.converged, res.max <= 2.0
     (True, True)

@@ -227,7 +227,7 @@ def train(strategy, data, *, n_rounds, local_steps=10, clients_per_round=None, s
     >>> xs = [rng.normal(size=(20, 4)).astype(np.float32) for _ in range(3)]
     >>> ys = [(x[:, 0] > 0).astype(np.int64) for x in xs]
     >>> data = FederatedDataset.from_clients(xs, ys, xs, ys, n_classes=2)
-    >>> res = train(FedAvg(LogisticModel(4, 2), 0.5), data, rounds=2, local_steps=2,
+    >>> res = train(FedAvg(LogisticModel(4, 2), 0.5), data, n_rounds=2, local_steps=2,
     ...             batch_size=5, device="cpu")
     >>> tuple(res.accuracy.shape), res.accuracy.device
     ((3,), device(type='cpu'))

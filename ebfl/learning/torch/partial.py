@@ -60,7 +60,7 @@ Examples
 >>> ys = [rng.integers(0, 2, 12) for _ in range(3)]
 >>> data = FederatedDataset.from_clients(xs, ys, xs, ys, n_classes=2)
 >>> alg = FedAlt(SmallResNet(2, widths=(4,), adapters=False), 0.05, personal="output")
->>> res = train(alg, data, rounds=2, local_steps=2, batch_size=4)
+>>> res = train(alg, data, n_rounds=2, local_steps=2, batch_size=4)
 >>> alg.name, sorted(res.server), sorted(res.clients["personal"])
 ('FedAlt (output layer)', ['shared'], ['fc.bias', 'fc.weight'])
 """

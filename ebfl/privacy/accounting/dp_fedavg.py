@@ -343,7 +343,7 @@ def dp_fedavg_rdp(*, sampling_rate, noise_multiplier, n_rounds, orders=None):
 
     Examples
     --------
-    >>> orders, rdp = dp_fedavg_rdp(sampling_rate=1.0, noise_multiplier=2.0, rounds=10,
+    >>> orders, rdp = dp_fedavg_rdp(sampling_rate=1.0, noise_multiplier=2.0, n_rounds=10,
     ...                             orders=[2.0, 8.0])
     >>> rdp.tolist()  # T a / (2 z^2) without sampling
     [2.5, 10.0]
@@ -405,11 +405,11 @@ def dp_fedavg_epsilon(*, sampling_rate, noise_multiplier, n_rounds, delta, accou
     --------
     The non-IID MNIST row of the FedHDP paper's Table 7 (epsilon = 3.6):
 
-    >>> res = dp_fedavg_epsilon(sampling_rate=0.05, noise_multiplier=1.5, rounds=500,
+    >>> res = dp_fedavg_epsilon(sampling_rate=0.05, noise_multiplier=1.5, n_rounds=500,
     ...                         delta=1e-4)
     >>> round(res.epsilon, 3), res.order
     (3.608, 5.1)
-    >>> pld = dp_fedavg_epsilon(sampling_rate=0.05, noise_multiplier=1.5, rounds=500,
+    >>> pld = dp_fedavg_epsilon(sampling_rate=0.05, noise_multiplier=1.5, n_rounds=500,
     ...                         delta=1e-4, accountant="pld")
     >>> round(pld.epsilon, 3)  # tighter
     3.237
@@ -472,9 +472,9 @@ def dp_fedavg_noise_multiplier(*, sampling_rate, n_rounds, delta, epsilon, accou
     --------
     It inverts :func:`dp_fedavg_epsilon` (FMNIST in Table 7 of the FedHDP paper):
 
-    >>> eps = dp_fedavg_epsilon(sampling_rate=0.03, noise_multiplier=4.0, rounds=500,
+    >>> eps = dp_fedavg_epsilon(sampling_rate=0.03, noise_multiplier=4.0, n_rounds=500,
     ...                         delta=1e-4).epsilon
-    >>> cal = dp_fedavg_noise_multiplier(sampling_rate=0.03, rounds=500, delta=1e-4,
+    >>> cal = dp_fedavg_noise_multiplier(sampling_rate=0.03, n_rounds=500, delta=1e-4,
     ...                                  epsilon=eps)
     >>> round(cal.noise_multiplier, 5), cal.converged, cal.epsilon <= eps
     (4.0, True, True)

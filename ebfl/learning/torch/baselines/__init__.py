@@ -52,7 +52,7 @@ Examples
 >>> xs = [rng.normal(size=(20, 4)).astype(np.float32) for _ in range(3)]
 >>> ys = [(x[:, 0] > 0).astype(np.int64) for x in xs]
 >>> data = FederatedDataset.from_clients(xs, ys, xs, ys, n_classes=2)
->>> res = train(Ditto(LogisticModel(4, 2), 0.5), data, rounds=2, local_steps=2, batch_size=5)
+>>> res = train(Ditto(LogisticModel(4, 2), 0.5), data, n_rounds=2, local_steps=2, batch_size=5)
 >>> sorted(res.server), sorted(res.clients), tuple(res.accuracy.shape)
 (['global'], ['personal'], (3,))
 """

@@ -300,7 +300,7 @@ class _OneGlobalModel:
         >>> from ebfl.learning.torch import LogisticModel
         >>> from ebfl.learning.torch.baselines import Ditto
         >>> alg = Ditto(LogisticModel(4, 3))
-        >>> sorted(alg.global_state(alg.init_server(RunConfig(n_clients=2, rounds=1))))
+        >>> sorted(alg.global_state(alg.init_server(RunConfig(n_clients=2, n_rounds=1))))
         ['net.1.bias', 'net.1.weight']
         """
         return server["global"]

@@ -97,7 +97,7 @@ class FedEM(Strategy):
     >>> from ebfl.federated import RunConfig
     >>> from ebfl.learning.torch import LogisticModel
     >>> strat = FedEM(LogisticModel(4, 3), n_components=3)
-    >>> tuple(strat.init_server(RunConfig(n_clients=2, rounds=1))["components"]
+    >>> tuple(strat.init_server(RunConfig(n_clients=2, n_rounds=1))["components"]
     ...       ["net.1.weight"].shape)
     (3, 3, 4)
     """
