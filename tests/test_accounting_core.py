@@ -130,12 +130,15 @@ def test_the_same_argument_is_refused_in_the_same_words(bad):
 
 
 def test_a_pld_grid_too_large_is_refused_in_the_same_words():
-    """A tiny noise multiplier: each accountant names its own grid, in the core's words."""
+    """A tiny noise multiplier: each accountant (and the core's own) names its grid, in the
+    core's words, before building it."""
     ends = []
     for call in (lambda: _dp_fedavg(noise_multiplier=0.01, accountant="pld"),
                  lambda: DPAdaPeDAccountant(10, sampling="poisson", accountant="pld").step(
                      n_sampled=5, sync_gap=1, clip_mu=1.0, noise_mu=0.005),
-                 lambda: rigorous_epsilon(0.01, 0.01, 0.1, 10, 1e-5, accountant="pld")):
+                 lambda: rigorous_epsilon(0.01, 0.01, 0.1, 10, 1e-5, accountant="pld"),
+                 lambda: Accountant(accountant="pld").compose(
+                     dp_event.GaussianDpEvent(0.005), 10).get_epsilon(1e-5)):
         with pytest.raises(ValueError, match="accountant='pld' would need a grid of about") as e:
             call()
         ends.append(str(e.value).split(" (at most ")[1])

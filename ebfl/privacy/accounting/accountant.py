@@ -26,7 +26,9 @@ from ebfl.privacy.accounting.core import (
     check_delta,
     check_epsilon,
     check_orders,
+    check_pld_points,
     check_vdi,
+    gaussian_pld_points,
 )
 from ebfl.privacy.accounting.rdp import event_rdp
 
@@ -34,6 +36,14 @@ __all__ = ["ACCOUNTANTS", "Accountant"]
 
 #: The two ways to compose: Renyi DP, or privacy-loss distributions (tighter).
 ACCOUNTANTS = ("rdp", "pld")
+
+
+def _gaussian_multipliers(event):
+    """The noise multipliers of every Gaussian inside ``event``."""
+    if isinstance(event, dp_event.GaussianDpEvent):
+        return [event.noise_multiplier]
+    inner = getattr(event, "events", None) or [getattr(event, "event", None)]
+    return [z for e in inner if e is not None for z in _gaussian_multipliers(e)]
 
 
 class Accountant:
@@ -102,9 +112,13 @@ class Accountant:
         return event_rdp(self.event, self.orders)
 
     def _pld_accountant(self):
-        """A dp-accounting PLDAccountant with everything composed."""
-        acc = pld_privacy_accountant.PLDAccountant(self.neighboring_relation,
-                                                   self.value_discretization_interval)
+        """A dp-accounting PLDAccountant with everything composed (each Gaussian's grid
+        checked against the core's guard first)."""
+        vdi = self.value_discretization_interval
+        for z in _gaussian_multipliers(self.event):
+            check_pld_points(gaussian_pld_points(z, vdi), what=f"for a Gaussian of noise "
+                             f"multiplier {z:.3g}", vdi=vdi)
+        acc = pld_privacy_accountant.PLDAccountant(self.neighboring_relation, vdi)
         acc.compose(self.event)
         return acc
 
