@@ -66,7 +66,7 @@ same numbers whether the clients run together or one at a time. The
 in-process private estimators (:mod:`ebfl.privacy.estimators`) draw all
 clients' noise from one generator instead, so a federated run equals them when
 they are fed the same noisy releases (the tests feed them those); both compute
-the leave-one-out estimates with the same functions.
+the leave-one-out estimates with the same functions (:mod:`ebfl.privacy.shrinkage`).
 
 The clients' data (:class:`~ebfl.federated.ClientCounts`,
 :class:`~ebfl.federated.ClientMeans`) and the datasets of them are in
@@ -528,8 +528,8 @@ def _binomial_grid_posterior(z, n, grid, weights):
 
 
 # Leave-one-out moments (eq. (6) and Theorem 4). The server sends the sums over
-# the m clients of its fit; client i removes its own term, with the arithmetic of
-# ebfl.privacy.estimators (the in-process private estimators run the same functions).
+# the m clients of its fit; client i removes its own term, with the public halves of
+# ebfl.privacy.shrinkage (the in-process private estimators run the same functions).
 # A client outside the fit (it failed in the fitting round) has all m clients as its
 # "others".
 
@@ -556,8 +556,8 @@ def _loo_sums(z, n, method):
 def _loo_posterior(z, n, included, message, method):
     """Eq. (6): posterior mean, variance and weight a_i of each client of a stack.
 
-    The arithmetic of ebfl.eb's kernel (``_loo_client``), vectorized over a stack of
-    clients, some of which may be outside the fit.
+    The arithmetic of the shared kernel ``ebfl._kernels.loo_beta_client``, vectorized over
+    a stack of clients, some of which may be outside the fit.
     """
     x = z / n
     sums = _read_sums(message)
