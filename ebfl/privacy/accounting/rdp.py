@@ -36,6 +36,7 @@ own error estimate is added to the integral, and a relative 1e-8 to the RDP.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -238,6 +239,7 @@ def _rdp(q, z, orders):
     return out
 
 
+@functools.lru_cache(maxsize=8192)
 def _order_rdp(q, z, alpha):
     """RDP at one order: the binomial sum at an integer order up to 1000, else quadrature
     (plus a relative 1e-8, ten times its largest error measured against the sums)."""
