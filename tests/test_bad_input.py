@@ -63,7 +63,6 @@ from ebfl.learning import (
     marginal_loglik,
     posterior_regression,
     run_federated,
-    sample_clients,
 )
 from ebfl.learning.partition import dirichlet, natural, pathological, train_test_split_per_client
 from ebfl.privacy import (
@@ -1017,7 +1016,7 @@ def test_every_public_bound_is_in_the_table():
 # ------------------------------------------------------- learning (numpy)
 
 def _run(algorithm, data, **kw):
-    res = run_federated(algorithm, data, 2, rng=0, **kw)
+    res = run_federated(algorithm, data, 2, **kw)
     return res.theta
 
 
@@ -1072,7 +1071,7 @@ def _subset_predict(clients, theta):
 
 
 class _NoRound:
-    def init(self, data, rng):
+    def init_server(self, run):
         return {}
 
 
@@ -1098,31 +1097,26 @@ LEARNING = [
                                                           ValueError),
               ("theta", np.zeros((3, 2)), ValueError))),
     Case("run_federated", _federated,
-         lambda: dict(algorithm=LinearEM(), data=_data(), n_rounds=2, rng=0),
-         scalars={"rng": "rng", "record_every": "count", "progress": "bool"},
+         lambda: dict(algorithm=LinearEM(), data=_data(), n_rounds=2, seed=0),
+         scalars={"seed": "rng", "record_every": "count", "progress": "bool"},
          bad=(("n_rounds", -1, ValueError), ("n_rounds", 1.5, TypeError),
-              ("n_rounds", "2", TypeError),
+              ("n_rounds", "2", TypeError), ("n_rounds", 10**8, ValueError),
               ("data", _X(), TypeError), ("algorithm", None, TypeError),
               ("sampling", "some", ValueError), ("sampling", ["full"], TypeError),
-              ("clients_per_round", 2, ValueError), ("rate", 0.5, ValueError),
+              ("clients_per_round", 2, ValueError), ("seed", 2**64, ValueError),
               ("truth", np.zeros((4, 3)), ValueError), ("truth", complex_of(np.zeros((4, 2))),
                                                         TypeError),
               ("truth", np.full((4, 2), NAN), ValueError), ("evaluate", "acc", TypeError),
-              ("evaluate", lambda theta: 0.5, TypeError))),
+              ("evaluate", lambda theta: 0.5, TypeError), ("checkpoint", 3, TypeError))),
     Case("run_federated-fixed", _federated,
-         lambda: dict(algorithm=LinearEM(), data=_data(), n_rounds=2, rng=0, sampling="fixed",
+         lambda: dict(algorithm=LinearEM(), data=_data(), n_rounds=2, seed=0, sampling="fixed",
                       clients_per_round=2, truth=_quarters((4, 2), 3)),
          real=("truth",), scalars={"clients_per_round": "size"},
-         bad=(("clients_per_round", 5, ValueError), ("rate", 0.5, ValueError))),
+         bad=(("clients_per_round", 5, ValueError), ("clients_per_round", None, TypeError))),
     Case("run_federated-poisson", _federated,
-         lambda: dict(algorithm=LinearEM(), data=_data(), n_rounds=2, rng=0, sampling="poisson",
-                      rate=0.5),
-         scalars={"rate": "probability"}, bad=(("clients_per_round", 2, ValueError),)),
-    Case("sample_clients", sample_clients,
-         lambda: dict(m=5, rng=0, sampling="fixed", clients_per_round=2),
-         scalars={"m": "size", "rng": "rng", "clients_per_round": "size"},
-         bad=(("clients_per_round", 6, ValueError), ("sampling", "most", ValueError),
-              ("rate", 0.5, ValueError))),
+         lambda: dict(algorithm=LinearEM(), data=_data(), n_rounds=2, seed=0, sampling="poisson",
+                      clients_per_round=2),
+         scalars={"clients_per_round": "size"}, bad=(("clients_per_round", 5, ValueError),)),
     Case("LinearGD", _linear_gd,
          lambda: dict(data=_data(), mu0=np.array([0.5, -0.25]), sigma_theta2_0=0.5),
          real=("mu0",),
@@ -1239,13 +1233,13 @@ table_tests(LEARNING, "learning", globals())
 
 
 def test_an_algorithm_without_the_protocol_is_refused_by_name():
-    with pytest.raises(TypeError, match="algorithm must implement"):
+    with pytest.raises(TypeError, match="algorithm must be a RegressionAlgorithm"):
         run_federated(_NoRound(), _data(), 1)
 
 
 def test_a_diverging_algorithm_warns():
     with np.errstate(all="ignore"), pytest.warns(RuntimeWarning, match="diverged"):
-        run_federated(LinearGD(1e300), _data(), 3, rng=0)
+        run_federated(LinearGD(1e300), _data(), 3)
 
 
 # ------------------------------------------- validation, demo and experiments

@@ -50,7 +50,7 @@ def drive_one_client_at_a_time(algorithm, data, config, *, failures=None):
     m = config.n_clients
     alone = [np.array([c]) for c in range(m)]
     server = algorithm.init_server(config)
-    clients = [algorithm.init_clients(config, data, ids) for ids in alone]
+    clients = [algorithm.init_clients(config, data.subset(ids), ids) for ids in alone]
     weights = np.concatenate([np.asarray(algorithm.client_weights(data.subset(ids)), float)
                               for ids in alone])
     for r in range(config.n_rounds):

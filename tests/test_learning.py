@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from scipy import optimize
 
+from ebfl.federated import RunConfig, run, sample_clients
 from ebfl.learning import (
     FedAvgLinear,
     LinearEM,
@@ -19,7 +20,6 @@ from ebfl.learning import (
     marginal_loglik,
     posterior_regression,
     run_federated,
-    sample_clients,
 )
 
 Z = 4.0
@@ -114,7 +114,8 @@ def test_algorithm2_converges_to_the_map_found_by_scipy():
     data, _, _ = _linear_problem(20, 30, 2, seed=1)
     m, d = 20, 2
     alg = LinearGD(lr=0.002, lr_var=2e-4, sigma_theta2_0=0.5, sigma_x2_0=0.5)
-    state = run_federated(alg, data, 8000, record_every=8000).state
+    fit = run_federated(alg, data, 8000, record_every=8000)
+    state = {**fit.server, **fit.clients}
 
     def objective(v):
         return linear_objective(data, v[:m * d].reshape(m, d), v[m * d:m * d + d],
@@ -136,20 +137,19 @@ def test_em_increases_the_marginal_likelihood_and_reaches_its_maximum():
     st = [h["sigma_theta2"] for h in res.history]
     assert st[-1] > 0
     # Monotone in the marginal likelihood (recomputed from the logged parameters).
-    alg = LinearEM()
-    state = alg.init(data, None)
-    values = []
-    for _ in range(40):
-        values.append(marginal_loglik(data, state["mu"], state["sigma_theta2"],
-                                      state["sigma_x2"]))
-        state = alg.round(state, data, np.arange(40), None)
-    assert np.all(np.diff(values) >= -1e-9)
+    def loglik(server, clients):
+        return {"loglik": marginal_loglik(data, server["mu"], server["sigma_theta2"],
+                                          server["sigma_x2"])}
+
+    values = [h["loglik"] for h in run(LinearEM(), data, RunConfig(40, 40),
+                                        monitor=loglik).history]
+    assert len(values) == 40 and np.all(np.diff(values) >= -1e-9)
     # The fixed point is the maximizer: compare with scipy on (mu, log variances).
     def negll(v):
         return -marginal_loglik(data, v[:3], math.exp(v[3]), math.exp(v[4]))
 
     opt = optimize.minimize(negll, np.zeros(5), method="L-BFGS-B")
-    final = res.state
+    final = res.server
     assert marginal_loglik(data, final["mu"], final["sigma_theta2"],
                            final["sigma_x2"]) == pytest.approx(-opt.fun, abs=1e-4)
 
@@ -197,36 +197,45 @@ def test_fedavg_on_iid_clients_matches_centralized_least_squares():
     data = RegressionData.from_arrays(X, Y)
     res = run_federated(FedAvgLinear(lr=0.3, local_steps=1), data, 400)
     central = np.linalg.lstsq(X.reshape(-1, 3), Y.ravel(), rcond=None)[0]
-    np.testing.assert_allclose(res.state["w"], central, atol=1e-10)
+    np.testing.assert_allclose(res.theta, central, atol=1e-10)
     # Fine-tuning from the global model moves every client towards its own fit.
-    tuned = finetune_linear(data, res.state["w"], 50, 0.1)
+    tuned = finetune_linear(data, res.theta, 50, 0.1)
     own = local_least_squares(data)
-    assert np.all(np.sum((tuned - own) ** 2, 1) <= np.sum((res.state["w"] - own) ** 2, 1))
+    assert np.all(np.sum((tuned - own) ** 2, 1) <= np.sum((res.theta - own) ** 2, 1))
 
 
 # --------------------------------------------------------------------- core
 
-def test_sampling_schemes():
-    rng = np.random.default_rng(0)
-    assert sample_clients(5, rng).tolist() == [0, 1, 2, 3, 4]
-    fixed = sample_clients(100, rng, "fixed", clients_per_round=10)
-    assert fixed.size == 10 and np.unique(fixed).size == 10
-    sizes = [sample_clients(1000, rng, "poisson", rate=0.1).size for _ in range(200)]
-    assert abs(np.mean(sizes) - 100) <= Z * math.sqrt(1000 * 0.1 * 0.9 / 200)
+def test_sampling_schemes_draw_the_clients_of_the_federated_protocol():
+    data, _, _ = _linear_problem(100, 3, 2, seed=0)
+    full = run_federated(LinearEM(), data, 3)
+    assert [h["replies"] for h in full.history] == [100] * 3
+    fixed = run_federated(LinearEM(), data, 3, sampling="fixed", clients_per_round=10, seed=4)
+    assert [h["replies"] for h in fixed.history] == [10] * 3
+    # The clients of round r are the protocol's sample for (seed, r): the runtimes agree.
+    config = RunConfig(100, 3, seed=4, clients_per_round=10)
+    seen = np.zeros(100, bool)
+    for r in range(3):
+        seen[sample_clients(config, r)] = True
+    np.testing.assert_array_equal(fixed.server["seen"], seen)
+    poisson = run_federated(LinearEM(), data, 200, sampling="poisson", clients_per_round=10,
+                            seed=1)
+    sizes = np.array([h["replies"] for h in poisson.history])
+    assert abs(sizes.mean() - 10) <= Z * math.sqrt(100 * 0.1 * 0.9 / 200)
     with pytest.raises(ValueError, match="clients_per_round"):
-        sample_clients(5, rng, "fixed", clients_per_round=6)
+        run_federated(LinearEM(), data, 1, sampling="fixed", clients_per_round=101)
     with pytest.raises(ValueError, match="sampling"):
-        sample_clients(5, rng, "some")
+        run_federated(LinearEM(), data, 1, sampling="some")
 
 
 def test_runs_are_reproducible_and_record_mse():
     data, theta, _ = _linear_problem(50, 4, 3, seed=5)
-    kw = dict(sampling="fixed", clients_per_round=10, rng=7, truth=theta)
+    kw = dict(sampling="fixed", clients_per_round=10, seed=7, truth=theta)
     a = run_federated(LinearGD(0.01, lr_var=1e-3), data, 30, **kw)
     b = run_federated(LinearGD(0.01, lr_var=1e-3), data, 30, **kw)
     np.testing.assert_array_equal(a.theta, b.theta)
-    assert len(a.history) == 31 and "mse" in a.history[-1]
-    assert a.history_frame().shape[0] == 31
+    assert len(a.history) == 30 and "mse" in a.history[-1]
+    assert a.history_frame().shape[0] == 30
 
 
 def test_bad_input():
@@ -263,10 +272,10 @@ def test_algorithm7_recovers_the_atoms():
     from ebfl.learning.population_models import DiscreteMixtureLinear
 
     data, theta, atoms, labels = _mixture_problem(0)
-    res = run_federated(DiscreteMixtureLinear(3, 0.25), data, 10, rng=0, truth=theta)
-    got = res.state["atoms"][np.argsort(res.state["atoms"][:, 0])]
+    res = run_federated(DiscreteMixtureLinear(3, 0.25), data, 10, truth=theta)
+    got = res.server["atoms"][np.argsort(res.server["atoms"][:, 0])]
     np.testing.assert_allclose(got, atoms, atol=0.05)
-    probs = res.state["probs"][np.argsort(res.state["atoms"][:, 0])]
+    probs = res.server["probs"][np.argsort(res.server["atoms"][:, 0])]
     np.testing.assert_allclose(probs, np.bincount(labels) / 300, atol=0.02)
     local_mse = np.mean(np.sum((local_least_squares(data) - theta) ** 2, 1))
     assert res.history[-1]["mse"] < local_mse / 10
@@ -276,8 +285,8 @@ def test_algorithm4_beats_local_with_a_clustered_population():
     from ebfl.learning.population_models import GaussianMixtureLinear
 
     data, theta, atoms, _ = _mixture_problem(1, spread=0.2)
-    res = run_federated(GaussianMixtureLinear(3, 0.01, 0.25), data, 200, rng=0, truth=theta)
-    got = res.state["atoms"][np.argsort(res.state["atoms"][:, 0])]
+    res = run_federated(GaussianMixtureLinear(3, 0.01, 0.25), data, 200, truth=theta)
+    got = res.server["atoms"][np.argsort(res.server["atoms"][:, 0])]
     np.testing.assert_allclose(got, atoms, atol=0.1)
     local_mse = np.mean(np.sum((local_least_squares(data) - theta) ** 2, 1))
     # n = 20 already pins theta_i well (local MSE ~ 2 x 0.25/20); the prior still helps.
@@ -302,9 +311,112 @@ def test_laplace_prox_step_solves_the_lasso_and_prior_is_median():
         np.testing.assert_allclose(res.theta[i], mu + lasso.coef_, atol=1e-6)
     # The server's update is the block minimizer of the current models (Algorithm 2)...
     alg = LaplaceLinear(0.01, sx)
-    one = alg.round(alg.init(data, None), data, np.arange(3), None)
-    np.testing.assert_allclose(one["mu"], np.median(one["theta"], axis=0))
-    assert one["b"] == pytest.approx(np.mean(np.abs(one["theta"] - one["mu"])))
+    one = run_federated(alg, data, 1)
+    np.testing.assert_allclose(one.server["mu"], np.median(one.theta, axis=0))
+    assert one.server["b"] == pytest.approx(np.mean(np.abs(one.theta - one.server["mu"])))
     # ...and iterating it collapses b like sigma_theta^2 in Algorithm 2: the joint MAP
     # over (theta, mu, b) is unbounded below (errata [!10]); b stops at the floor.
-    assert run_federated(alg, data, 200).state["b"] == alg.floor
+    assert run_federated(alg, data, 200).server["b"] == alg.floor
+
+
+# ------------------------------------------------ the algorithms as protocol halves
+
+def _protocol_cases():
+    from ebfl.learning import (
+        DiscreteMixtureLinear,
+        FedAvgLogistic,
+        GaussianMixtureLinear,
+        LaplaceLinear,
+        LogisticEM,
+    )
+
+    return {"LinearGD": (LinearGD(0.01, lr_var=1e-3, local_steps=2), "linear"),
+            "LinearEM": (LinearEM(), "linear"),
+            "LogisticGD": (LogisticGD(0.05, lr_var=1e-3), "logistic"),
+            "LogisticEM": (LogisticEM(), "logistic"),
+            "FedAvgLinear": (FedAvgLinear(0.1, local_steps=3), "linear"),
+            "FedAvgLogistic": (FedAvgLogistic(0.5, local_steps=2, l2=0.01), "logistic"),
+            "DiscreteMixtureLinear": (DiscreteMixtureLinear(2, 0.09), "linear"),
+            "GaussianMixtureLinear": (GaussianMixtureLinear(2, 0.01, 0.09), "linear"),
+            "LaplaceLinear": (LaplaceLinear(0.01, 0.09), "linear")}
+
+
+def _ragged_problem(kind, seed=11):
+    """24 clients of 3 to 9 examples (ragged), d = 3."""
+    rng = np.random.default_rng(seed)
+    theta = rng.normal(0, 1, 3) + 0.5 * rng.standard_normal((24, 3))
+    sizes = 3 + np.arange(24) % 7
+    Xs = [rng.standard_normal((k, 3)) for k in sizes]
+    if kind == "linear":
+        Ys = [x @ t + 0.3 * rng.standard_normal(len(x)) for x, t in zip(Xs, theta, strict=True)]
+    else:
+        Ys = [(rng.random(len(x)) < 1 / (1 + np.exp(-x @ t))).astype(float)
+              for x, t in zip(Xs, theta, strict=True)]
+    return RegressionData.from_lists(Xs, Ys), theta
+
+
+@pytest.mark.parametrize("name", sorted(_protocol_cases()))
+@pytest.mark.parametrize("sampling", ["fixed", "poisson"])
+def test_each_client_alone_gives_the_vectorized_run(name, sampling):
+    """What the Flower runtime does (each client alone, its own copy of every message)
+    gives the result of the in-process run: the client half couples no two clients."""
+    from tests.test_federated import drive_one_client_at_a_time
+
+    algorithm, kind = _protocol_cases()[name]
+    data, _ = _ragged_problem(kind)
+    fit = run_federated(algorithm, data, 6, sampling=sampling, clients_per_round=8, seed=3)
+    config = RunConfig(24, 6, seed=3, clients_per_round=8, sampling=sampling)
+    server, clients, metrics = drive_one_client_at_a_time(algorithm, data, config)
+    theta = algorithm.personal(server, clients)
+    np.testing.assert_allclose(theta, fit.theta, rtol=1e-12, atol=1e-12)
+    assert set(server) == set(fit.server)
+    for key, value in server.items():
+        np.testing.assert_allclose(np.asarray(value, float), np.asarray(fit.server[key], float),
+                                   rtol=1e-12, atol=1e-12, err_msg=key)
+    np.testing.assert_allclose(metrics["train_loss"].mean(), fit.history[-1]["train_loss"],
+                               rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["LinearEM", "DiscreteMixtureLinear", "LaplaceLinear"])
+def test_a_regression_run_resumes_from_its_checkpoint_to_the_same_result(name, tmp_path):
+    algorithm, kind = _protocol_cases()[name]
+    data, theta = _ragged_problem(kind)
+    kw = dict(sampling="fixed", clients_per_round=8, seed=5, truth=theta, record_every=2)
+    full = run_federated(algorithm, data, 8, **kw)
+    path = tmp_path / "run.ckpt"
+    run_federated(algorithm, data, 4, checkpoint=path, **kw)
+    resumed = run_federated(algorithm, data, 8, checkpoint=path, **kw)
+    np.testing.assert_array_equal(resumed.theta, full.theta)
+    assert [h["mse"] for h in resumed.history] == [h["mse"] for h in full.history]
+    # Another algorithm's checkpoint is refused, not continued.
+    with pytest.raises(ValueError, match="checkpoint"):
+        run_federated(LinearGD(0.5), data, 8, checkpoint=path, **kw)
+
+
+def test_the_clustering_algorithms_wait_for_k_clients_before_clustering():
+    from ebfl.learning import DiscreteMixtureLinear
+
+    data, _ = _ragged_problem("linear")
+    # 2 clients a round, 5 atoms: the server clusters from the third round on.
+    fit = run_federated(DiscreteMixtureLinear(5, 0.09), data, 3, sampling="fixed",
+                        clients_per_round=2, seed=0)
+    assert [("probs" in h) for h in fit.history] == [False, False, True]
+    assert fit.history[0]["bytes_down"] == 0  # nothing to broadcast yet
+    with pytest.raises(ValueError, match="k must be <= the number of clients"):
+        run_federated(DiscreteMixtureLinear(25, 0.09), data, 1)
+
+
+def test_the_runtime_monitor_sees_every_state_and_must_return_a_dict():
+    data, _ = _ragged_problem("linear")
+    seen = []
+
+    def monitor(server, clients):
+        seen.append(clients["theta"].shape)
+        return {"n_models": len(clients["theta"])}
+
+    out = run(LinearEM(), data, RunConfig(24, 4, eval_every=2), monitor=monitor)
+    assert seen == [(24, 3)] * 2 and [h["n_models"] for h in out.history] == [24, 24]
+    with pytest.raises(TypeError, match="monitor must return a dict"):
+        run(LinearEM(), data, RunConfig(24, 1), monitor=lambda s, c: 1.0)
+    with pytest.raises(TypeError, match="monitor must be a callable"):
+        run(LinearEM(), data, RunConfig(24, 1), monitor="mse")

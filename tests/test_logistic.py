@@ -69,15 +69,13 @@ def test_logistic_map_and_its_laplace_trace_match_scipy_per_client():
 def test_logistic_em_round_is_map_then_closed_form_m_step():
     data, _, _ = _population(25, 30, 3, seed=3)
     alg = LogisticEM(newton_steps=50, sigma_theta2_0=0.7, mu0=[0.1, 0.0, -0.1])
-    state = alg.init(data, None)
-    new = alg.round(state, data, np.arange(data.n_clients), None)
-    theta, trace = logistic_map(data, state["mu"], 0.7)  # the E-step, computed separately
+    new = run_federated(alg, data, 1)
+    theta, trace = logistic_map(data, [0.1, 0.0, -0.1], 0.7)  # the E-step, computed separately
     mu = theta.mean(axis=0)
-    np.testing.assert_allclose(new["theta"], theta, atol=1e-9)
-    np.testing.assert_allclose(new["mu"], mu, atol=1e-9)
-    assert new["sigma_theta2"] == pytest.approx(
+    np.testing.assert_allclose(new.theta, theta, atol=1e-9)
+    np.testing.assert_allclose(new.server["mu"], mu, atol=1e-9)
+    assert new.server["sigma_theta2"] == pytest.approx(
         np.mean(np.sum((theta - mu) ** 2, axis=1) + trace) / 3, rel=1e-9)
-    assert state["sigma_theta2"] == 0.7 and np.all(state["theta"] == [0.1, 0.0, -0.1])
 
 
 def test_logistic_em_beats_local_and_global_models():
@@ -94,11 +92,14 @@ def test_logistic_em_beats_local_and_global_models():
 
 def test_partial_participation_keeps_the_latest_statistics():
     data, _, _ = _population(40, 20, 2, seed=5)
-    res = run_federated(LogisticEM(), data, 6, sampling="fixed", clients_per_round=10, rng=7)
-    again = run_federated(LogisticEM(), data, 6, sampling="fixed", clients_per_round=10, rng=7)
+    res = run_federated(LogisticEM(), data, 6, sampling="fixed", clients_per_round=10, seed=7)
+    again = run_federated(LogisticEM(), data, 6, sampling="fixed", clients_per_round=10, seed=7)
     np.testing.assert_array_equal(res.theta, again.theta)
-    seen = res.state["seen"]
-    np.testing.assert_allclose(res.state["mu"], res.state["theta"][seen].mean(axis=0))
+    seen = res.server["seen"]
+    assert 10 <= seen.sum() < 40
+    np.testing.assert_allclose(res.server["mu"], res.server["theta"][seen].mean(axis=0))
+    # The server's copies are the latest models of the clients it heard from.
+    np.testing.assert_array_equal(res.server["theta"][seen], res.theta[seen])
 
 
 def test_fedavg_logistic_on_one_step_matches_centralized_ridge_logistic():
@@ -143,6 +144,6 @@ def test_bad_input():
     with pytest.raises(ValueError, match="newton_steps"):
         LogisticEM(newton_steps=0)
     with pytest.raises(ValueError, match=r"Y in \{0, 1\}"):
-        LogisticEM().init(RegressionData(data.X, data.Y + 0.5, data.mask), None)
+        run_federated(LogisticEM(), RegressionData(data.X, data.Y + 0.5, data.mask), 1)
     with pytest.raises(ValueError, match="l2"):
         FedAvgLogistic(0.1, l2=-1.0)

@@ -289,7 +289,11 @@ class FederatedAlgorithm:
 
     # ---- client half
     def init_clients(self, run, data, clients):
-        """The persistent state of clients ``clients`` (a dict of stacks, one row each)."""
+        """The persistent state of clients ``clients`` (a dict of stacks, one row each).
+
+        ``data`` holds the data of exactly those clients, row j for ``clients[j]``
+        (in process every client's; on Flower the client's own).
+        """
         raise NotImplementedError
 
     def client_weights(self, data):

@@ -10,11 +10,12 @@ aggregate replies in client-id order.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ebfl._validation import INT64_MAX, check_bool, check_int_scalar
+from ebfl._validation import INT64_MAX, check_bool, check_callable, check_int_scalar
 from ebfl.federated.checkpoint import (
     check_checkpoint_path,
     check_resumable,
@@ -76,7 +77,7 @@ def history_row(config, done, metrics, summary, traffic):
 
 
 def run(algorithm, data, config, *, failures=None, checkpoint=None, checkpoint_every=None,
-        progress=False):
+        monitor=None, progress=False):
     """Run ``config.rounds`` rounds of ``algorithm`` on ``data`` in this process.
 
     Parameters
@@ -107,6 +108,12 @@ def run(algorithm, data, config, *, failures=None, checkpoint=None, checkpoint_e
         and a damaged or truncated file, are refused with a ValueError that says
         why (delete the file, or pass another path, to start afresh). A folder is
         refused before the run starts.
+    monitor : callable, optional
+        ``monitor(server, clients) -> dict``: more entries for each history row,
+        computed from the whole server state and every client's state (stacks of
+        m rows) after the round (e.g. the error to known true parameters, or an
+        objective that needs every client). It exists in process only: on
+        Flower no one holds every client's state.
     progress : bool
         A progress bar.
 
@@ -124,6 +131,8 @@ def run(algorithm, data, config, *, failures=None, checkpoint=None, checkpoint_e
                          f"is {config.n_clients}")
     failures = check_failures(failures, config, everyone=algorithm.all_clients_train)
     progress = check_bool(progress, "progress")
+    if monitor is not None:
+        check_callable(monitor, "monitor", "monitor(server, clients) -> dict")
     if checkpoint is not None:
         checkpoint = check_checkpoint_path(checkpoint)
     checkpoint_every = (config.eval_every if checkpoint_every is None else
@@ -190,6 +199,8 @@ def run(algorithm, data, config, *, failures=None, checkpoint=None, checkpoint_e
             metrics = evaluate(algorithm, server, clients, data)
             history.append(history_row(config, done, metrics, algorithm.summary(server),
                                        traffic))
+            if monitor is not None:
+                history[-1].update(_monitored(monitor, server, clients))
             if bar is not None and "accuracy" in metrics:
                 bar.set_postfix(acc=f"{history[-1]['accuracy']:.4f}")
         if checkpoint is not None and (done % checkpoint_every == 0 or done == config.n_rounds):
@@ -205,6 +216,13 @@ def run(algorithm, data, config, *, failures=None, checkpoint=None, checkpoint_e
         metrics = evaluate(algorithm, server, clients, data)
     return RunResult(server, clients, metrics, history, time.perf_counter() - t0,
                      config.to_dict())
+
+
+def _monitored(monitor, server, clients):
+    extra = monitor(server, clients)
+    if not isinstance(extra, Mapping):
+        raise TypeError(f"monitor must return a dict, got {type(extra).__name__}")
+    return extra
 
 
 def evaluate(algorithm, server, clients, data):

@@ -159,13 +159,13 @@ def hapt_logistic(*, positive="SITTING", quick=False, windows=None, progress=Fal
                            train, n_rounds["gd_rounds"], evaluate=evaluate,
                            record_every=max(1, n_rounds["gd_rounds"] // 50), progress=progress)
         results[name] = {**_summary(gd.theta, test),
-                         "sigma_theta2": float(gd.state["sigma_theta2"])}
+                         "sigma_theta2": float(gd.server["sigma_theta2"])}
         curves[name] = _curve(gd)
 
     em = run_federated(LogisticEM(sigma_theta2_0=1.0), train, n_rounds["em_rounds"],
                        evaluate=evaluate, progress=progress)
     results["EB, Laplace EM (corrected)"] = {**_summary(em.theta, test),
-                                            "sigma_theta2": float(em.state["sigma_theta2"])}
+                                            "sigma_theta2": float(em.server["sigma_theta2"])}
     curves["EB, Laplace EM (corrected)"] = _curve(em)
 
     n_tr, n_te = train.n_samples, test.n_samples

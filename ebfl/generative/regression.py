@@ -105,18 +105,18 @@ def e3_regression(*, dims=(50, 100), m=10_000, runs=3, em_rounds=300, gd_rounds=
                                         sigma_x2_0=0.1), data, gd_rounds,
                                record_every=gd_rounds, progress=progress)
             est["Algorithm 2 GD (unknown prior)"] = gd.theta
-            gd_final = {"sigma_theta2": gd.state["sigma_theta2"],
-                        "sigma_x2": gd.state["sigma_x2"]}
+            gd_final = {"sigma_theta2": gd.server["sigma_theta2"],
+                        "sigma_x2": gd.server["sigma_x2"]}
             est["local (pseudo-inverse)"] = local_least_squares(data)
             fedavg = run_federated(FedAvgLinear(2.0, local_steps=5), data, 100)
-            est["FedAvg"] = fedavg.state["w"]
-            est["FedAvg + fine-tuning"] = finetune_linear(data, fedavg.state["w"], 20, 2.0)
+            est["FedAvg"] = fedavg.theta
+            est["FedAvg + fine-tuning"] = finetune_linear(data, fedavg.theta, 20, 2.0)
             runs_out.append({k: _mse(v, theta) for k, v in est.items()})
             if run == 0:
                 curves[d] = [(h["round"], h["mse"]) for h in em.history]
                 gd_state = gd_final
-                em_state = {"sigma_theta2": em.state["sigma_theta2"],
-                            "sigma_x2": em.state["sigma_x2"]}
+                em_state = {"sigma_theta2": em.server["sigma_theta2"],
+                            "sigma_x2": em.server["sigma_x2"]}
         mse = {k: {"mean": float(np.mean([r[k] for r in runs_out])),
                    "sd": float(np.std([r[k] for r in runs_out], ddof=1)) if runs > 1 else 0.0}
                for k in runs_out[0]}

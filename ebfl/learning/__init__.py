@@ -5,7 +5,7 @@ The numpy part never imports torch; the torch algorithms live in
 """
 
 from ebfl.learning.data import RegressionData
-from ebfl.learning.federated import FederatedResult, run_federated, sample_clients
+from ebfl.learning.federated import FederatedResult, RegressionAlgorithm, run_federated
 from ebfl.learning.logistic_eb import LogisticEM, logistic_map
 from ebfl.learning.population_models import (
     DiscreteMixtureLinear,
@@ -28,7 +28,7 @@ from ebfl.learning.theorem6 import local_least_squares, marginal_loglik, posteri
 
 __all__ = ["DiscreteMixtureLinear", "FedAvgLinear", "FedAvgLogistic", "FederatedResult",
            "GaussianMixtureLinear", "LaplaceLinear", "LinearEM", "LinearGD", "LogisticEM",
-           "LogisticGD", "RegressionData", "finetune_linear", "finetune_logistic",
-           "laplace_objective", "linear_objective", "local_least_squares", "logistic_map",
-           "logistic_objective", "marginal_loglik", "posterior_regression", "run_federated",
-           "sample_clients"]
+           "LogisticGD", "RegressionAlgorithm", "RegressionData", "finetune_linear",
+           "finetune_logistic", "laplace_objective", "linear_objective", "local_least_squares",
+           "logistic_map", "logistic_objective", "marginal_loglik", "posterior_regression",
+           "run_federated"]

@@ -103,9 +103,19 @@ class RegressionData:
         return self.mask.sum(axis=1)
 
     def subset(self, clients):
-        """The data of the given client indices."""
+        """The data of the given client indices (this object itself for all of them, in
+        order: the data of a round where every client takes part is not copied)."""
         idx = self._clients_iv(clients)
-        return RegressionData(self.X[idx], self.Y[idx], self.mask[idx])
+        if idx.size == self.n_clients and np.array_equal(idx, np.arange(self.n_clients)):
+            return self
+        # Rows of checked data need no second check (a federated run takes a subset
+        # every round).
+        out = object.__new__(RegressionData)
+        for name in ("X", "Y", "mask"):
+            arr = getattr(self, name)[idx]
+            arr.setflags(write=False)
+            object.__setattr__(out, name, arr)
+        return out
 
     def gram(self, clients=None):
         """X_i^T X_i, shape (m, d, d) (or for ``clients``)."""

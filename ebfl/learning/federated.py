@@ -1,22 +1,24 @@
-"""A small federated simulation core shared by the regression algorithms.
+"""Federated personalized regression on the project's one federated protocol.
 
-An algorithm keeps its state as stacked arrays (one row per client for the
-personal parameters, plain arrays for the server's) and implements
+Every regression algorithm (:mod:`ebfl.learning.regression`,
+:mod:`ebfl.learning.population_models`, :mod:`ebfl.learning.logistic_eb`) is a
+:class:`~ebfl.federated.FederatedAlgorithm`: a client half (what a sampled
+client computes from the server's broadcast and its own data, and the reply it
+sends) and a server half (the new prior or global model from the replies). The
+clients' state is their personal model ``theta`` (a stack of rows, one per
+client); the server's is the population model (mu, variances, atoms, ...).
 
-* ``init(data, rng) -> state``
-* ``round(state, data, active, rng) -> state``: one synchronization round for the
-  sampled clients ``active`` (vectorized over them), server aggregation included;
-* ``personal(state) -> (m, d)``: each client's model;
-* ``summary(state, data) -> dict``: what to log (objective, prior estimates).
-
-:func:`run_federated` draws the participating clients each round (all, a fixed
-number without replacement, or Poisson with a rate), records a history, and
-can report the MSE to known true parameters.
+:func:`run_federated` runs one on :class:`~ebfl.learning.RegressionData` with
+the in-process runtime :func:`ebfl.federated.run`, the round loop that every
+federated algorithm of the project shares: the clients of a round are drawn from
+the server's stream of (seed, round), the algorithms' own randomness (k-means
+restarts) from the streams of (seed, round, purpose), and the history gets the
+objective of the algorithm and, when the truth is known, the error of the
+personal models.
 """
 
 from __future__ import annotations
 
-import numbers
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,78 +26,99 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ebfl._validation import (
-    INT64_MAX,
-    as_generator,
     check_bool,
     check_callable,
     check_choice,
     check_finite_array,
     check_int_scalar,
-    check_probability,
 )
+from ebfl.federated.protocol import MAX_ROUNDS, FederatedAlgorithm, RunConfig
+from ebfl.federated.runtime import run
+from ebfl.federated.streams import SERVER, stream_seed
+from ebfl.learning.data import RegressionData
 
-__all__ = ["FederatedResult", "run_federated", "sample_clients"]
+__all__ = ["FederatedResult", "RegressionAlgorithm", "run_federated"]
 
+#: How the clients of a round are drawn: everyone; K of m without replacement;
+#: each client independently with probability K / m.
 SAMPLINGS = ("full", "fixed", "poisson")
-#: Methods every algorithm implements (see the module docstring).
-PROTOCOL = ("init", "round", "personal", "summary")
 
 
-def sample_clients(m, rng, sampling="full", *, clients_per_round=None, rate=None):
-    """Indices of the clients taking part in one round.
+class RegressionAlgorithm(FederatedAlgorithm):
+    """Base class of the numpy regression algorithms: the halves of a
+    :class:`~ebfl.federated.FederatedAlgorithm` plus what a regression run reports.
 
-    Parameters
-    ----------
-    m : int
-        Number of clients, >= 1.
-    rng : None, int, SeedSequence or Generator
-    sampling : {"full", "fixed", "poisson"}
-        Everyone; ``clients_per_round`` (in 1..m) drawn without replacement; or
-        each client independently with probability ``rate`` (possibly nobody).
-        Each parameter is required by its scheme and refused by the others.
-
-    Examples
-    --------
-    >>> sample_clients(10, 0, "fixed", clients_per_round=3).tolist()
-    [5, 6, 9]
+    Subclasses implement the protocol's ``init_server``, ``init_clients``,
+    ``broadcast``, ``client_train`` and ``aggregate``, and
+    :meth:`objective` for the history. Client states hold the personal models
+    as ``{"theta": (K, d)}``; an algorithm with one global model (FedAvg)
+    overrides :meth:`personal`.
     """
-    m = check_int_scalar(m, "m", minimum=1, maximum=INT64_MAX)
-    rng = as_generator(rng)
-    k, rate = _sampling_iv(m, sampling, clients_per_round, rate)
-    return _draw_clients(m, rng, sampling, k, rate)
+
+    #: The loss each client evaluates its model with: "squared" or "logistic".
+    loss = "squared"
+
+    def config(self):
+        """The name and every hyperparameter (what a checkpoint must agree on)."""
+        out = {"name": self.name}
+        for key, value in sorted(vars(self).items()):
+            if callable(value):
+                value = getattr(value, "__qualname__", type(value).__name__)
+            elif isinstance(value, np.ndarray):
+                value = value.tolist()
+            out[key] = value
+        return out
+
+    def personal(self, server, clients):
+        """Every client's model, shape (m, d) (the global model (d,) for FedAvg)."""
+        return clients["theta"]
+
+    def objective(self, server, clients, data):
+        """Entries of the history computed from every client's model and data."""
+        return {}
+
+    def evaluation_message(self, server):
+        return {}
+
+    def client_evaluate(self, message, client, data):
+        """Each client's mean loss on its own data under its personal model."""
+        theta = client["theta"]
+        z = np.einsum("mnd,md->mn", data.X, theta)
+        if self.loss == "squared":
+            per_sample = (data.Y - z) ** 2
+        else:  # cross-entropy, log(1 + e^z) - y z, stable
+            per_sample = np.logaddexp(0.0, z) - data.Y * z
+        return {"train_loss": np.sum(per_sample * data.mask, axis=1) / data.n_samples}
 
 
-def _sampling_iv(m, sampling, clients_per_round, rate):
-    """Check a sampling scheme; its parameter must be given for it and only for it."""
-    check_choice(sampling, "sampling", SAMPLINGS)
-    k = None
-    if sampling == "fixed":
-        k = check_int_scalar(clients_per_round, "clients_per_round", minimum=1, maximum=m)
-    elif clients_per_round is not None:
-        raise ValueError(f"clients_per_round applies to sampling='fixed' only, not "
-                         f"sampling={sampling!r}")
-    if sampling == "poisson":
-        rate = check_probability(rate, "rate")
-    elif rate is not None:
-        raise ValueError(f"rate applies to sampling='poisson' only, not sampling={sampling!r}")
-    return k, rate
-
-
-def _draw_clients(m, rng, sampling, k, rate):
-    if sampling == "full":
-        return np.arange(m)
-    if sampling == "fixed":
-        return np.sort(rng.choice(m, size=k, replace=False))
-    return np.flatnonzero(rng.random(m) < rate)
+def round_rng(rc, purpose="aggregate"):
+    """The server's generator for its own draws in round ``rc.round`` (e.g. k-means
+    restarts), or at the start of the run with ``purpose="init"`` and round 0."""
+    return np.random.default_rng(stream_seed(rc.config.seed, rc.round, SERVER, purpose))
 
 
 @dataclass
 class FederatedResult:
-    """Final state, personal models and the per-round history of a run."""
+    """Final states, personal models and the history of a regression run.
 
-    state: dict
+    Attributes
+    ----------
+    server : dict
+        The server's state (the population model: mu, variances, atoms, ...).
+    clients : dict
+        Every client's state (stacks of m rows, client-id order).
+    theta : ndarray
+        The personal models (m, d), or the global model (d,) for FedAvg.
+    history : list of dict
+        One row per recorded round (see :func:`run_federated`).
+    """
+
+    server: dict
+    clients: dict
     theta: np.ndarray
     history: list = field(default_factory=list)
+    seconds: float = 0.0
+    config: dict = field(default_factory=dict)
 
     def history_frame(self):
         """The history as a pandas DataFrame (one row per recorded round)."""
@@ -105,91 +128,111 @@ class FederatedResult:
 
 
 def run_federated(algorithm, data, n_rounds, *, sampling="full", clients_per_round=None,
-                  rate=None, rng=None, truth=None, evaluate=None, record_every=1,
+                  seed=0, truth=None, evaluate=None, record_every=1, checkpoint=None,
                   progress=False):
     """Run ``n_rounds`` synchronization rounds of ``algorithm`` on ``data``.
 
     Parameters
     ----------
-    algorithm : object
-        See the module docstring.
+    algorithm : RegressionAlgorithm
     data : RegressionData
     n_rounds : int
-        >= 0.
-    sampling, clients_per_round, rate
-        Client participation, see :func:`sample_clients`.
-    rng : None, int, SeedSequence or Generator
-        All randomness (initialization, sampling, the algorithm's own).
-    truth : ndarray of shape (m, d), optional
+        In [0, 10^7].
+    sampling : {"full", "fixed", "poisson"}
+        Everyone each round; ``clients_per_round`` (K in 1..m) drawn without
+        replacement; or each client independently with probability K / m (a
+        round may have nobody: the server then keeps its state).
+    clients_per_round : int
+        K, required by "fixed" and "poisson" and refused by "full".
+    seed : int
+        Keys every random draw of the run (the clients of each round, the
+        algorithm's own), in [0, 2^64 - 1].
+    truth : array_like of shape (m, d), optional
         True client parameters (finite); the history then holds ``mse``, the
-        mean squared error sum_d (theta_hat - theta)^2 over clients.
+        mean over clients of ``sum_d (theta_hat - theta)^2``.
     evaluate : callable, optional
         ``evaluate(theta) -> dict`` on the personal models (m, d) (or the global
         model, for algorithms without personal ones); its entries join the
         history (e.g. test accuracy).
-
-    Warns
-    -----
-    RuntimeWarning
-        When the final models are not finite (the algorithm diverged).
     record_every : int
-        Log every this many rounds (and the last).
+        Record a history row every this many rounds, and after the last.
+    checkpoint : path-like, optional
+        Save the run there and resume from it, as :func:`ebfl.federated.run`.
     progress : bool
         Progress bar.
 
     Returns
     -------
     FederatedResult
+        Its history has one row per recorded round: ``round``, the algorithm's
+        summary (prior estimates) and objective, ``train_loss`` (the clients'
+        mean loss on their own data, and its sd over clients), ``mse`` and the
+        ``evaluate`` entries, and the round's traffic (``clients``, ``replies``,
+        ``bytes_down``, ``bytes_up``).
+
+    Warns
+    -----
+    RuntimeWarning
+        When the final models are not finite (the algorithm diverged).
+
+    Examples
+    --------
+    >>> from ebfl.learning import LinearEM, RegressionData, run_federated
+    >>> rng = np.random.default_rng(0)
+    >>> theta = 1.0 + 0.5 * rng.standard_normal((50, 2))
+    >>> X = rng.standard_normal((50, 10, 2))
+    >>> data = RegressionData.from_arrays(X, np.einsum("mnd,md->mn", X, theta))
+    >>> fit = run_federated(LinearEM(), data, 20, truth=theta)
+    >>> round(fit.history[-1]["sigma_theta2"], 2)
+    0.23
     """
-    missing = [name for name in PROTOCOL if not callable(getattr(algorithm, name, None))]
-    if missing:
-        raise TypeError(f"algorithm must implement {', '.join(PROTOCOL)} (see "
-                        f"ebfl.learning.federated); {type(algorithm).__name__} lacks {missing}")
-    m = getattr(data, "n_clients", None)
-    if not isinstance(m, numbers.Integral):
+    if not isinstance(algorithm, RegressionAlgorithm):
+        raise TypeError(f"algorithm must be a RegressionAlgorithm (see ebfl.learning."
+                        f"federated), got {type(algorithm).__name__}")
+    if not isinstance(data, RegressionData):
         raise TypeError(f"data must be a RegressionData, got {type(data).__name__}")
-    n_rounds = check_int_scalar(n_rounds, "n_rounds", minimum=0)
+    m = data.n_clients
+    n_rounds = check_int_scalar(n_rounds, "n_rounds", minimum=0, maximum=MAX_ROUNDS)
     record_every = check_int_scalar(record_every, "record_every", minimum=1)
-    k, rate = _sampling_iv(m, sampling, clients_per_round, rate)
+    check_choice(sampling, "sampling", SAMPLINGS)
+    if sampling == "full":
+        if clients_per_round is not None:
+            raise ValueError("clients_per_round applies to sampling='fixed' or 'poisson', not "
+                             "sampling='full'")
+        clients_per_round = m
+    else:
+        clients_per_round = check_int_scalar(clients_per_round, "clients_per_round",
+                                             minimum=1, maximum=m)
     if truth is not None:
         truth = check_finite_array(truth, "truth", ndim=2)
-        shape = (m, getattr(data, "dim", truth.shape[1]))
-        if truth.shape != shape:
-            raise ValueError(f"truth must have shape (m, d) = {shape}, got {truth.shape}")
+        if truth.shape != (m, data.dim):
+            raise ValueError(f"truth must have shape (m, d) = {(m, data.dim)}, got "
+                             f"{truth.shape}")
     if evaluate is not None:
         check_callable(evaluate, "evaluate", "evaluate(theta) -> dict")
     progress = check_bool(progress, "progress")
-    rng = as_generator(rng)
-    state = algorithm.init(data, rng)
-    history = []
+    config = RunConfig(n_clients=m, n_rounds=n_rounds, seed=seed,
+                       clients_per_round=clients_per_round, eval_every=record_every,
+                       sampling="fixed" if sampling == "full" else sampling)
 
-    def record(t):
-        row = {"round": t, **algorithm.summary(state, data)}
+    def monitor(server, clients):
+        row = algorithm.objective(server, clients, data)
+        theta = algorithm.personal(server, clients)
         if truth is not None:
-            row["mse"] = float(np.mean(np.sum((algorithm.personal(state) - truth) ** 2,
-                                              axis=1)))
+            row["mse"] = float(np.mean(np.sum((theta - truth) ** 2, axis=1)))
         if evaluate is not None:
-            extra = evaluate(algorithm.personal(state))
+            extra = evaluate(theta)
             if not isinstance(extra, Mapping):
                 raise TypeError(f"evaluate must return a dict, got {type(extra).__name__}")
             row.update(extra)
-        history.append(row)
+        return row
 
-    record(0)
-    steps = range(1, n_rounds + 1)
-    if progress:
-        from tqdm.auto import tqdm
-
-        steps = tqdm(steps, desc=type(algorithm).__name__, disable=None, leave=False)
-    for t in steps:
-        active = _draw_clients(m, rng, sampling, k, rate)
-        if active.size:
-            state = algorithm.round(state, data, active, rng)
-        if t % record_every == 0 or t == n_rounds:
-            record(t)
-    theta = algorithm.personal(state)
+    out = run(algorithm, data, config, checkpoint=checkpoint, monitor=monitor,
+              progress=progress)
+    theta = algorithm.personal(out.server, out.clients)
     if not np.all(np.isfinite(theta)):
         warnings.warn(f"{type(algorithm).__name__}: the models are not finite after {n_rounds} "
                       "rounds; the algorithm diverged (lower its step sizes)", RuntimeWarning,
                       stacklevel=2)
-    return FederatedResult(state, theta, history)
+    return FederatedResult(out.server, out.clients, theta, out.history, out.seconds,
+                           out.config)

@@ -30,6 +30,14 @@ from scipy import special
 
 from ebfl._validation import check_finite_array, check_int_scalar, check_positive_scalar
 from ebfl.learning.data import _data_iv, _mean_iv, _mu0_iv, _variance_iv
+from ebfl.learning.federated import RegressionAlgorithm
+from ebfl.learning.regression import (
+    _initial_mean,
+    _initial_models,
+    _message,
+    _replace_rows,
+    _scalar,
+)
 
 __all__ = ["LogisticEM", "logistic_map"]
 
@@ -45,8 +53,9 @@ def _newton(X, Y, mask, theta, mu, s, steps, tol):
     """Damped Newton on every client's penalized loss at once.
 
     The step is halved (per client, up to 30 times) until the loss does not
-    increase; clients whose gradient norm is below ``tol`` keep their theta.
-    Returns theta and the Hessians at it.
+    increase; a client whose every gradient coordinate is below ``tol`` keeps its
+    theta. Each client's result depends on its own data only (a client run alone,
+    as on Flower, gets what it gets in a batch). Returns theta and the Hessians at it.
     """
     m, _, d = X.shape
     eye = np.eye(d) / s
@@ -54,20 +63,21 @@ def _newton(X, Y, mask, theta, mu, s, steps, tol):
     for _ in range(steps):
         p = special.expit(np.einsum("mnd,md->mn", X, theta))
         grad = np.einsum("mnd,mn->md", X, (p - Y) * mask) + (theta - mu) / s
-        if np.max(np.abs(grad)) < tol:
+        moving = np.max(np.abs(grad), axis=1) >= tol
+        if not moving.any():
             break
         w = p * (1 - p) * mask
         hess = np.einsum("mnd,mn,mne->mde", X, w, X) + eye
         step = np.linalg.solve(hess, grad[..., None])[..., 0]
-        t = np.ones(m)
+        t = np.where(moving, 1.0, 0.0)
         for _ in range(30):
             trial = theta - t[:, None] * step
             new_loss = _penalized_loss(X, Y, mask, trial, mu, s)
-            bad = new_loss > loss + 1e-12 * np.abs(loss)
+            bad = moving & (new_loss > loss + 1e-12 * np.abs(loss))
             if not bad.any():
                 break
             t[bad] *= 0.5
-        done = ~bad
+        done = moving & ~bad
         theta = np.where(done[:, None], trial, theta)
         loss = np.where(done, new_loss, loss)
     p = special.expit(np.einsum("mnd,md->mn", X, theta))
@@ -124,8 +134,13 @@ def _check_binary(data):
         raise ValueError("logistic regression needs responses data.Y in {0, 1}")
 
 
-class LogisticEM:
+class LogisticEM(RegressionAlgorithm):
     """Empirical Bayes for personalized logistic regression (Laplace-approximate EM).
+
+    The server broadcasts (mu, sigma_theta^2); each sampled client finds its MAP
+    under that prior by Newton steps warm-started from its last one and replies
+    theta_hat_i and Tr(H_i^{-1}); the server sets mu and sigma_theta^2 as in the
+    module docstring.
 
     Parameters
     ----------
@@ -145,41 +160,53 @@ class LogisticEM:
     :class:`~ebfl.learning.regression.LinearEM` does.
     """
 
+    name = "logistic-em"
+    loss = "logistic"
+
     def __init__(self, *, newton_steps=5, mu0=None, sigma_theta2_0=1.0, floor=1e-8):
         self.newton_steps = check_int_scalar(newton_steps, "newton_steps", minimum=1)
         self.mu0 = _mu0_iv(mu0)
         self.sigma_theta2_0 = _variance_iv(sigma_theta2_0, "sigma_theta2_0")
         self.floor = _variance_iv(floor, "floor")
 
-    def init(self, data, rng):
-        _check_binary(_data_iv(data))
-        mu = np.zeros(data.dim) if self.mu0 is None else _mean_iv(self.mu0, data.dim, "mu0")
-        m = data.n_clients
-        return {"theta": np.tile(mu, (m, 1)), "trace": np.zeros(m), "seen": np.zeros(m, bool),
-                "mu": mu, "sigma_theta2": self.sigma_theta2_0}
+    def init_server(self, run):
+        m = run.n_clients
+        return {"mu": _initial_mean(self.mu0), "sigma_theta2": self.sigma_theta2_0,
+                "trace": np.zeros(m), "seen": np.zeros(m, bool)}
 
-    def round(self, state, data, active, rng):
-        sub = data.subset(active)
-        theta, hess = _newton(sub.X, sub.Y, sub.mask, state["theta"][active], state["mu"],
-                              state["sigma_theta2"], self.newton_steps, 1e-10)
-        new = {key: (val.copy() if isinstance(val, np.ndarray) else val)
-               for key, val in state.items()}
-        new["theta"][active] = theta
-        new["trace"][active] = np.trace(np.linalg.inv(hess), axis1=1, axis2=2)
-        new["seen"][active] = True
+    def init_clients(self, run, data, clients):
+        _check_binary(_data_iv(data))
+        return _initial_models(data, self.mu0)
+
+    def broadcast(self, server, rc):
+        return _message(mu=server["mu"], sigma_theta2=server["sigma_theta2"])
+
+    def client_train(self, message, client, data, rc):
+        theta, hess = _newton(data.X, data.Y, data.mask, client["theta"], message["mu"],
+                              _scalar(message["sigma_theta2"]), self.newton_steps, 1e-10)
+        client["theta"] = theta
+        return {"theta": theta, "trace": np.trace(np.linalg.inv(hess), axis1=1, axis2=2)}
+
+    def aggregate(self, server, replies, weights, rc):
+        new = dict(server)
+        new["theta"] = _replace_rows(server, "theta", rc, replies["theta"], 0.0)
+        new["trace"] = server["trace"].copy()
+        new["trace"][rc.clients] = replies["trace"]
+        new["seen"] = server["seen"].copy()
+        new["seen"][rc.clients] = True
         seen = new["seen"]
-        mu = new["theta"][seen].mean(axis=0)
-        dev = np.sum((new["theta"][seen] - mu) ** 2, axis=1) + new["trace"][seen]
+        theta = new["theta"][seen]
+        mu = theta.mean(axis=0)
+        dev = np.sum((theta - mu) ** 2, axis=1) + new["trace"][seen]
         new["mu"] = mu
-        new["sigma_theta2"] = max(float(dev.mean() / data.dim), self.floor)
+        new["sigma_theta2"] = max(float(dev.mean() / theta.shape[1]), self.floor)
         return new
 
-    def personal(self, state):
-        return state["theta"]
+    def summary(self, server):
+        return {"sigma_theta2": server["sigma_theta2"]}
 
-    def summary(self, state, data):
+    def objective(self, server, clients, data):
         from ebfl.learning.regression import _logistic_objective
 
-        return {"objective": _logistic_objective(data, state["theta"], state["mu"],
-                                                 state["sigma_theta2"]),
-                "sigma_theta2": state["sigma_theta2"]}
+        return {"objective": _logistic_objective(data, clients["theta"], server["mu"],
+                                                 server["sigma_theta2"])}

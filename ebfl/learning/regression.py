@@ -1,6 +1,7 @@
 r"""Federated personalized regression: Algorithms 2 and 3, EM, and the baselines (Section 3).
 
-All algorithms follow the protocol of :mod:`ebfl.learning.federated` and update
+All algorithms are :class:`~ebfl.learning.federated.RegressionAlgorithm` s (a
+client half and a server half of the project's federated protocol) and update
 the sampled clients in one vectorized step.
 
 * :class:`LinearGD`: Algorithm 2 as printed. Jacobi-style gradient steps on
@@ -41,6 +42,7 @@ from ebfl.learning.data import (
     _mu0_iv,
     _variance_iv,
 )
+from ebfl.learning.federated import RegressionAlgorithm
 
 __all__ = ["FedAvgLinear", "FedAvgLogistic", "LinearEM", "LinearGD", "LogisticGD",
            "finetune_linear", "finetune_logistic", "linear_objective", "logistic_objective"]
@@ -117,15 +119,56 @@ def _logistic_objective(data, theta, mu, sigma_theta2):
                  + np.sum((theta - mu) ** 2) / (2 * sigma_theta2))
 
 
-def _init_common(data, mu0, sigma_theta2_0):
-    """The initial prior mean (mu0 or 0, checked against the data's d) and variance."""
+def _scalar(value):
+    """A message's 0-d entry as a Python float (the server's and the clients' arithmetic
+    on it is then exactly that of plain floats)."""
+    return float(np.asarray(value))
+
+
+def _vector(mu, d):
+    """The broadcast prior mean as a contiguous (d,) array (the server's starts as a
+    scalar: it learns d from the clients)."""
+    return np.ascontiguousarray(np.broadcast_to(np.asarray(mu, dtype=np.float64), (d,)))
+
+
+def _initial_mean(mu0):
+    """The server's initial mu: mu0 as given (scalar or (d,)), or the scalar 0."""
+    return np.zeros(()) if mu0 is None else np.array(mu0, dtype=np.float64)
+
+
+def _initial_models(data, mu0):
+    """theta_i^0 = mu0 for the clients of ``data`` (mu0 checked against their d here)."""
     d = _data_iv(data).dim
-    mu = np.zeros(d) if mu0 is None else _mean_iv(mu0, d, "mu0").copy()
-    return mu, sigma_theta2_0
+    mu = np.zeros(d) if mu0 is None else _mean_iv(mu0, d, "mu0")
+    return {"theta": np.tile(mu, (data.n_clients, 1))}
 
 
-class LinearGD:
+def _message(**values):
+    """A message of 0-d and 1-d float arrays (what crosses the network)."""
+    return {key: np.asarray(value, dtype=np.float64) for key, value in values.items()}
+
+
+def _replace_rows(server, key, rc, rows, fill):
+    """A copy of the server's per-client table ``key`` (m rows) with the rows of the
+    round's clients replaced by ``rows``. The table is created from ``fill`` at the
+    first replies: the server learns the clients' d from them."""
+    shape = (rc.config.n_clients, *rows.shape[1:])
+    table = server.get(key)
+    if table is None or table.shape != shape:
+        table = np.broadcast_to(np.asarray(fill, dtype=np.float64), shape)
+    table = np.array(table, dtype=np.float64)
+    table[rc.clients] = rows
+    return table
+
+
+class LinearGD(RegressionAlgorithm):
     """Algorithm 2: gradient steps on objective (19), unknown mu, sigma_theta^2, sigma_x^2.
+
+    The server broadcasts (mu, sigma_theta^2, sigma_x^2); each sampled client
+    takes ``local_steps`` gradient steps on its theta_i and replies its variance
+    steps and its round-start theta_i (the server's mu step mu - eta (mu -
+    theta_i) / sigma_theta^2 is affine in theta_i, so the server applies it to
+    their mean); the server averages.
 
     Parameters
     ----------
@@ -144,6 +187,8 @@ class LinearGD:
         ``floor`` lie in [1e-300, 1e150].
     """
 
+    name = "linear-gd"
+
     def __init__(self, lr, *, lr_mu=None, lr_var=None, local_steps=1, floor=1e-6, mu0=None,
                  sigma_theta2_0=1.0, sigma_x2_0=1.0):
         self.lr = check_positive_scalar(lr, "lr")
@@ -155,55 +200,58 @@ class LinearGD:
         self.sigma_theta2_0 = _variance_iv(sigma_theta2_0, "sigma_theta2_0")
         self.sigma_x2_0 = _variance_iv(sigma_x2_0, "sigma_x2_0")
 
-    def init(self, data, rng):
-        mu, st = _init_common(data, self.mu0, self.sigma_theta2_0)
-        return {"theta": np.tile(mu, (data.n_clients, 1)), "mu": mu, "sigma_theta2": st,
+    def init_server(self, run):
+        return {"mu": _initial_mean(self.mu0), "sigma_theta2": self.sigma_theta2_0,
                 "sigma_x2": self.sigma_x2_0}
 
-    def round(self, state, data, active, rng):
-        mu, st, sx = state["mu"], state["sigma_theta2"], state["sigma_x2"]
+    def init_clients(self, run, data, clients):
+        return _initial_models(data, self.mu0)
+
+    def broadcast(self, server, rc):
+        return _message(**server)
+
+    def client_train(self, message, client, data, rc):
+        st, sx = _scalar(message["sigma_theta2"]), _scalar(message["sigma_x2"])
+        start = client["theta"]
         # One fused pass over each client's data (Numba, parallel over clients).
         theta, rss, dev2, n_i = _kernels._linear_gd_clients(
-            data.X, data.Y, data.mask, state["theta"], np.asarray(active, np.int64), mu, st,
-            sx, self.lr, self.local_steps)
-        # Jacobi: the mu and variance steps use the round's starting values. The
-        # server averages of mu_i = mu - eta (mu - theta_i)/s_theta and of the
-        # variance steps are taken in closed form.
-        d = data.dim
-        new = dict(state)
-        if np.array_equal(active, np.arange(data.n_clients)):  # everyone: no copies
-            new["theta"], old_mean = theta, state["theta"].mean(axis=0)
-        else:
-            new["theta"] = state["theta"].copy()
-            new["theta"][active] = theta
-            old_mean = state["theta"][active].mean(axis=0)
-        new["mu"] = mu - self.lr_mu * (mu - old_mean) / st
+            data.X, data.Y, data.mask, start, np.arange(data.n_clients),
+            _vector(message["mu"], data.dim), st, sx, self.lr, self.local_steps)
+        client["theta"] = theta
+        # Jacobi: the variance steps use the round's starting values.
         # sx * sx, not sx**2: a Python float's ** raises OverflowError where * gives inf.
-        sx_i = sx - self.lr_var * (n_i / (2 * sx) - rss / (2 * sx * sx))
-        st_i = st - self.lr_var * (d / (2 * st) - dev2 / (2 * st * st))
-        new["sigma_theta2"] = max(float(st_i.mean()), self.floor)
-        new["sigma_x2"] = max(float(sx_i.mean()), self.floor)
-        return new
+        return {"theta": start,
+                "sigma_x2": sx - self.lr_var * (n_i / (2 * sx) - rss / (2 * sx * sx)),
+                "sigma_theta2": st - self.lr_var * (data.dim / (2 * st)
+                                                    - dev2 / (2 * st * st))}
 
-    def personal(self, state):
-        return state["theta"]
+    def aggregate(self, server, replies, weights, rc):
+        mu, st = server["mu"], server["sigma_theta2"]
+        return {"mu": mu - self.lr_mu * (mu - replies["theta"].mean(axis=0)) / st,
+                "sigma_theta2": max(float(replies["sigma_theta2"].mean()), self.floor),
+                "sigma_x2": max(float(replies["sigma_x2"].mean()), self.floor)}
 
-    def summary(self, state, data):
-        return {"objective": _linear_objective(data, state["theta"], state["mu"],
-                                               state["sigma_theta2"], state["sigma_x2"]),
-                "sigma_theta2": state["sigma_theta2"], "sigma_x2": state["sigma_x2"]}
+    def summary(self, server):
+        return {"sigma_theta2": server["sigma_theta2"], "sigma_x2": server["sigma_x2"]}
+
+    def objective(self, server, clients, data):
+        return {"objective": _linear_objective(data, clients["theta"], server["mu"],
+                                               server["sigma_theta2"], server["sigma_x2"])}
 
 
-class LinearEM:
+class LinearEM(RegressionAlgorithm):
     """Empirical Bayes by EM on the marginal likelihood (the corrected Algorithm 2).
 
     Each round the sampled clients compute the posterior (15) under the current
-    (mu, sigma_theta^2, sigma_x^2) and send theta_hat_i, Tr(Cov_i) and
-    ``E|Y_i - X_i theta_i|^2``; the server keeps every client's latest statistics
-    and sets mu = mean theta_hat, ``sigma_theta^2 = mean(|theta_hat - mu|^2 +
-    Tr Cov)/d``, ``sigma_x^2 = sum E|r_i|^2 / sum n_i``. With full participation this is
-    exact EM: the marginal likelihood never decreases.
+    (mu, sigma_theta^2, sigma_x^2) and send theta_hat_i, Tr(Cov_i),
+    ``E|Y_i - X_i theta_i|^2`` and n_i; the server keeps every client's latest
+    statistics and sets mu = mean theta_hat, ``sigma_theta^2 = mean(|theta_hat - mu|^2 +
+    Tr Cov)/d``, ``sigma_x^2 = sum E|r_i|^2 / sum n_i`` over the clients it has heard
+    from. With full participation this is exact EM: the marginal likelihood never
+    decreases.
     """
+
+    name = "linear-em"
 
     def __init__(self, *, mu0=None, sigma_theta2_0=1.0, sigma_x2_0=1.0, floor=1e-10):
         self.mu0 = _mu0_iv(mu0)
@@ -211,48 +259,63 @@ class LinearEM:
         self.sigma_x2_0 = _variance_iv(sigma_x2_0, "sigma_x2_0")
         self.floor = _variance_iv(floor, "floor")
 
-    def init(self, data, rng):
-        mu, st = _init_common(data, self.mu0, self.sigma_theta2_0)
-        m = data.n_clients
-        return {"theta": np.tile(mu, (m, 1)), "trace": np.full(m, st * data.dim),
-                "rss": np.zeros(m), "seen": np.zeros(m, bool), "mu": mu, "sigma_theta2": st,
-                "sigma_x2": self.sigma_x2_0}
+    def init_server(self, run):
+        m = run.n_clients
+        return {"mu": _initial_mean(self.mu0), "sigma_theta2": self.sigma_theta2_0,
+                "sigma_x2": self.sigma_x2_0, "trace": np.zeros(m), "rss": np.zeros(m),
+                "n": np.zeros(m), "seen": np.zeros(m, bool)}
 
-    def round(self, state, data, active, rng):
+    def init_clients(self, run, data, clients):
+        return _initial_models(data, self.mu0)
+
+    def broadcast(self, server, rc):
+        return _message(mu=server["mu"], sigma_theta2=server["sigma_theta2"],
+                        sigma_x2=server["sigma_x2"])
+
+    def client_train(self, message, client, data, rc):
         from ebfl.learning.theorem6 import _fit_trace, posterior_regression
 
-        sub = data.subset(active)
-        st, sx = state["sigma_theta2"], state["sigma_x2"]
-        theta, trace = posterior_regression(sub, state["mu"], st, sx)
+        st, sx = _scalar(message["sigma_theta2"]), _scalar(message["sigma_x2"])
+        theta, trace = posterior_regression(data, message["mu"], st, sx)
+        client["theta"] = theta
         # E|Y - X theta|^2 = |Y - X theta_hat|^2 + Tr(X Cov X^T).
-        rss = np.sum(_residual(_rows(sub), theta) ** 2, axis=1) + _fit_trace(sub.X, st, sx)
+        rss = np.sum(_residual(_rows(data), theta) ** 2, axis=1) + _fit_trace(data.X, st, sx)
+        return {"theta": theta, "trace": trace, "rss": rss, "n": data.n_samples}
+
+    def aggregate(self, server, replies, weights, rc):
         new = {key: (val.copy() if isinstance(val, np.ndarray) else val)
-               for key, val in state.items()}
-        new["theta"][active], new["trace"][active], new["rss"][active] = theta, trace, rss
-        new["seen"][active] = True
+               for key, val in server.items()}
+        new["theta"] = _replace_rows(server, "theta", rc, replies["theta"], 0.0)
+        for key in ("trace", "rss", "n"):
+            new[key][rc.clients] = replies[key]
+        new["seen"][rc.clients] = True
         seen = new["seen"]
-        mu = new["theta"][seen].mean(axis=0)
+        theta = new["theta"][seen]
+        mu = theta.mean(axis=0)
         new["mu"] = mu
-        dev = np.sum((new["theta"][seen] - mu) ** 2, axis=1) + new["trace"][seen]
-        new["sigma_theta2"] = max(float(dev.mean() / data.dim), self.floor)
-        new["sigma_x2"] = max(float(new["rss"][seen].sum() / data.mask[seen].sum()),
+        dev = np.sum((theta - mu) ** 2, axis=1) + new["trace"][seen]
+        new["sigma_theta2"] = max(float(dev.mean() / theta.shape[1]), self.floor)
+        new["sigma_x2"] = max(float(new["rss"][seen].sum() / new["n"][seen].sum()),
                               self.floor)
         return new
 
-    def personal(self, state):
-        return state["theta"]
+    def summary(self, server):
+        return {"sigma_theta2": server["sigma_theta2"], "sigma_x2": server["sigma_x2"]}
 
-    def summary(self, state, data):
-        return {"objective": _linear_objective(data, state["theta"], state["mu"],
-                                               state["sigma_theta2"], state["sigma_x2"]),
-                "sigma_theta2": state["sigma_theta2"], "sigma_x2": state["sigma_x2"]}
+    def objective(self, server, clients, data):
+        return {"objective": _linear_objective(data, clients["theta"], server["mu"],
+                                               server["sigma_theta2"], server["sigma_x2"])}
 
 
 RULES = ("fixed", "printed")
 
 
-class LogisticGD:
+class LogisticGD(RegressionAlgorithm):
     """Algorithm 3: personalized logistic regression, unknown mu and sigma_theta^2.
+
+    The server broadcasts (mu, sigma_theta^2); each sampled client takes a
+    gradient step on its theta_i and, when the prior is learned, replies its
+    steps mu_i and sigma_theta,i^2 (at the round's start); the server averages.
 
     Parameters
     ----------
@@ -266,6 +329,9 @@ class LogisticGD:
         Update mu and sigma_theta^2 (True) or keep them at their initial values.
     """
 
+    name = "logistic-gd"
+    loss = "logistic"
+
     def __init__(self, lr, *, rule="fixed", lr_mu=None, lr_var=None, floor=1e-6, mu0=None,
                  sigma_theta2_0=1.0, learn_prior=True):
         self.lr = check_positive_scalar(lr, "lr")
@@ -278,37 +344,80 @@ class LogisticGD:
         self.sigma_theta2_0 = _variance_iv(sigma_theta2_0, "sigma_theta2_0")
         self.learn_prior = check_bool(learn_prior, "learn_prior")
 
-    def init(self, data, rng):
-        mu, st = _init_common(data, self.mu0, self.sigma_theta2_0)
-        return {"theta": np.tile(mu, (data.n_clients, 1)), "mu": mu, "sigma_theta2": st}
+    def init_server(self, run):
+        return {"mu": _initial_mean(self.mu0), "sigma_theta2": self.sigma_theta2_0}
 
-    def round(self, state, data, active, rng):
-        mu, st = state["mu"], state["sigma_theta2"]
-        X, Y, mask = _rows(data, active)
-        theta = state["theta"][active]
+    def init_clients(self, run, data, clients):
+        return _initial_models(data, self.mu0)
+
+    def broadcast(self, server, rc):
+        return _message(**server)
+
+    def client_train(self, message, client, data, rc):
+        mu, st = message["mu"], _scalar(message["sigma_theta2"])
+        X, Y, mask = _rows(data)
+        theta = client["theta"]
         p = special.expit(np.einsum("mnd,md->mn", X, theta))
         grad_ce = np.einsum("mnd,mn->md", X, (p - Y) * mask)
         prior = (theta - mu) / st if self.rule == "fixed" else (mu - theta) / st
-        new = dict(state)
-        new["theta"] = state["theta"].copy()
-        new["theta"][active] = theta - self.lr * (grad_ce + prior)
-        if self.learn_prior:
-            dev = mu - theta
-            new["mu"] = (mu - self.lr_mu * dev / st).mean(axis=0)
-            st_i = st - self.lr_var * (data.dim / (2 * st) - np.sum(dev**2, axis=1) / (2 * st * st))
-            new["sigma_theta2"] = max(float(st_i.mean()), self.floor)
-        return new
+        client["theta"] = theta - self.lr * (grad_ce + prior)
+        if not self.learn_prior:
+            return {}
+        dev = mu - theta
+        return {"mu": mu - self.lr_mu * dev / st,
+                "sigma_theta2": st - self.lr_var * (data.dim / (2 * st)
+                                                    - np.sum(dev**2, axis=1) / (2 * st * st))}
 
-    def personal(self, state):
-        return state["theta"]
+    def aggregate(self, server, replies, weights, rc):
+        if not self.learn_prior:
+            return server
+        return {"mu": replies["mu"].mean(axis=0),
+                "sigma_theta2": max(float(replies["sigma_theta2"].mean()), self.floor)}
 
-    def summary(self, state, data):
-        return {"objective": _logistic_objective(data, state["theta"], state["mu"],
-                                                 state["sigma_theta2"]),
-                "sigma_theta2": state["sigma_theta2"]}
+    def summary(self, server):
+        return {"sigma_theta2": server["sigma_theta2"]}
+
+    def objective(self, server, clients, data):
+        return {"objective": _logistic_objective(data, clients["theta"], server["mu"],
+                                                 server["sigma_theta2"])}
 
 
-class FedAvgLinear:
+class _FedAvg(RegressionAlgorithm):
+    """FedAvg of one global model: the server broadcasts w, each sampled client runs
+    ``local_steps`` gradient steps on its mean loss from w and replies its model, the
+    server averages them weighted by n_i. The clients keep no state."""
+
+    def init_server(self, run):
+        return {"w": np.zeros(())}
+
+    def init_clients(self, run, data, clients):
+        _data_iv(data)
+        return {}
+
+    def broadcast(self, server, rc):
+        return _message(w=server["w"])
+
+    def evaluation_message(self, server):
+        return _message(w=server["w"])
+
+    def client_weights(self, data):
+        return data.n_samples
+
+    def aggregate(self, server, replies, weights, rc):
+        return {"w": (weights[:, None] * replies["w"]).sum(axis=0) / weights.sum()}
+
+    def personal(self, server, clients):
+        return server["w"]
+
+    def client_evaluate(self, message, client, data):
+        theta = np.broadcast_to(message["w"], (data.n_clients, data.dim))
+        return super().client_evaluate(message, {"theta": theta}, data)
+
+    def _start(self, message, data):
+        return np.array(np.broadcast_to(message["w"], (data.n_clients, data.dim)))
+
+
+class FedAvgLinear(_FedAvg):
     """FedAvg for one global least-squares model (a baseline without personalization).
 
     Each sampled client runs ``local_steps`` gradient steps on its mean squared
@@ -316,33 +425,29 @@ class FedAvgLinear:
     results weighted by n_i.
     """
 
+    name = "fedavg-linear"
+
     def __init__(self, lr, *, local_steps=1):
         self.lr = check_positive_scalar(lr, "lr")
         self.local_steps = check_int_scalar(local_steps, "local_steps", minimum=1)
 
-    def init(self, data, rng):
-        return {"w": np.zeros(_data_iv(data).dim)}
-
-    def round(self, state, data, active, rng):
-        rows = _rows(data, active)
+    def client_train(self, message, client, data, rc):
+        rows = _rows(data)
         X, _, mask = rows
         n_i = mask.sum(axis=1)
-        w = np.tile(state["w"], (active.size, 1))
+        w = self._start(message, data)
         for _ in range(self.local_steps):
             r = _residual(rows, w)
             w = w + self.lr * np.einsum("mnd,mn->md", X, r) / n_i[:, None]
-        return {"w": (n_i[:, None] * w).sum(axis=0) / n_i.sum()}
+        return {"w": w}
 
-    def personal(self, state):
-        return state["w"]
-
-    def summary(self, state, data):
-        m = data.n_clients
-        r = _residual(_rows(data), np.tile(state["w"], (m, 1)))
+    def objective(self, server, clients, data):
+        w = np.broadcast_to(server["w"], (data.n_clients, data.dim))
+        r = _residual(_rows(data), w)
         return {"objective": float(np.sum(r**2) / (2 * data.mask.sum()))}
 
 
-class FedAvgLogistic:
+class FedAvgLogistic(_FedAvg):
     """FedAvg for one global logistic model: local steps on each client's mean cross-entropy.
 
     Parameters
@@ -353,29 +458,26 @@ class FedAvgLogistic:
         Ridge penalty ``(l2/2)|w|^2`` added to every client's mean loss (0 for none).
     """
 
+    name = "fedavg-logistic"
+    loss = "logistic"
+
     def __init__(self, lr, *, local_steps=1, l2=0.0):
         self.lr = check_positive_scalar(lr, "lr")
         self.local_steps = check_int_scalar(local_steps, "local_steps", minimum=1)
         self.l2 = check_nonnegative_scalar(l2, "l2")
 
-    def init(self, data, rng):
-        return {"w": np.zeros(_data_iv(data).dim)}
-
-    def round(self, state, data, active, rng):
-        X, Y, mask = _rows(data, active)
+    def client_train(self, message, client, data, rc):
+        X, Y, mask = _rows(data)
         n_i = mask.sum(axis=1)
-        w = np.tile(state["w"], (active.size, 1))
+        w = self._start(message, data)
         for _ in range(self.local_steps):
             p = special.expit(np.einsum("mnd,md->mn", X, w))
             grad = np.einsum("mnd,mn->md", X, (p - Y) * mask) / n_i[:, None] + self.l2 * w
             w = w - self.lr * grad
-        return {"w": (n_i[:, None] * w).sum(axis=0) / n_i.sum()}
+        return {"w": w}
 
-    def personal(self, state):
-        return state["w"]
-
-    def summary(self, state, data):
-        z = np.einsum("mnd,d->mn", data.X, state["w"])
+    def objective(self, server, clients, data):
+        z = np.einsum("mnd,d->mn", data.X, np.broadcast_to(server["w"], (data.dim,)))
         ce = (np.logaddexp(0.0, z) - data.Y * z) * data.mask
         return {"objective": float(np.sum(ce) / data.mask.sum())}
 
