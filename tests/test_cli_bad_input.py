@@ -270,36 +270,42 @@ CASES = {
     "fedem-seeds": ("reproduce adaped-fedem --quick --seeds -1", ["--seeds"]),
     "fedem-delta": ("reproduce adaped-fedem --quick --delta 2", ["--delta"]),
     # --- election --data
-    "election-missing": ("election --data {d}/nope.csv", ["nope.csv"]),
-    "election-folder": ("election --data {d}/folder", ["folder"]),
-    "election-unknown-release": ("election --data {d}/returns.csv", ["returns.csv", "sha256"]),
-    "election-empty": ("election --data {d}/empty.csv --no-verify", ["empty.csv"]),
-    **{f"election-garbage-{ext}": (f"election --data {{d}}/garbage.csv.{ext} --no-verify",
-                                   [f"garbage.csv.{ext}"]) for ext in ("gz", "xz", "zip", "bz2")},
-    **{f"election-truncated-{ext}": (f"election --data {{d}}/truncated.csv.{ext} --no-verify",
-                                     [f"truncated.csv.{ext}"]) for ext in ("gz", "xz", "bz2")},
-    "election-not-returns": ("election --data {d}/counts.csv --no-verify",
+    "election-missing": ("reproduce election --data {d}/nope.csv", ["nope.csv"]),
+    "election-folder": ("reproduce election --data {d}/folder", ["folder"]),
+    "election-unknown-release": ("reproduce election --data {d}/returns.csv",
+                                 ["returns.csv", "sha256"]),
+    "election-empty": ("reproduce election --data {d}/empty.csv --no-verify", ["empty.csv"]),
+    **{f"election-garbage-{ext}": (
+        f"reproduce election --data {{d}}/garbage.csv.{ext} --no-verify",
+        [f"garbage.csv.{ext}"]) for ext in ("gz", "xz", "zip", "bz2")},
+    **{f"election-truncated-{ext}": (
+        f"reproduce election --data {{d}}/truncated.csv.{ext} --no-verify",
+        [f"truncated.csv.{ext}"]) for ext in ("gz", "xz", "bz2")},
+    "election-not-returns": ("reproduce election --data {d}/counts.csv --no-verify",
                              ["counts.csv", "county_fips"]),
-    "election-not-utf8": ("election --data {d}/latin.csv --no-verify", ["latin.csv"]),
-    "election-open-quote": ("election --data {d}/quote.csv --no-verify", ["quote.csv"]),
-    "election-text-votes": ("election --data {d}/votes_text.csv --no-verify",
+    "election-not-utf8": ("reproduce election --data {d}/latin.csv --no-verify", ["latin.csv"]),
+    "election-open-quote": ("reproduce election --data {d}/quote.csv --no-verify", ["quote.csv"]),
+    "election-text-votes": ("reproduce election --data {d}/votes_text.csv --no-verify",
                             ["candidatevotes", "'ten'"]),
-    "election-too-few-years": ("election --data {d}/returns.csv --no-verify", ["years"]),
-    "election-epsilon": ("election --data {d}/returns.csv --no-verify --epsilon 0",
+    "election-too-few-years": ("reproduce election --data {d}/returns.csv --no-verify", ["years"]),
+    "election-epsilon": ("reproduce election --data {d}/returns.csv --no-verify --epsilon 0",
                          ["--epsilon"]),
-    "election-epsilon-nan": ("election --epsilon nan", ["--epsilon"]),
-    "election-seed": ("election --seed -1", ["--seed"]),
-    "election-plot": ("election --data {d}/returns.csv --plot {d}/nodir/sub", ["--plot"]),
+    "election-epsilon-nan": ("reproduce election --epsilon nan", ["--epsilon"]),
+    "election-seed": ("reproduce election --seed -1", ["--seed"]),
+    "election-plot": ("reproduce election --data {d}/returns.csv --plot {d}/nodir/sub", ["--plot"]),
     # --- hapt --data
-    "hapt-missing": ("hapt --data {d}/nope.npz", ["nope.npz"]),
-    "hapt-folder": ("hapt --data {d}/folder", ["folder"]),
-    "hapt-unknown-npz": ("hapt --data {d}/garbage.npz", ["garbage.npz", "sha256"]),
-    "hapt-garbage-zip": ("hapt --data {d}/garbage.zip", ["garbage.zip"]),
-    "hapt-truncated-zip": ("hapt --data {d}/truncated.zip", ["truncated.zip"]),
-    "hapt-other-zip": ("hapt --data {d}/norawdata.zip", ["norawdata.zip", "labels.txt"]),
-    "hapt-bad-table": ("hapt --data {d}/badlabels.zip", ["labels.txt", "badlabels.zip"]),
-    "hapt-positive": ("hapt --positive JUMPING --data {d}/nope.npz", ["--positive", "JUMPING"]),
-    "hapt-plot": ("hapt --data {d}/garbage.zip --plot {d}/nodir/sub", ["--plot"]),
+    "hapt-missing": ("reproduce hapt --data {d}/nope.npz", ["nope.npz"]),
+    "hapt-folder": ("reproduce hapt --data {d}/folder", ["folder"]),
+    "hapt-unknown-npz": ("reproduce hapt --data {d}/garbage.npz", ["garbage.npz", "sha256"]),
+    "hapt-garbage-zip": ("reproduce hapt --data {d}/garbage.zip", ["garbage.zip"]),
+    "hapt-truncated-zip": ("reproduce hapt --data {d}/truncated.zip", ["truncated.zip"]),
+    "hapt-other-zip": ("reproduce hapt --data {d}/norawdata.zip",
+                       ["norawdata.zip", "labels.txt"]),
+    "hapt-bad-table": ("reproduce hapt --data {d}/badlabels.zip",
+                       ["labels.txt", "badlabels.zip"]),
+    "hapt-positive": ("reproduce hapt --positive JUMPING --data {d}/nope.npz",
+                      ["--positive", "JUMPING"]),
+    "hapt-plot": ("reproduce hapt --data {d}/garbage.zip --plot {d}/nodir/sub", ["--plot"]),
     # --- demo
     "demo-clients": ("demo --clients 1", ["--clients"]),
     "demo-clients-text": ("demo --clients lots", ["--clients"]),
@@ -402,10 +408,10 @@ def test_no_data_and_no_network_is_one_error_line(tmp_path, capsys, monkeypatch)
     offline = {**info, "download": {**info["download"], "url": "http://127.0.0.1:9/x.csv.gz"}}
     monkeypatch.setattr(_home, "manifest", lambda name: offline)  # a port nobody listens on
     monkeypatch.setenv("EBFL_DATA", str(tmp_path))
-    line = _fails(capsys, ["election", "--json"])
+    line = _fails(capsys, ["reproduce", "election", "--json"])
     assert str(tmp_path / "county-elections") in line and "download" in line
     assert not any((tmp_path / "county-elections").glob("*.csv*"))  # nothing left behind
-    line = _fails(capsys, ["hapt"])
+    line = _fails(capsys, ["reproduce", "hapt"])
     assert str(tmp_path / "uci-hapt-raw") in line and "--download" in line
 
 

@@ -193,7 +193,7 @@ def test_election_pipeline_on_the_real_file(real_returns, tmp_path, capsys):
     from ebfl.cli import main
     from ebfl.generative.election import METHODS
 
-    assert main(["election", "--json", "--plot", str(tmp_path)]) == 0
+    assert main(["reproduce", "election", "--json", "--plot", str(tmp_path)]) == 0
     import json
 
     out = json.loads(capsys.readouterr().out)

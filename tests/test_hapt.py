@@ -210,7 +210,7 @@ def test_hapt_experiment_on_the_real_data(real_windows, tmp_path, capsys):
     # 30 clients do not make that significant; the README says so).
     assert r["EB, Laplace EM (corrected)"]["accuracy"] > r["local (ridge, C=1)"]["accuracy"]
 
-    assert main(["hapt", "--quick", "--json", "--plot", str(tmp_path)]) == 0
+    assert main(["reproduce", "hapt", "--quick", "--json", "--plot", str(tmp_path)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["results"]["FedAvg"]["accuracy"] == pytest.approx(r["FedAvg"]["accuracy"])
     assert (tmp_path / "hapt_logistic.png").exists()

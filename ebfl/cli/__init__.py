@@ -1,7 +1,8 @@
 """Command-line interface of ebfl: fit, bound, validate and reproduce from a shell.
 
-The subcommands include ``ebfl bounds``, ``fit``, ``validate``, ``reproduce``,
-``election`` and ``hapt``; ``ebfl --help`` lists them all.
+The subcommands include ``ebfl bounds``, ``fit``, ``validate`` and ``reproduce``
+(every experiment: the papers' and ebfl's own, ``election`` and ``hapt`` among
+them); ``ebfl --help`` lists them all.
 
 Every subcommand accepts ``--json`` and then prints exactly one JSON object on
 stdout; otherwise it prints a readable table. A user's mistake (a missing or

@@ -1,5 +1,5 @@
 """Handlers of the estimation commands: ``bounds``, ``fit``, ``private``, ``demo``,
-``validate`` and ``election``."""
+``validate`` and ``reproduce election``."""
 
 from __future__ import annotations
 

@@ -295,7 +295,7 @@ def build_parser():
     _add_json(est)
     est.set_defaults(func=_cmd_reproduce_estimation)
 
-    el = sub.add_parser("election", help="county elections: personalized vs local (E2)")
+    el = rep.add_parser("election", help="county elections: personalized vs local (E2)")
     el.add_argument("--data", metavar="PATH",
                     help="local countypres_2000-2020.csv[.gz|.xz] (default: the data home)")
     el.add_argument("--no-verify", action="store_true", help="skip the sha256 check of --data")
@@ -436,7 +436,7 @@ def build_parser():
                     help="runs (seeds seed, seed+1, ...)")
     e7.set_defaults(func=_cmd_reproduce_adaped_fedem)
 
-    hapt = sub.add_parser("hapt", help="personalized logistic regression, 30 smartphone users")
+    hapt = rep.add_parser("hapt", help="personalized logistic regression, 30 smartphone users")
     hapt.add_argument("--positive", default="SITTING",
                       help="activity against the rest (default SITTING)")
     hapt.add_argument("--data", metavar="PATH",

@@ -1,4 +1,4 @@
-"""Handlers of ``ebfl reproduce`` (the papers' experiments) and ``ebfl hapt``."""
+"""Handlers of ``ebfl reproduce``: the papers' experiments and ebfl's own (``hapt``)."""
 
 from __future__ import annotations
 

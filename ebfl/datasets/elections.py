@@ -88,7 +88,7 @@ def load_county_returns(path=None, *, verify=True, download=True, progress=False
             if digest not in known.values():
                 raise ValueError(f"{path} has sha256 {digest}, which is none of the known "
                                  f"releases {sorted(known)}; to load it anyway pass "
-                                 "verify=False (ebfl election: --no-verify)")
+                                 "verify=False (ebfl reproduce election: --no-verify)")
     return tidy_county_returns(_read_returns_csv(path))
 
 

@@ -99,7 +99,8 @@ def load_hapt_raw(path=None, *, verify=True, download=False, progress=False):
                 if not download:
                     raise FileNotFoundError(
                         f"{exc}; or allow the (unverified) download of the official zip to "
-                        f"{zip_path}: load_hapt_raw(download=True) / `ebfl hapt --download`"
+                        f"{zip_path}: load_hapt_raw(download=True) / "
+                        "`ebfl reproduce hapt --download`"
                     ) from None
                 zip_path, _ = fetch_uci_hapt(progress=progress)
             return read_uci_hapt_zip(zip_path)
