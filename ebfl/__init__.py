@@ -7,7 +7,8 @@ clients gives every client a better estimate than its data alone.
 Subpackages and modules
 -----------------------
 ebfl.eb      Empirical-Bayes estimators: Gaussian, Beta-Bernoulli, mixture and
-             nonparametric (NPMLE) priors.
+             nonparametric (NPMLE) priors; normal means with every usual prior
+             family (``ebfl.ebnm``).
 ebfl.privacy Quantizers, local-DP mechanisms, private estimators, accounting.
 ebfl.bounds  Closed-form MSEs and bounds of the paper's theorems.
 ebfl.models  Generative models (population prior + client data) with ``sample``.
@@ -22,6 +23,7 @@ from ebfl.eb import (
     NormalPrior,
     beta_bernoulli_eb,
     beta_binomial_eb,
+    ebnm,
     gaussian_eb,
     gaussian_eb_samples,
     npmle_binomial,
@@ -45,6 +47,7 @@ __all__ = [
     "beta_bernoulli_eb",
     "beta_binomial_eb",
     "bounds",
+    "ebnm",
     "gaussian_eb",
     "gaussian_eb_samples",
     "npmle_binomial",

@@ -1,0 +1,296 @@
+r"""Priors of the normal-means model as mixtures of simple components.
+
+Every prior family of :func:`ebfl.eb.ebnm` is a finite mixture
+g = sum_k w_k g_k of components of three kinds, each with two parameters (a, b):
+
+* ``"normal"``: N(a, b^2), b >= 0 (b = 0: a point mass at a);
+* ``"uniform"``: uniform on [a, b], a < b;
+* ``"exp+"`` / ``"exp-"``: a + Exp(scale b) / a - Exp(scale b), b > 0 (a Laplace
+  component is the half-and-half mixture of the two).
+
+For x_i ~ N(theta_i, s_i^2) each component has a closed-form marginal density
+and a posterior that is a normal truncated to an interval, so the posterior
+under the mixture (:meth:`NormalMeansPrior.posterior`) is exact: no quadrature.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import special
+
+from ebfl.eb.normal_means.truncated import log_normal_mass, truncated_normal_moments
+
+__all__ = ["KINDS", "NormalMeansPosterior", "NormalMeansPrior"]
+
+KINDS = ("normal", "uniform", "exp+", "exp-")
+_LOG_2PI = np.log(2 * np.pi)
+
+
+@dataclass(frozen=True)
+class NormalMeansPrior:
+    """g = sum_k weights[k] * component(kinds[k], a[k], b[k]) (see the module docstring).
+
+    Attributes
+    ----------
+    weights : ndarray (K,)
+        Nonnegative, summing to 1.
+    kinds : tuple of str
+    a, b : ndarray (K,)
+    family : str
+        The prior family it was fitted as (for display).
+    """
+
+    weights: np.ndarray
+    kinds: tuple
+    a: np.ndarray
+    b: np.ndarray
+    family: str = "mixture"
+
+    def __post_init__(self):
+        w = np.array(self.weights, dtype=float, ndmin=1)
+        a = np.array(self.a, dtype=float, ndmin=1)
+        b = np.array(self.b, dtype=float, ndmin=1)
+        kinds = tuple(self.kinds)
+        if not (w.shape == a.shape == b.shape == (len(kinds),)) or w.ndim != 1:
+            raise ValueError(f"weights, kinds, a and b must have one entry per component, got "
+                             f"{w.shape}, {len(kinds)}, {a.shape}, {b.shape}")
+        if not kinds:
+            raise ValueError("a prior needs at least one component")
+        bad = set(kinds) - set(KINDS)
+        if bad:
+            raise ValueError(f"kinds must be among {KINDS}, got {sorted(bad)}")
+        if not (np.all(np.isfinite(w)) and np.all(w >= 0) and abs(w.sum() - 1) < 1e-8):
+            raise ValueError("weights must be nonnegative and sum to 1")
+        if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+            raise ValueError("component parameters a and b must be finite")
+        k = np.array(kinds)
+        if np.any(b[k == "normal"] < 0) or np.any(b[np.isin(k, ("exp+", "exp-"))] <= 0):
+            raise ValueError("normal components need sd b >= 0, exponential ones scale b > 0")
+        if np.any(b[k == "uniform"] <= a[k == "uniform"]):
+            raise ValueError("uniform components need a < b")
+        for name, arr in (("weights", w / w.sum()), ("a", a), ("b", b)):
+            arr.setflags(write=False)
+            object.__setattr__(self, name, arr)
+        object.__setattr__(self, "kinds", kinds)
+
+    # ---------------------------------------------------------------- the prior itself
+    @property
+    def n_components(self):
+        return len(self.kinds)
+
+    @property
+    def mean(self):
+        """E[theta] under g."""
+        return float(self.weights @ self._component_means())
+
+    def _component_means(self):
+        k = np.array(self.kinds)
+        return np.select([k == "normal", k == "uniform", k == "exp+"],
+                         [self.a, (self.a + self.b) / 2, self.a + self.b], self.a - self.b)
+
+    def cdf(self, t):
+        """G(t) = P(theta <= t), for an array of t."""
+        t = np.asarray(t, dtype=float)[..., None]
+        a, b, k = self.a, self.b, np.array(self.kinds)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            normal = np.where(b > 0, special.ndtr((t - a) / np.where(b > 0, b, 1)),
+                              (t >= a).astype(float))
+            uniform = np.clip((t - a) / (b - a), 0, 1)
+            exp_pos = np.where(t >= a, -np.expm1(-(t - a) / b), 0.0)
+            exp_neg = np.where(t >= a, 1.0, np.exp(np.minimum((t - a) / b, 0)))
+        comp = np.select([k == "normal", k == "uniform", k == "exp+"],
+                         [normal, uniform, exp_pos], exp_neg)
+        return comp @ self.weights
+
+    def sample(self, size, rng=None):
+        """``size`` draws of theta from g."""
+        from ebfl._validation import as_generator, check_int_scalar
+
+        size = check_int_scalar(size, "size", minimum=0)
+        rng = as_generator(rng)
+        comp = rng.choice(self.n_components, size=size, p=self.weights)
+        a, b, k = self.a[comp], self.b[comp], np.array(self.kinds)[comp]
+        return np.select([k == "normal", k == "uniform", k == "exp+"],
+                         [a + b * rng.standard_normal(size), rng.uniform(a, np.maximum(b, a)),
+                          a + b * rng.standard_exponential(size)],
+                         a - b * rng.standard_exponential(size))
+
+    def to_frame(self):
+        """The components as a pandas DataFrame (weight, kind, a, b)."""
+        import pandas as pd
+
+        return pd.DataFrame({"weight": self.weights, "kind": self.kinds, "a": self.a,
+                             "b": self.b})
+
+    def __repr__(self):
+        k = self.n_components
+        shown = ", ".join(f"{w:.3g}*{kind}({a:.3g}, {b:.3g})" for w, kind, a, b in
+                          zip(self.weights, self.kinds, self.a, self.b, strict=True) if w > 0)
+        if len(shown) > 300:
+            shown = shown[:300] + " ..."
+        return f"NormalMeansPrior(family={self.family!r}, {k} components: {shown})"
+
+    # -------------------------------------------------------- likelihood and posterior
+    def log_component_density(self, x, s):
+        """log of each component's marginal density of x_i ~ N(theta_i, s_i^2), (n, K)."""
+        x = np.asarray(x, float)[:, None]
+        s = np.asarray(s, float)[:, None]
+        a, b, k = self.a[None], self.b[None], np.array(self.kinds)[None]
+        out = np.empty(np.broadcast_shapes(x.shape, a.shape))
+        for kind in set(self.kinds):
+            cols = np.flatnonzero(k[0] == kind)
+            ac, bc = a[:, cols], b[:, cols]
+            if kind == "normal":
+                var = s**2 + bc**2
+                out[:, cols] = -0.5 * (_LOG_2PI + np.log(var) + (x - ac) ** 2 / var)
+            elif kind == "uniform":
+                out[:, cols] = log_normal_mass((ac - x) / s, (bc - x) / s) - np.log(bc - ac)
+            else:
+                sign = 1.0 if kind == "exp+" else -1.0
+                z = sign * (x - ac)
+                out[:, cols] = (-np.log(bc) + s**2 / (2 * bc**2) - z / bc
+                                + special.log_ndtr(z / s - s / bc))
+        return out
+
+    def _posterior_pieces(self, x, s):
+        """Per (i, k): the component posterior's truncated normal (mean, sd, lo, hi)."""
+        x = np.asarray(x, float)[:, None]
+        s = np.asarray(s, float)[:, None]
+        a, b, k = self.a[None], self.b[None], np.array(self.kinds)[None]
+        shape = np.broadcast_shapes(x.shape, a.shape)
+        mean, sd = np.empty(shape), np.empty(shape)
+        lo, hi = np.full(shape, -np.inf), np.full(shape, np.inf)
+        for kind in set(self.kinds):
+            cols = np.flatnonzero(k[0] == kind)
+            ac, bc = a[:, cols], b[:, cols]
+            if kind == "normal":
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    v = np.where(bc > 0, 1.0 / (1.0 / s**2 + 1.0 / np.where(bc > 0, bc, 1)**2),
+                                 0.0)
+                    m = np.where(bc > 0, v * (x / s**2 + ac / np.where(bc > 0, bc, 1)**2), ac)
+                mean[:, cols], sd[:, cols] = np.broadcast_to(m, (shape[0], cols.size)), \
+                    np.sqrt(np.broadcast_to(v, (shape[0], cols.size)))
+            elif kind == "uniform":
+                mean[:, cols], sd[:, cols] = x, np.broadcast_to(s, (shape[0], cols.size))
+                lo[:, cols], hi[:, cols] = ac, bc
+            else:
+                sign = 1.0 if kind == "exp+" else -1.0
+                mean[:, cols] = x - sign * s**2 / bc
+                sd[:, cols] = np.broadcast_to(s, (shape[0], cols.size))
+                if sign > 0:
+                    lo[:, cols] = ac
+                else:
+                    hi[:, cols] = ac
+        return mean, sd, lo, hi
+
+    def posterior(self, x, s):
+        """The posterior of every theta_i given x_i ~ N(theta_i, s_i^2) under this prior.
+
+        Parameters
+        ----------
+        x, s : array_like (n,)
+            Observations and their standard errors (s > 0).
+
+        Returns
+        -------
+        NormalMeansPosterior
+        """
+        log_dens = self.log_component_density(x, s)
+        with np.errstate(divide="ignore"):
+            log_joint = log_dens + np.log(self.weights)[None]
+        log_marg = special.logsumexp(log_joint, axis=1)
+        resp = np.exp(log_joint - log_marg[:, None])
+        m, sd, lo, hi = self._posterior_pieces(x, s)
+        _, first, second, below = truncated_normal_moments(m, sd, lo, hi)
+        at_zero = ((sd == 0) & (m == 0)).astype(float)
+        mean = np.sum(resp * first, axis=1)
+        second_moment = np.sum(resp * second, axis=1)
+        p_neg = np.sum(resp * below, axis=1)
+        p_zero = np.sum(resp * at_zero, axis=1)
+        var = np.maximum(second_moment - mean**2, 0.0)
+        lfsr = np.minimum(p_neg + p_zero, 1.0 - p_neg)
+        return NormalMeansPosterior(mean=mean, sd=np.sqrt(var), second_moment=second_moment,
+                                    lfsr=np.clip(lfsr, 0.0, 1.0), prob_zero=p_zero,
+                                    log_marginal=log_marg, _prior=self,
+                                    _data=(np.asarray(x, float), np.asarray(s, float)))
+
+    def log_likelihood(self, x, s):
+        """sum_i log of the marginal density of x_i under this prior."""
+        with np.errstate(divide="ignore"):
+            return float(np.sum(special.logsumexp(self.log_component_density(x, s)
+                                                  + np.log(self.weights)[None], axis=1)))
+
+
+@dataclass(frozen=True)
+class NormalMeansPosterior:
+    """Each theta_i's posterior: its mean, sd, second moment, local false sign rate.
+
+    Attributes
+    ----------
+    mean, sd, second_moment : ndarray (n,)
+    lfsr : ndarray (n,)
+        min(P(theta_i >= 0 | x), P(theta_i <= 0 | x)): how likely the sign of the
+        posterior mean is wrong.
+    prob_zero : ndarray (n,)
+        P(theta_i = 0 | x) (the local false discovery rate of priors with a point
+        mass at 0).
+    log_marginal : ndarray (n,)
+        log of each observation's marginal density.
+    """
+
+    mean: np.ndarray
+    sd: np.ndarray
+    second_moment: np.ndarray
+    lfsr: np.ndarray
+    prob_zero: np.ndarray
+    log_marginal: np.ndarray
+    _prior: NormalMeansPrior = field(repr=False, default=None)
+    _data: tuple = field(repr=False, default=None)
+
+    def __post_init__(self):
+        for name in ("mean", "sd", "second_moment", "lfsr", "prob_zero", "log_marginal"):
+            arr = np.array(getattr(self, name), dtype=float)
+            arr.setflags(write=False)
+            object.__setattr__(self, name, arr)
+
+    def __repr__(self):
+        return f"NormalMeansPosterior(n={self.mean.size})"
+
+    def to_frame(self):
+        """A pandas DataFrame with one row per observation."""
+        import pandas as pd
+
+        return pd.DataFrame({"mean": self.mean, "sd": self.sd,
+                             "second_moment": self.second_moment, "lfsr": self.lfsr,
+                             "prob_zero": self.prob_zero})
+
+    def sample(self, n_samples, rng=None):
+        """Draws from each theta_i's posterior, shape (n_samples, n)."""
+        from ebfl._validation import as_generator, check_int_scalar
+
+        n_samples = check_int_scalar(n_samples, "n_samples", minimum=1, maximum=10**7)
+        rng = as_generator(rng)
+        prior = self._prior
+        x, s = self._data
+        log_joint = prior.log_component_density(x, s)
+        with np.errstate(divide="ignore"):
+            log_joint = log_joint + np.log(prior.weights)[None]
+        resp = np.exp(log_joint - special.logsumexp(log_joint, axis=1, keepdims=True))
+        m, sd, lo, hi = prior._posterior_pieces(x, s)
+        n = x.size
+        cum = np.cumsum(resp, axis=1)
+        u = rng.random((n_samples, n))
+        comp = np.minimum((u[..., None] > cum[None]).sum(axis=2), resp.shape[1] - 1)
+        rows = np.arange(n)[None]
+        mu, sig, a, b = m[rows, comp], sd[rows, comp], lo[rows, comp], hi[rows, comp]
+        # Inverse-cdf draws of the truncated normals, in the tail where they are exact.
+        safe = np.where(sig > 0, sig, 1.0)
+        alpha, beta = (a - mu) / safe, (b - mu) / safe
+        flip = alpha > 0
+        lo_z, hi_z = np.where(flip, -beta, alpha), np.where(flip, -alpha, beta)
+        pa, pb = special.ndtr(lo_z), special.ndtr(hi_z)
+        z = special.ndtri(np.clip(pa + rng.random(mu.shape) * (pb - pa), 1e-300, 1 - 1e-16))
+        z = np.clip(np.where(flip, -z, z), alpha, beta)
+        return np.where(sig > 0, mu + sig * z, mu)

@@ -1,0 +1,96 @@
+r"""The normal distribution truncated to an interval: log-mass, moments, mass below 0.
+
+Every posterior of the normal-means model under the priors of
+:mod:`ebfl.eb.normal_means` is a mixture of normals truncated to intervals: a
+normal component gives a normal posterior, a uniform one N(x, s^2) truncated to
+its support, an exponential one a shifted normal truncated to a half-line. These
+functions evaluate them for arrays of (mean, sd, lower, upper) at once.
+
+Why hand-written: :class:`scipy.stats.truncnorm` gives the same moments, robustly,
+but element by element (11 s for 10^5 intervals here); this is the same algebra in
+log space, vectorized.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import special
+
+__all__ = ["log_normal_mass", "truncated_normal_moments"]
+
+_LOG_SQRT_2PI = 0.5 * np.log(2 * np.pi)
+
+
+def log_normal_mass(lo, hi):
+    """log(Phi(hi) - Phi(lo)) for lo <= hi (arrays, infinities allowed), without
+    cancellation in either tail: an interval in the upper tail is reflected into the
+    lower one, where ``log_ndtr`` is accurate."""
+    lo, hi = np.broadcast_arrays(np.asarray(lo, float), np.asarray(hi, float))
+    upper = lo > 0  # the interval lies in the upper tail: use Phi(-lo) - Phi(-hi)
+    a = np.where(upper, -hi, lo)
+    b = np.where(upper, -lo, hi)
+    lb = special.log_ndtr(b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = lb + np.log1p(-np.exp(special.log_ndtr(a) - lb))
+    return np.where(a == b, -np.inf, out)
+
+
+def _log_pdf(z):
+    with np.errstate(over="ignore"):
+        return np.where(np.isfinite(z), -0.5 * z * z - _LOG_SQRT_2PI, -np.inf)
+
+
+def truncated_normal_moments(mean, sd, lower, upper):
+    """Moments of N(mean, sd^2) truncated to [lower, upper].
+
+    Parameters
+    ----------
+    mean, sd, lower, upper : array_like (broadcast together)
+        sd >= 0 (0: a point mass at ``mean``, which must lie in the interval);
+        lower <= upper, infinities allowed.
+
+    Returns
+    -------
+    log_mass : ndarray
+        log P(lower <= N(mean, sd^2) <= upper) (0 for a point mass).
+    first, second : ndarray
+        E[theta] and E[theta^2] of the truncated law.
+    below_zero : ndarray
+        P(theta < 0) under the truncated law.
+
+    Examples
+    --------
+    >>> lm, m1, m2, p0 = truncated_normal_moments(0.0, 1.0, 0.0, np.inf)
+    >>> round(float(m1), 6), round(float(m2), 6), float(p0)    # half-normal
+    (0.797885, 1.0, 0.0)
+    """
+    mean, sd, lower, upper = np.broadcast_arrays(*(np.asarray(v, float)
+                                                   for v in (mean, sd, lower, upper)))
+    point = sd == 0
+    safe_sd = np.where(point, 1.0, sd)
+    alpha = (lower - mean) / safe_sd
+    beta = (upper - mean) / safe_sd
+    log_mass = np.where(point, 0.0, log_normal_mass(alpha, beta))
+    # phi(alpha) / Z and phi(beta) / Z, in log space (Z may be far below the smallest
+    # double when the interval lies deep in a tail).
+    with np.errstate(over="ignore", invalid="ignore"):
+        ra = np.exp(_log_pdf(alpha) - log_mass)
+        rb = np.exp(_log_pdf(beta) - log_mass)
+        a_ra = np.where(np.isfinite(alpha), alpha * ra, 0.0)
+        b_rb = np.where(np.isfinite(beta), beta * rb, 0.0)
+    shift = ra - rb
+    first = mean + safe_sd * shift
+    # Rounding may leave the mean a hair outside a narrow interval: it is inside.
+    first = np.clip(first, lower, upper)
+    var = safe_sd**2 * np.maximum(1.0 + a_ra - b_rb - shift**2, 0.0)
+    first = np.where(point, mean, first)
+    var = np.where(point, 0.0, var)
+    second = first**2 + var
+    # P(theta < 0): the mass of [lower, min(upper, 0)) over that of [lower, upper].
+    cut = np.minimum(beta, (0.0 - mean) / safe_sd)
+    with np.errstate(invalid="ignore"):
+        below = np.where(cut <= alpha, 0.0,
+                         np.exp(np.minimum(log_normal_mass(alpha, np.maximum(cut, alpha))
+                                           - log_mass, 0.0)))
+    below = np.where(point, (mean < 0).astype(float), below)
+    return log_mass, first, second, below
