@@ -224,6 +224,43 @@ def _cmd_fit_gaussian(args):
     _finish_fit(args, summary, table)
 
 
+def _cmd_fit_normal_means(args):
+    from ebfl._tables import column, numeric_column, read_table
+    from ebfl.eb import ebnm
+
+    frame = read_table(args.path, max_mib=args.max_size)
+    _distinct_columns(args, ("x", "s", "id"))
+    x = numeric_column(frame, args.x, "--x")
+    s = numeric_column(frame, args.s, "--s", positive=True)
+    if args.mode == "estimate":
+        mode = "estimate"
+    else:
+        try:
+            mode = float(args.mode)
+        except ValueError:
+            raise ValueError(f"--mode must be a number or 'estimate', got {args.mode!r}") \
+                from None
+        if not math.isfinite(mode):
+            raise ValueError(f"--mode must be finite, got {args.mode!r}")
+    ids = (list(column(frame, args.id, "--id")) if args.id is not None
+           else list(range(len(frame))))
+    fit = ebnm(x, s, args.family, mode=mode)
+    post = fit.posterior
+    table = {"id": ids, "x": x, "s": s, "mean": post.mean, "sd": post.sd, "lfsr": post.lfsr,
+             "prob_zero": post.prob_zero}
+    g = fit.fitted_g
+    summary = {"model": "normal-means", "family": fit.family, "n": int(x.size),
+               "log_likelihood": fit.log_likelihood, "mode": fit.mode,
+               "prior": g.describe(),
+               "converged": fit.diagnostics.get("converged"),
+               "lfsr_below_0.05": int(np.sum(post.lfsr < 0.05))}
+    if "kkt" in fit.diagnostics:
+        summary["kkt"] = fit.diagnostics["kkt"]
+    if args.json:  # every component with weight > 0, for programs
+        summary["prior_components"] = g.to_frame()[g.weights > 0].to_dict("records")
+    _finish_fit(args, summary, table)
+
+
 def _two_clients(m, args):
     """The parametric fits refuse one client themselves; one client's NPMLE is a point mass
     on its own estimate (no shrinkage at all), which is a mistake, not a fit."""

@@ -18,6 +18,7 @@ from ebfl.cli._estimation import (
     _cmd_election,
     _cmd_fit_beta_binomial,
     _cmd_fit_gaussian,
+    _cmd_fit_normal_means,
     _cmd_private_bernoulli,
     _cmd_validate,
 )
@@ -205,6 +206,28 @@ def build_parser():
         _add_json(p)
     fb.set_defaults(func=_cmd_fit_beta_binomial)
     fg.set_defaults(func=_cmd_fit_gaussian)
+    from ebfl.eb.normal_means import FAMILIES as NORMAL_MEANS_FAMILIES
+
+    fn = fit.add_parser(
+        "normal-means", help="estimates and standard errors under a prior family (ebnm)",
+        description="Empirical Bayes normal means: x_i ~ N(theta_i, s_i^2), theta_i ~ g, g "
+                    "from a prior family, fitted by maximum marginal likelihood. Example: "
+                    "ebfl fit normal-means effects.csv --x beta --s se --family point_laplace "
+                    "--output posterior.csv")
+    fn.add_argument("path", help="CSV file, one row per observation")
+    fn.add_argument("--x", required=True, help="column of estimates x_i")
+    fn.add_argument("--s", required=True, help="column of their standard errors s_i (> 0)")
+    fn.add_argument("--family", default="point_normal", choices=list(NORMAL_MEANS_FAMILIES),
+                    help="prior family (default point_normal)")
+    fn.add_argument("--mode", default="0", metavar="M|estimate",
+                    help="the prior's mode: a number, or 'estimate' (default 0)")
+    fn.add_argument("--id", help="column of row ids kept in the output (default: row numbers)")
+    fn.add_argument("--output", help="write the posteriors (mean, sd, lfsr, ...) to this CSV")
+    fn.add_argument("--max-size", type=_positive, default=DEFAULT_MAX_MIB, metavar="MIB",
+                    help="the most a compressed CSV may expand to when read "
+                         f"(default: {DEFAULT_MAX_MIB} MiB)")
+    _add_json(fn)
+    fn.set_defaults(func=_cmd_fit_normal_means)
 
     pb = sub.add_parser("private-bernoulli",
                         help="paper's vs corrected private Bernoulli EB across epsilon")

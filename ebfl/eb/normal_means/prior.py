@@ -124,13 +124,18 @@ class NormalMeansPrior:
         return pd.DataFrame({"weight": self.weights, "kind": self.kinds, "a": self.a,
                              "b": self.b})
 
+    def describe(self, max_chars=300):
+        """The components with weight > 0 as text: ``0.64*normal(0, 0), 0.18*exp+(0, 2.15)``."""
+        shown = " + ".join(
+            f"{w:.3g}*point({a:.3g})" if kind == "normal" and b == 0 else
+            f"{w:.3g}*{kind}({a:.3g}, {b:.3g})"
+            for w, kind, a, b in zip(self.weights, self.kinds, self.a, self.b, strict=True)
+            if w > 0)
+        return shown if len(shown) <= max_chars else shown[:max_chars] + " ..."
+
     def __repr__(self):
-        k = self.n_components
-        shown = ", ".join(f"{w:.3g}*{kind}({a:.3g}, {b:.3g})" for w, kind, a, b in
-                          zip(self.weights, self.kinds, self.a, self.b, strict=True) if w > 0)
-        if len(shown) > 300:
-            shown = shown[:300] + " ..."
-        return f"NormalMeansPrior(family={self.family!r}, {k} components: {shown})"
+        return (f"NormalMeansPrior(family={self.family!r}, {self.n_components} components: "
+                f"{self.describe()})")
 
     # -------------------------------------------------------- likelihood and posterior
     def log_component_density(self, x, s):
