@@ -19,7 +19,9 @@ from pathlib import Path
 SECTIONS = [
     ("Empirical Bayes", ["ebfl.eb", "ebfl.eb.gaussian", "ebfl.eb.beta_binomial",
                          "ebfl.eb.discrete", "ebfl.eb.gaussian_mixture", "ebfl.eb.npmle",
-                         "ebfl.eb.mixture_weights",
+                         "ebfl.eb.mixture_weights", "ebfl.eb.normal_means",
+                         "ebfl.eb.normal_means.api", "ebfl.eb.normal_means.families",
+                         "ebfl.eb.normal_means.prior", "ebfl.eb.normal_means.truncated",
                          "ebfl.eb.priors", "ebfl.eb.results", "ebfl.models", "ebfl.ragged"]),
     ("Quantization, privacy and accounting",
      ["ebfl.privacy", "ebfl.privacy.mechanisms", "ebfl.privacy.estimators",

@@ -1,0 +1,479 @@
+"""ebfl's ebnm against R's ebnm (1.1-42) on the same data (the R package as the oracle).
+
+R's ``ebnm`` (Willwerscheid, Carbonetto & Stephens; ``bash ../shared/peers/r-ebnm/install.sh``)
+is run through ``Rscript``, never copied or translated (it is GPL). Every case, a
+(data set, prior family, mode) triple, goes to ONE R process per test module (the
+module-scoped fixture :func:`peers`, which fits ebfl's side while R runs), and R's
+errors are caught per case and recorded. Skipped, with the reason, where R or the
+package is not installed (CI machines have no R).
+
+Data sets (numpy ``default_rng`` seeds 101 to 108, n = 300 to 800): ``sparse`` (80%
+exact zeros, t_3 effects), ``heavy`` (t_1.5 effects), ``skewed`` (half zeros, half
+Exp effects, s uniform on [0.5, 1.5]), ``bimodal`` (+-3), ``null`` (all theta = 0),
+``shifted`` (mode 10), ``hetero`` (s over two decades) and ``constant`` (every x = 5,
+on which R's mode search errors).
+
+Claims, with REL = 1e-6:
+
+* for every family and mode that R fits, ebfl's log-likelihood >= R's - REL |R's|,
+  for the grid families with ebfl's DEFAULT grid (the claim: it is at least as good
+  as R's own grid);
+* for the parametric families (normal, point_normal, point_laplace,
+  point_exponential, point_mass), where the two log-likelihoods agree within REL,
+  posterior means agree within 1e-5 sd(x) and lfsr within 1e-5;
+* on R's OWN grid (its fitted mode and grid of sds, half-widths or atoms read off
+  its fitted_g), ebfl's grid fit is >= R's - REL |R's|;
+* R's fitted prior, handed to ebfl with ``fix_g=True``, gives R's log-likelihood and
+  R's posterior (the two define and compute the same quantities);
+* where R errors, ebfl fits the same data (finite, converged) and reaches the best
+  point mass.
+"""
+
+import csv
+import importlib.util
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ebfl
+from ebfl.eb.normal_means import FAMILIES, NormalMeansPrior
+
+REL = 1e-6
+R_TIMEOUT = 600  # seconds; generous, for a loaded machine
+PARAMETRIC = ("normal", "point_normal", "point_laplace", "point_exponential", "point_mass")
+GRID = ("normal_scale_mixture", "ash", "unimodal", "unimodal_symmetric",
+        "unimodal_nonnegative", "unimodal_nonpositive", "npmle")
+NO_MODE = ("npmle", "flat")  # mode is ignored: fitted once, at mode 0
+MODES = ("0", "estimate")
+
+# The R side: reads DIR/cases.csv (id, dataset, family, mode) and DIR/data_<dataset>.csv
+# (x, s); fits every case in this one process, each inside tryCatch; writes
+# DIR/summary.csv (one row a case: log-likelihood or error, fitted_g's class, warnings,
+# seconds), DIR/post_<id>.csv (posterior mean, sd, lfsr) and DIR/g_<id>.csv (the
+# fitted_g's fields as columns), numbers with 17 significant digits.
+R_CODE = r"""
+suppressPackageStartupMessages(library(ebnm))
+dir <- commandArgs(trailingOnly = TRUE)[1]
+full <- function(df) {
+  df[] <- lapply(df, function(v) if (is.numeric(v)) sprintf("%.17g", v) else v)
+  df
+}
+cases <- read.csv(file.path(dir, "cases.csv"), colClasses = "character")
+data <- list()
+rows <- vector("list", nrow(cases))
+for (r in seq_len(nrow(cases))) {
+  id <- cases$id[r]
+  ds <- cases$dataset[r]
+  mode <- if (cases$mode[r] == "estimate") "estimate" else as.numeric(cases$mode[r])
+  if (is.null(data[[ds]])) data[[ds]] <- read.csv(file.path(dir, paste0("data_", ds, ".csv")))
+  warns <- character(0)
+  t0 <- proc.time()[["elapsed"]]
+  fit <- tryCatch(withCallingHandlers(
+    ebnm(data[[ds]]$x, data[[ds]]$s, prior_family = cases$family[r], mode = mode,
+         output = ebnm_output_all()),
+    warning = function(w) {
+      warns <<- c(warns, conditionMessage(w))
+      invokeRestart("muffleWarning")
+    }), error = function(e) e)
+  secs <- proc.time()[["elapsed"]] - t0
+  row <- data.frame(id = id, log_likelihood = NA_real_, error = "", g_class = "",
+                    warnings = paste(unique(warns), collapse = " | "), seconds = secs)
+  if (inherits(fit, "error")) {
+    row$error <- conditionMessage(fit)
+  } else {
+    ll <- as.numeric(fit$log_likelihood)
+    if (length(ll) == 1) row$log_likelihood <- ll
+    row$g_class <- class(fit$fitted_g)[1]
+    post <- fit$posterior
+    lfsr <- if (is.null(post$lfsr)) rep(NA_real_, nrow(post)) else post$lfsr
+    write.csv(full(data.frame(mean = post$mean, sd = post$sd, lfsr = lfsr)),
+              file.path(dir, paste0("post_", id, ".csv")), row.names = FALSE)
+    write.csv(full(as.data.frame(lapply(unclass(fit$fitted_g), as.numeric))),
+              file.path(dir, paste0("g_", id, ".csv")), row.names = FALSE)
+  }
+  rows[[r]] <- row
+}
+write.csv(full(do.call(rbind, rows)), file.path(dir, "summary.csv"), row.names = FALSE)
+writeLines(c(as.character(packageVersion("ebnm")), R.version.string),
+           file.path(dir, "versions.txt"))
+"""
+
+
+def _require_r_package(package):
+    """Skip the test, saying why, unless Rscript can load ``package``."""
+    rscript = shutil.which("Rscript")
+    if rscript is None:
+        pytest.skip("R is not installed (Rscript not on PATH)")
+    probe = subprocess.run([rscript, "-e", f"library({package})"], capture_output=True,
+                           text=True, timeout=R_TIMEOUT)
+    if probe.returncode != 0:
+        pytest.skip(f"the R package {package} is not installed "
+                    f"(bash ../shared/peers/r-ebnm/install.sh)")
+
+
+# --------------------------------------------------------------------------- data
+
+def _datasets():
+    """name -> (x, s): the fixed-seed data sets of the module docstring."""
+    out = {}
+    rng = np.random.default_rng(101)
+    n = 600
+    theta = np.where(rng.random(n) < 0.8, 0.0, 2.0 * rng.standard_t(3, n))
+    out["sparse"] = (theta + rng.standard_normal(n), np.ones(n))
+    rng = np.random.default_rng(102)
+    n = 500
+    out["heavy"] = (rng.standard_t(1.5, n) + rng.standard_normal(n), np.ones(n))
+    rng = np.random.default_rng(103)
+    theta = np.where(rng.random(n) < 0.5, 0.0, rng.exponential(2.0, n))
+    s = rng.uniform(0.5, 1.5, n)
+    out["skewed"] = (theta + s * rng.standard_normal(n), s)
+    rng = np.random.default_rng(104)
+    theta = rng.choice([-3.0, 3.0], n) + 0.5 * rng.standard_normal(n)
+    out["bimodal"] = (theta + rng.standard_normal(n), np.ones(n))
+    rng = np.random.default_rng(105)
+    s = rng.uniform(0.8, 1.2, 400)
+    out["null"] = (s * rng.standard_normal(400), s)
+    rng = np.random.default_rng(106)
+    theta = 10.0 + np.where(rng.random(n) < 0.6, 0.0, 2.0 * rng.standard_normal(n))
+    out["shifted"] = (theta + rng.standard_normal(n), np.ones(n))
+    rng = np.random.default_rng(107)
+    n = 800
+    s = 10.0 ** rng.uniform(-1, 1, n)
+    theta = np.where(rng.random(n) < 0.7, 0.0, 3.0 * rng.standard_normal(n))
+    out["hetero"] = (theta + s * rng.standard_normal(n), s)
+    out["constant"] = (np.full(300, 5.0), np.ones(300))
+    return out
+
+
+def _cases(datasets):
+    """(id, dataset, family, mode) for every data set, family and mode."""
+    return [(f"{name}__{family}__{mode}", name, family, mode)
+            for name in datasets for family in FAMILIES
+            for mode in (MODES[:1] if family in NO_MODE else MODES)]
+
+
+def _mode(mode):
+    return "estimate" if mode == "estimate" else float(mode)
+
+
+def _float(text):
+    return math.nan if text in ("", "NA", "NaN") else float(text)
+
+
+def _read_columns(path):
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return {key: np.array([_float(row[key]) for row in rows]) for key in rows[0]}
+
+
+def _run_r(tmp, datasets, cases):
+    """Start the one R process on every case; returns the Popen."""
+    for name, (x, s) in datasets.items():
+        np.savetxt(tmp / f"data_{name}.csv", np.column_stack([x, s]), delimiter=",",
+                   header="x,s", comments="", fmt="%.17g")
+    with open(tmp / "cases.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["id", "dataset", "family", "mode"])
+        writer.writerows(cases)
+    (tmp / "ebnm_peers.R").write_text(R_CODE)
+    return subprocess.Popen([shutil.which("Rscript"), str(tmp / "ebnm_peers.R"), str(tmp)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _read_r(tmp):
+    """id -> R's result: log_likelihood (None: none), error, g_class, warnings, and
+    (fitted) posterior and g as dicts of arrays."""
+    out = {}
+    with open(tmp / "summary.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            ll = _float(row["log_likelihood"])
+            rec = {"log_likelihood": ll if math.isfinite(ll) else None,
+                   "error": row["error"] or None, "g_class": row["g_class"],
+                   "warnings": row["warnings"], "seconds": float(row["seconds"])}
+            if rec["error"] is None:
+                rec["posterior"] = _read_columns(tmp / f"post_{row['id']}.csv")
+                rec["g"] = _read_columns(tmp / f"g_{row['id']}.csv")
+            out[row["id"]] = rec
+    return out
+
+
+class Peers:
+    """The data, ebfl's fits and R's, by case id."""
+
+    def __init__(self, datasets, cases, ours, r, versions):
+        self.datasets, self.cases, self.ours, self.r = datasets, cases, ours, r
+        self.versions = versions
+
+    def by_family(self, family):
+        """(id, dataset, mode, ours, R's) of ``family`` where R fitted the case."""
+        return [(cid, name, mode, self.ours[cid], self.r[cid])
+                for cid, name, fam, mode in self.cases
+                if fam == family and self.r[cid]["error"] is None]
+
+
+@pytest.fixture(scope="module")
+def peers(tmp_path_factory):
+    _require_r_package("ebnm")
+    tmp = tmp_path_factory.mktemp("ebnm_peers")
+    datasets = _datasets()
+    cases = _cases(datasets)
+    proc = _run_r(tmp, datasets, cases)
+    try:
+        ours = {}  # fitted here while R runs (two cores)
+        for cid, name, family, mode in cases:
+            x, s = datasets[name]
+            try:
+                ours[cid] = ebfl.ebnm(x, s, family, _mode(mode))
+            except Exception as exc:  # reported by the tests, case by case
+                ours[cid] = exc
+        _, stderr = proc.communicate(timeout=R_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr
+    versions = (tmp / "versions.txt").read_text().splitlines()
+    return Peers(datasets, cases, ours, _read_r(tmp), versions)
+
+
+def _fail(rows, header):
+    """Assert no rows, else print them as a table (every failing case at once)."""
+    assert not rows, header + "\n" + "\n".join(rows)
+
+
+def _ebfl_error(cid, fit):
+    return f"  {cid}: ebfl raised {fit!r}" if isinstance(fit, Exception) else None
+
+
+# ---------------------------------------------------------------- log-likelihoods
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "flat"])
+def test_log_likelihood_at_least_r(peers, family):
+    """ebfl >= R - REL |R| (grid families: ebfl's default grid against R's)."""
+    bad = []
+    for cid, _, _, ours, r in peers.by_family(family):
+        if (err := _ebfl_error(cid, ours)) is not None:
+            bad.append(err)
+            continue
+        peer = r["log_likelihood"]
+        assert peer is not None, cid
+        if not ours.log_likelihood >= peer - REL * abs(peer):
+            bad.append(f"  {cid}: ebfl {ours.log_likelihood:.8f}  R {peer:.8f}  "
+                       f"ebfl - R = {ours.log_likelihood - peer:+.3e}")
+    _fail(bad, f"{family}: ebfl's log-likelihood below R ebnm {peers.versions[0]}'s:")
+
+
+@pytest.mark.parametrize("family", PARAMETRIC)
+def test_posteriors_agree_where_fits_agree(peers, family):
+    """Where the log-likelihoods agree within REL, posterior means agree within
+    1e-5 sd(x) and lfsr within 1e-5 (lfsr where R reports it: not with an estimated
+    mode)."""
+    bad, compared = [], 0
+    for cid, name, _, ours, r in peers.by_family(family):
+        if _ebfl_error(cid, ours) is not None:
+            continue  # reported by test_log_likelihood_at_least_r
+        peer = r["log_likelihood"]
+        if abs(ours.log_likelihood - peer) > REL * abs(peer):
+            continue
+        compared += 1
+        x = peers.datasets[name][0]
+        post = r["posterior"]
+        d_mean = float(np.max(np.abs(ours.posterior.mean - post["mean"])))
+        if not d_mean <= 1e-5 * np.std(x):
+            bad.append(f"  {cid}: max |posterior mean diff| {d_mean:.3e} > "
+                       f"{1e-5 * np.std(x):.3e} (log-lik ebfl - R "
+                       f"{ours.log_likelihood - peer:+.2e})")
+        has = np.isfinite(post["lfsr"])
+        if has.any():
+            d_lfsr = float(np.max(np.abs(ours.posterior.lfsr[has] - post["lfsr"][has])))
+            if not d_lfsr <= 1e-5:
+                bad.append(f"  {cid}: max |lfsr diff| {d_lfsr:.3e} > 1e-5 (log-lik ebfl - R "
+                           f"{ours.log_likelihood - peer:+.2e})")
+    assert compared > 0, f"{family}: no case where the two fits agree"
+    _fail(bad, f"{family}: posteriors differ although the fits agree:")
+
+
+# ------------------------------------------------------------------- R's own grid
+
+def _r_grid(family, g_class, g):
+    """(mode, scale) that make ebfl's grid hold every component of R's fitted_g, or a
+    string saying why it cannot."""
+    if family == "npmle":
+        if g_class != "normalmix" or np.any(g["sd"] != 0):
+            return f"R's npmle fitted_g is a {g_class} with sds {np.unique(g['sd'])}"
+        return 0.0, g["mean"]
+    if family == "normal_scale_mixture":
+        if g_class != "normalmix" or np.ptp(g["mean"]) != 0:
+            return f"R's fitted_g is a {g_class} with means {np.unique(g['mean'])}"
+        return float(g["mean"][0]), g["sd"]
+    if g_class != "unimix":
+        return f"R's fitted_g is a {g_class}, not a unimix"
+    point = np.flatnonzero(g["a"] == g["b"])
+    if point.size == 0:
+        return "R's unimix has no point mass to read its mode off"
+    mode = float(g["a"][point[0]])
+    if family in ("ash", "unimodal_symmetric"):
+        return mode, (g["b"] - g["a"]) / 2
+    return mode, g["b"] - g["a"]
+
+
+def _holds(prior, g_class, g, mode):
+    """Whether every component of R's fitted_g is one of ``prior``'s (to rounding)."""
+    kinds = np.array(prior.kinds)
+    if g_class == "normalmix":
+        comps = [("normal", m, sd) for m, sd in zip(g["mean"], g["sd"], strict=True)]
+    else:
+        comps = [("normal", a, 0.0) if a == b else ("uniform", a, b)
+                 for a, b in zip(g["a"], g["b"], strict=True)]
+    tol = 1e-12 * (1 + abs(mode) + float(np.max(np.abs(prior.b))))
+    return all(np.any((kinds == kind) & (np.abs(prior.a - a) <= tol)
+                      & (np.abs(prior.b - b) <= tol)) for kind, a, b in comps)
+
+
+@pytest.mark.parametrize("family", GRID)
+def test_grid_families_on_r_grid(peers, family):
+    """On R's own grid and mode, ebfl's weights are >= R's - REL |R|."""
+    bad, fitted, reasons = [], 0, set()
+    for cid, name, mode, _, r in peers.by_family(family):
+        grid = _r_grid(family, r["g_class"], r["g"])
+        if isinstance(grid, str):
+            reasons.add(grid)
+            continue
+        md, scale = grid
+        x, s = peers.datasets[name]
+        fit = ebfl.ebnm(x, s, family, md, scale=scale)
+        if family != "npmle" and not _holds(fit.fitted_g, r["g_class"], r["g"], md):
+            reasons.add(f"{cid}: ebfl's components do not hold R's")
+            continue
+        fitted += 1
+        peer = r["log_likelihood"]
+        if not fit.log_likelihood >= peer - REL * abs(peer):
+            bad.append(f"  {cid} (mode {mode}, R's mode {md:.6g}, {np.size(scale)} scales): "
+                       f"ebfl {fit.log_likelihood:.8f}  R {peer:.8f}  ebfl - R = "
+                       f"{fit.log_likelihood - peer:+.3e}")
+    if fitted == 0:
+        pytest.skip(f"{family}: R's grid cannot be mapped: {'; '.join(sorted(reasons))}")
+    _fail(bad, f"{family} on R's grid: ebfl's log-likelihood below R's:")
+    assert not reasons, reasons
+
+
+# ------------------------------------------------------ the same prior, the same answers
+
+def _prior_from_r(g_class, g):
+    """R's fitted_g as a NormalMeansPrior (None: flat)."""
+    w = np.clip(g["pi"], 0.0, None)
+    if g_class == "normalmix":
+        if np.any(np.isinf(g["sd"])):
+            return None
+        return NormalMeansPrior(w / w.sum(), ["normal"] * w.size, g["mean"], g["sd"])
+    if g_class == "unimix":
+        kinds = ["normal" if a == b else "uniform" for a, b in zip(g["a"], g["b"], strict=True)]
+        b = np.where(g["a"] == g["b"], 0.0, g["b"])
+        return NormalMeansPrior(w / w.sum(), kinds, g["a"], b)
+    if g_class == "laplacemix":  # Laplace(m, b): half m + Exp(b), half m - Exp(b)
+        weights, kinds, a, b = [], [], [], []
+        for wk, m, sc in zip(w, g["mean"], g["scale"], strict=True):
+            if sc == 0:
+                weights, kinds, a, b = weights + [wk], kinds + ["normal"], a + [m], b + [0.0]
+            else:
+                weights += [wk / 2, wk / 2]
+                kinds += ["exp+", "exp-"]
+                a, b = a + [m, m], b + [sc, sc]
+        weights = np.array(weights)
+        return NormalMeansPrior(weights / weights.sum(), kinds, a, b)
+    if g_class == "gammamix":
+        if np.any((g["shape"] != 1) & (g["scale"] > 0)):
+            raise AssertionError(f"a gamma component of shape != 1: {g}")
+        point = g["scale"] == 0
+        kinds = np.where(point, "normal", "exp+").tolist()
+        return NormalMeansPrior(w / w.sum(), kinds, g["shift"], np.where(point, 0.0, g["scale"]))
+    raise AssertionError(f"unknown fitted_g class {g_class}")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_r_prior_gives_r_likelihood_and_posterior(peers, family):
+    """R's fitted_g, fixed in ebfl, gives R's log-likelihood (1e-9 relative) and R's
+    posterior means and sds (1e-6 sd(x)) and lfsr (1e-6)."""
+    bad = []
+    for cid, name, _, _, r in peers.by_family(family):
+        x, s = peers.datasets[name]
+        prior = _prior_from_r(r["g_class"], r["g"])
+        fit = (ebfl.ebnm(x, s, "flat") if prior is None
+               else ebfl.ebnm(x, s, family, g_init=prior, fix_g=True))
+        peer = r["log_likelihood"]
+        if prior is not None and not abs(fit.log_likelihood - peer) <= 1e-9 * abs(peer):
+            bad.append(f"  {cid}: log-lik of R's prior in ebfl {fit.log_likelihood:.10f}, "
+                       f"R {peer:.10f}")
+        post, scale = r["posterior"], np.std(x)
+        for key, tol in (("mean", 1e-6 * scale), ("sd", 1e-6 * scale), ("lfsr", 1e-6)):
+            has = np.isfinite(post[key])
+            diff = np.abs(getattr(fit.posterior, key)[has] - post[key][has])
+            if diff.size and not diff.max() <= tol:
+                i = int(np.argmax(diff))
+                bad.append(f"  {cid}: posterior {key} differs by {diff.max():.3e} > {tol:.1e} "
+                           f"(at x = {x[has][i]:.4g}, s = {s[has][i]:.3g}: ebfl "
+                           f"{getattr(fit.posterior, key)[has][i]:.8g}, R {post[key][has][i]:.8g})")
+    _fail(bad, f"{family}: R's prior, fixed in ebfl, gives another answer:")
+
+
+# ------------------------------------------------------------------------ R's errors
+
+def test_ebfl_fits_where_r_errors(peers):
+    """R errors on some cases (e.g. its mode search on constant data: "'xmin' not less
+    than 'xmax'"): expected of R. ebfl fits them: finite, converged, and at least as
+    likely as the best point mass (which every family with that mode holds)."""
+    errors = [(cid, name, family, mode) for cid, name, family, mode in peers.cases
+              if peers.r[cid]["error"] is not None]
+    if not errors:
+        pytest.skip(f"R ebnm {peers.versions[0]} fitted every case")
+    bad = []
+    for cid, name, family, mode in errors:
+        ours = peers.ours[cid]
+        if (err := _ebfl_error(cid, ours)) is not None:
+            bad.append(err)
+            continue
+        x, s = peers.datasets[name]
+        finite = all(np.all(np.isfinite(getattr(ours.posterior, k)))
+                     for k in ("mean", "sd", "lfsr"))
+        if not (finite and ours.diagnostics.get("converged")):
+            bad.append(f"  {cid}: not finite or not converged ({ours.diagnostics})")
+        if family != "flat":
+            point = ebfl.ebnm(x, s, "point_mass", _mode(mode)).log_likelihood
+            if not ours.log_likelihood >= point - REL * abs(point):
+                bad.append(f"  {cid}: ebfl {ours.log_likelihood:.6f} below the point mass "
+                           f"{point:.6f}")
+    _fail(bad, f"ebfl on the cases where R errors ({len(errors)}: "
+               f"{sorted({(f, m) for _, _, f, m in errors})}, e.g. "
+               f"{peers.r[errors[0][0]]['error']!r}):")
+
+
+# ------------------------------------------------------------------ the benchmark
+
+def _load_bench(name):
+    """The benchmark script as a module (as tests/test_benchmarks.py loads them)."""
+    bench = Path(__file__).parent.parent / "benchmarks"
+    if str(bench) not in sys.path:  # the scripts import their shared _timing helper
+        sys.path.insert(0, str(bench))
+    spec = importlib.util.spec_from_file_location(name, bench / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_ebnm_smoke(capsys):
+    bench = _load_bench("bench_ebnm")
+    with_r = bench.r_available()
+    argv = ["--n", "2000", "--reps", "1", "--json"] + ([] if with_r else ["--no-r"])
+    result = bench.main(argv)
+    assert result["n"] == 2000 and set(result["families"]) == set(FAMILIES)
+    for family, row in result["families"].items():
+        assert row["ebfl_seconds"] > 0
+        assert (row["ebfl_log_likelihood"] is None) == (family == "flat")
+        if with_r and row.get("r_seconds") is not None:
+            assert row["ratio_r_over_ebfl"] > 0
+    assert capsys.readouterr().out.lstrip().startswith("{")
