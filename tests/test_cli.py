@@ -280,3 +280,30 @@ def test_fit_gaussian_reproduces_metafor_on_bcg(tmp_path, capsys, method, mu, ta
         assert out["converged"] is True
     else:
         assert out["q_statistic"] == pytest.approx(152.2330, abs=1e-4)
+
+
+def test_fit_normal_means_writes_every_posterior_and_matches_the_library(tmp_path, capsys):
+    from ebfl.eb import ebnm
+
+    rng = np.random.default_rng(3)
+    theta = np.where(rng.random(300) < 0.7, 0.0, rng.normal(0, 2, 300))
+    s = rng.uniform(0.3, 1.5, 300)
+    x = theta + s * rng.standard_normal(300)
+    ids = [f"gene{i}" for i in range(300)]
+    pd.DataFrame({"gene": ids, "beta": x, "se": s}).to_csv(tmp_path / "fx.csv", index=False)
+    out = _json(capsys, ["fit", "normal-means", str(tmp_path / "fx.csv"), "--x", "beta", "--s",
+                         "se", "--family", "point_laplace", "--mode", "estimate", "--id", "gene",
+                         "--output", str(tmp_path / "post.csv"), "--json"])
+    direct = ebnm(x, s, "point_laplace", mode="estimate")
+    assert out["family"] == "point_laplace" and out["n"] == 300 and out["converged"]
+    assert out["log_likelihood"] == pytest.approx(direct.log_likelihood, rel=1e-12)
+    assert out["mode"] == pytest.approx(direct.mode)
+    assert sum(c["weight"] for c in out["prior_components"]) == pytest.approx(1.0)
+    post = pd.read_csv(tmp_path / "post.csv")
+    assert post["id"].tolist() == ids
+    np.testing.assert_allclose(post["mean"], direct.posterior.mean, rtol=1e-12)
+    np.testing.assert_allclose(post["lfsr"], direct.posterior.lfsr, rtol=1e-12, atol=1e-300)
+    assert main(["fit", "normal-means", str(tmp_path / "fx.csv"), "--x", "beta", "--s", "se",
+                 "--family", "unimodal"]) == 0
+    text = capsys.readouterr().out
+    assert "unimodal" in text and "lfsr" in text

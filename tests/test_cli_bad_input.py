@@ -87,6 +87,7 @@ def inputs(tmp_path_factory):
 
 BB = "fit beta-binomial {d}/values.csv"
 GA = "fit gaussian {d}/values.csv"
+NM = "fit normal-means {d}/values.csv"
 BOUNDS = "bounds gaussian --m 100 --n 15 --sigma-theta 0.1 --sigma-x 0.5"
 ACC = "accounting dp-adaped --m 66 --k 22 --iterations 2400 --sync-gap 10 --clip 1 --noise 5"
 
@@ -139,6 +140,19 @@ CASES = {
     "gaussian-missing-value": (GA + " --client id --value blank", ["--value", "missing"]),
     "gaussian-missing-client": (GA + " --client id_blank --value ok", ["--client", "data row 2"]),
     "gaussian-one-client": ("fit gaussian {d}/one_client.csv --mean mean --se se", ["client"]),
+    # --- fit normal-means
+    "nm-text": (NM + " --x text --s se", ["--x", "'text'", "data row 2"]),
+    "nm-infinite": (NM + " --x infinite --s se", ["--x", "infinite"]),
+    "nm-negative-s": (NM + " --x ok --s se_neg", ["--s", "'se_neg'", "> 0"]),
+    "nm-zero-s": (NM + " --x ok --s n --family npmle --s zero", ["--s", "'zero'"]),
+    "nm-no-column": (NM + " --x nope --s se", ["--x", "'nope'"]),
+    "nm-no-id": (NM + " --x ok --s se --id nope", ["--id", "'nope'"]),
+    "nm-same-column": (NM + " --x se --s se", ["--x", "--s", "'se'"]),
+    "nm-family": (NM + " --x ok --s se --family horseshoe", ["--family", "horseshoe"]),
+    "nm-mode": (NM + " --x ok --s se --mode auto", ["--mode", "'auto'"]),
+    "nm-mode-nan": (NM + " --x ok --s se --mode nan", ["--mode", "finite"]),
+    "nm-missing-file": ("fit normal-means {d}/nope.csv --x a --s b", ["nope.csv"]),
+    "nm-no-x": (NM + " --s se", ["--x"]),
     "npmle-one-client": ("fit gaussian {d}/one_client.csv --mean mean --se se --method npmle",
                          ["--method npmle", "2 clients"]),
     # --- inputs that would give a fit of nonsense, or fill the memory

@@ -230,6 +230,7 @@ def ebnm(x, s=1.0, prior_family="point_normal", mode=0.0, scale="estimate", g_in
         g, diag = fit_family(prior_family, x, s, mode, scale, tol=tol)
     diag = dict(diag)
     fitted_mode = diag.pop("mode", None)
+    diag.pop("log_likelihood", None)  # the solver's own; the result's is recomputed below
     post = g.posterior(x, s)
     return EBNMResult(prior_family, g, float(np.sum(post.log_marginal)), post, fitted_mode,
                       diag, x, s)

@@ -227,42 +227,50 @@ def _grid_components(family, mode, scales):
     return kinds, np.array(a, float), np.array(b, float)
 
 
-def _fit_grid_weights(family, x, s, mode, scales, tol):
+def _fit_grid_weights(family, x, s, mode, scales, tol, start=None):
     from ebfl.eb.mixture_weights import mixsqp
 
     kinds, a, b = _grid_components(family, mode, scales)
     template = NormalMeansPrior(np.full(len(kinds), 1 / len(kinds)), kinds, a, b, family)
-    sol = mixsqp(template.log_component_density(x, s), log=True, tol=tol)
+    sol = mixsqp(template.log_component_density(x, s), log=True, tol=tol, start=start)
     weights = np.where(sol.weights > 0, sol.weights, 0.0)
     g = NormalMeansPrior(weights / weights.sum(), kinds, a, b, family)
     return g, {"converged": bool(sol.converged), "kkt": float(sol.kkt),
                "log_likelihood_gap_bound": float(sol.log_likelihood_gap_bound),
-               "n_iter": int(sol.n_iter), "at_bound": False, "mode": float(mode)}
+               "n_iter": int(sol.n_iter), "at_bound": False, "mode": float(mode),
+               "log_likelihood": float(sol.log_likelihood)}
 
 
 def _fit_grid(family, x, s, mode, scale, tol):
     if family == "npmle":
         return _fit_npmle(x, s, scale, tol)
-    if isinstance(mode, str):
-        # One grid for every candidate mode (the objective stays continuous in the
-        # mode): wide enough for a mode at either end of the data.
-        scales = (default_scale_grid(x, s, float(np.min(x))) if isinstance(scale, str)
-                  else scale)
-
-        def negll(md):
-            return -_fit_grid_weights(family, x, s, md, scales, tol)[0].log_likelihood(x, s)
-
-        lo, hi = float(np.min(x)), float(np.max(x))
-        candidates = {0.0, float(np.median(x)), _precision_mean(x, s)}
-        if hi > lo:
-            res = optimize.minimize_scalar(negll, bounds=(lo, hi), method="bounded",
-                                           options={"xatol": 1e-6 * (hi - lo + 1)})
-            candidates.add(float(res.x))
-        values = {md: negll(md) for md in candidates}
-        mode = min(values, key=values.get)
-    else:
+    if not isinstance(mode, str):
         scales = default_scale_grid(x, s, mode) if isinstance(scale, str) else scale
-    return _fit_grid_weights(family, x, s, mode, scales, tol)
+        return _fit_grid_weights(family, x, s, mode, scales, tol)
+    # One grid for every candidate mode (the objective stays continuous in the mode):
+    # wide enough for a mode at either end of the data.
+    scales = default_scale_grid(x, s, float(np.min(x))) if isinstance(scale, str) else scale
+    fits = {}
+
+    def negll(md):
+        md = float(md)
+        if md not in fits:
+            # Warm start from the last fit, with every column kept alive (a neighbouring
+            # mode's optimum is close; mix-SQP only needs a positive start).
+            last = next(reversed(fits.values()))[0].weights if fits else None
+            start = None if last is None else 0.999 * last + 0.001 / last.size
+            fits[md] = _fit_grid_weights(family, x, s, md, scales, tol, start=start)
+        return -fits[md][1]["log_likelihood"]
+
+    lo, hi = float(np.min(x)), float(np.max(x))
+    for md in (0.0, float(np.median(x)), _precision_mean(x, s)):
+        negll(md)
+    if hi > lo:
+        res = optimize.minimize_scalar(negll, bounds=(lo, hi), method="bounded",
+                                       options={"xatol": 1e-6 * (hi - lo + 1)})
+        negll(res.x)
+    best = min(fits, key=negll)
+    return fits[best]
 
 
 def _fit_npmle(x, s, scale, tol):
