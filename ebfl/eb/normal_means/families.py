@@ -13,14 +13,15 @@ Three kinds of fit, by the shape of the family:
   ``npmle``): g is a mixture of fixed components (normals of a grid of sds, or
   uniforms of a grid of widths, around the mode; or atoms), and the weights
   maximize the log-likelihood exactly, by :func:`ebfl.eb.mixsqp`, with its KKT
-  certificate. With ``mode="estimate"`` the mode is the best of a bounded scalar
-  search and of the candidate modes 0, the median and the precision-weighted
-  mean, so the estimate is never below the fit at any of them.
+  certificate. With ``mode="estimate"`` the mode is the best of a scan over
+  the quantiles of x (with 0 and the precision-weighted mean) refined by a
+  bounded search around the best, so the estimate is never below the fit at
+  any of those modes.
 * **Fixed** (``point_mass``, ``flat``): nothing or only the mode to fit.
 
 ``ash`` is the scale mixture of uniforms symmetric about the mode (ashr's
 default, so also ``unimodal_symmetric``). The default grid of scales runs
-geometrically, by the factor :data:`GRID_MULT` (2^(1/8)), from a tenth of the
+geometrically, by the factor ``GRID_MULT`` (2^(1/8)), from a tenth of the
 smallest s to twice the largest excess spread sqrt(max((x - mode)^2 - s^2)):
 finer than any s can resolve at the bottom, wider than any observation asks for
 at the top (the idea of Stephens, 2017, "False discovery rates: a new deal").
@@ -171,19 +172,29 @@ def _fit_point(family, x, s, mode, scale):
             v.append(min(max(float(np.median(x)), x_lo), x_hi))
         if v not in starts:
             starts.append(v)
-    best = None
+    best, ends = None, []
     for v0 in starts:
         res = optimize.minimize(fun, v0, jac=True, method="L-BFGS-B", bounds=bounds,
                                 options={"maxiter": 1000, "ftol": 1e-13, "gtol": 1e-9})
+        ends.append(res)
         if best is None or res.fun < best.fun:
             best = res
+    # L-BFGS-B can end a start ABNORMAL in its line search at the optimum (no decrease
+    # left at double precision). The fit has converged when its projected gradient is
+    # small, or when a start that converged by L-BFGS-B's own test ends at its value.
     v = best.x
+    lower, upper = np.array(bounds).T
+    grad = fun(v)[1]
+    projected = np.where((v <= lower) & (grad > 0) | (v >= upper) & (grad < 0), 0.0, grad)
+    converged = bool(best.success or np.max(np.abs(projected)) <= 1e-6 * (1 + abs(best.fun))
+                     or any(r.success and r.fun <= best.fun + 1e-10 * (1 + abs(best.fun))
+                            for r in ends))
     pi0 = min(max(float(v[0]), 0.0), 1.0)
     sc = math.exp(v[1]) if fit_scale else scale
     md = float(v[-1]) if fit_mode else mode
     at_bound = bool(pi0 in (0.0, 1.0) or (fit_scale and (v[1] <= lo_log + 1e-9
                                                          or v[1] >= hi_log - 1e-9)))
-    return _point_prior(family, pi0, sc, md), {"converged": bool(best.success),
+    return _point_prior(family, pi0, sc, md), {"converged": converged,
                                                 "at_bound": at_bound, "n_iter": int(best.nit),
                                                 "mode": md}
 
@@ -195,6 +206,13 @@ def _fit_normal(x, s, mode, scale):
         md = _precision_mean(x, s, scale) if isinstance(mode, str) else mode
         return NormalMeansPrior([1.0], ["normal"], [md], [scale], "normal"), {
             "converged": True, "at_bound": False, "n_iter": 0, "mode": float(md)}
+    if x.size == 1:
+        # One observation: the likelihood N(x; mode, s^2 + sd^2) is largest at mode = x,
+        # sd = 0 (mode estimated), or at sd^2 = max((x - mode)^2 - s^2, 0) (mode fixed).
+        md = float(x[0]) if isinstance(mode, str) else mode
+        sd = math.sqrt(max((float(x[0]) - md) ** 2 - float(s[0]) ** 2, 0.0))
+        return NormalMeansPrior([1.0], ["normal"], [md], [sd], "normal"), {
+            "converged": True, "at_bound": sd == 0.0, "n_iter": 0, "mode": md}
     fit = gaussian_eb(x, s, method="mle", prior_mean=None if isinstance(mode, str) else mode)
     sd = float(fit.prior.sd)
     md = float(np.asarray(fit.prior.mean))
@@ -262,13 +280,22 @@ def _fit_grid(family, x, s, mode, scale, tol):
             fits[md] = _fit_grid_weights(family, x, s, md, scales, tol, start=start)
         return -fits[md][1]["log_likelihood"]
 
+    # The log-likelihood need not be unimodal in the mode (bimodal data): a coarse scan
+    # over the quantiles of x (and 0 and the precision-weighted mean) finds the best
+    # basin, and a bounded search between the scan's neighbours refines it.
     lo, hi = float(np.min(x)), float(np.max(x))
-    for md in (0.0, float(np.median(x)), _precision_mean(x, s)):
+    scan = np.unique(np.concatenate([np.quantile(x, np.linspace(0, 1, 21)),
+                                     [0.0, _precision_mean(x, s)]]))
+    for md in scan:
         negll(md)
     if hi > lo:
-        res = optimize.minimize_scalar(negll, bounds=(lo, hi), method="bounded",
-                                       options={"xatol": 1e-6 * (hi - lo + 1)})
-        negll(res.x)
+        best = min(fits, key=negll)
+        i = int(np.searchsorted(scan, best))
+        left, right = scan[max(i - 1, 0)], scan[min(i + 1, scan.size - 1)]
+        if right > left:
+            res = optimize.minimize_scalar(negll, bounds=(left, right), method="bounded",
+                                           options={"xatol": 1e-6 * (hi - lo + 1)})
+            negll(res.x)
     best = min(fits, key=negll)
     return fits[best]
 

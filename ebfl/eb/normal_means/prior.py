@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import special
 
-from ebfl.eb.normal_means.truncated import log_normal_mass, truncated_normal_moments
+from ebfl.eb.normal_means.truncated import log_normal_mass, truncated_normal_pieces
 
 __all__ = ["KINDS", "NormalMeansPosterior", "NormalMeansPrior"]
 
@@ -208,14 +208,20 @@ class NormalMeansPrior:
         log_marg = special.logsumexp(log_joint, axis=1)
         resp = np.exp(log_joint - log_marg[:, None])
         m, sd, lo, hi = self._posterior_pieces(x, s)
-        _, first, second, below = truncated_normal_moments(m, sd, lo, hi)
+        _, first, var_k, below = truncated_normal_pieces(m, sd, lo, hi)
+        # P(theta > 0) of each piece by reflection (theta -> -theta), not as 1 - P(< 0):
+        # the lfsr of a negative effect then has the relative accuracy of a positive one.
+        _, _, _, above = truncated_normal_pieces(-m, sd, -hi, -lo)
         at_zero = ((sd == 0) & (m == 0)).astype(float)
         mean = np.sum(resp * first, axis=1)
-        second_moment = np.sum(resp * second, axis=1)
+        second_moment = np.sum(resp * (first**2 + var_k), axis=1)
         p_neg = np.sum(resp * below, axis=1)
+        p_pos = np.sum(resp * above, axis=1)
         p_zero = np.sum(resp * at_zero, axis=1)
-        var = np.maximum(second_moment - mean**2, 0.0)
-        lfsr = np.minimum(p_neg + p_zero, 1.0 - p_neg)
+        # The law of total variance, not E[theta^2] - E[theta]^2: no cancellation when the
+        # posterior sd is far below |mean|.
+        var = np.sum(resp * (var_k + (first - mean[:, None]) ** 2), axis=1)
+        lfsr = np.minimum(p_neg + p_zero, p_pos + p_zero)
         return NormalMeansPosterior(mean=mean, sd=np.sqrt(var), second_moment=second_moment,
                                     lfsr=np.clip(lfsr, 0.0, 1.0), prob_zero=p_zero,
                                     log_marginal=log_marg, _prior=self,
@@ -279,6 +285,8 @@ class NormalMeansPosterior:
         rng = as_generator(rng)
         prior = self._prior
         x, s = self._data
+        if prior is None:  # the flat prior: theta_i | x_i ~ N(x_i, s_i^2)
+            return x + s * rng.standard_normal((n_samples, x.size))
         log_joint = prior.log_component_density(x, s)
         with np.errstate(divide="ignore"):
             log_joint = log_joint + np.log(prior.weights)[None]
@@ -290,12 +298,17 @@ class NormalMeansPosterior:
         comp = np.minimum((u[..., None] > cum[None]).sum(axis=2), resp.shape[1] - 1)
         rows = np.arange(n)[None]
         mu, sig, a, b = m[rows, comp], sd[rows, comp], lo[rows, comp], hi[rows, comp]
-        # Inverse-cdf draws of the truncated normals, in the tail where they are exact.
+        # Inverse-cdf draws of the truncated normals in log space, on the side of the
+        # tail where the cdf is small: Phi(z) = Phi(b) (u + (1 - u) Phi(a) / Phi(b)),
+        # u uniform, inverted by ndtri_exp (exact however far into the tail).
         safe = np.where(sig > 0, sig, 1.0)
         alpha, beta = (a - mu) / safe, (b - mu) / safe
         flip = alpha > 0
         lo_z, hi_z = np.where(flip, -beta, alpha), np.where(flip, -alpha, beta)
-        pa, pb = special.ndtr(lo_z), special.ndtr(hi_z)
-        z = special.ndtri(np.clip(pa + rng.random(mu.shape) * (pb - pa), 1e-300, 1 - 1e-16))
+        log_pa, log_pb = special.log_ndtr(lo_z), special.log_ndtr(hi_z)
+        u = rng.random(mu.shape)
+        with np.errstate(divide="ignore"):
+            log_p = log_pb + np.log(u + (1 - u) * np.exp(log_pa - log_pb))
+        z = special.ndtri_exp(np.minimum(log_p, 0.0))
         z = np.clip(np.where(flip, -z, z), alpha, beta)
         return np.where(sig > 0, mu + sig * z, mu)
