@@ -30,10 +30,6 @@ obtains P(theta < 0) as exp of a difference of log masses of up to ~450 at 30 s,
 carries an absolute error of ~|log mass| * eps ~ 1e-13; harmless at any lfsr threshold;
 the relative accuracy of tiny lfsr is pinned separately by
 test_lfsr_has_relative_accuracy_for_negative_effects).
-
-Where ebfl is not accurate to these tolerances the test stays strict and is marked
-``xfail(strict=True)`` with the defect in its reason (the D_* strings below): a fix
-turns it into an XPASS, which fails, so the marker is then removed.
 """
 
 import math
@@ -69,14 +65,6 @@ REL = 1e-6  # posterior means (in posterior sds), sds, second moments, probabili
 P_FLOOR = 1e-12  # absolute floor for probabilities (see the module docstring)
 LOG_REL = 1e-9  # log marginal densities, relative to 1 + |log f|
 
-# Defects found by this module (each pinned by xfail(strict=True) tests below).
-D_TRUNC_VAR = ("ebfl defect: truncated_normal_moments computes the variance as "
-               "sd^2 (1 + a*r_a - b*r_b - (r_a - r_b)^2), which cancels catastrophically "
-               "for intervals narrow against sd or deep in a tail (relative error 1e-3 at "
-               "width 1e-3 sd 8 sd out, 8x at width 1e-4 sd 30 sd out, 1.7e-5 on "
-               "[100 sd, inf), 4% on [300 sd, inf)): "
-               "posterior sds of exponential components with scale << s (s/b >= 50) and "
-               "of uniform components narrow against s are wrong, up to sd = 0 or 100x")
 
 
 def fit_quiet(*args, **kwargs):
@@ -283,8 +271,9 @@ TAIL_INTERVALS = ([(-a, 1.0, 0.0, np.inf) for a in (3.0, 10.0, 20.0, 30.0, 38.0)
                   + [(0.05, 2e-3, 0.0, 2e-4), (0.1, 2e-3, 0.0, 2e-4), (-7.0, 10.0, 300.0, np.inf),
                      (30.0, 1.0, -1.0, np.inf), (-30.0, 1.0, -np.inf, 1.0),
                      (25.0, 1.0, -0.05, 0.05)])
-# Narrow against sd, or deeper in a tail (same placement): the variance cancels
-# (D_TRUNC_VAR), e.g. [8, 8.001] sds has relative error 1e-3.
+# Narrow against sd, or deeper in a tail (same placement), where the closed-form
+# variance cancels (it had relative error 1e-3 on [8, 8.001] sds before ebfl fell back
+# on quadrature there).
 HARD_INTERVALS = [(0.0, 1.0, 0.0, 1e-4), (-1.0, 1.0, 0.0, 1e-4), (-8.0, 1.0, 0.0, 1e-3),
                   (-30.0, 1.0, 0.0, 1e-3), (30.0, 1.0, -1e-4, 0.0), (-100.0, 1.0, 0.0, np.inf),
                   (300.0, 1.0, -np.inf, 0.0)]
@@ -334,7 +323,6 @@ def test_truncated_moments_in_both_tails_against_quadrature():
     _check_truncated(TAIL_INTERVALS)
 
 
-@pytest.mark.xfail(strict=True, reason=D_TRUNC_VAR)
 @pytest.mark.parametrize("case", HARD_INTERVALS, ids=str)
 def test_truncated_moments_narrow_or_deep_intervals_against_quadrature(case):
     _check_truncated([case])
@@ -354,18 +342,11 @@ COMPONENTS = {  # id: (kind, a, b)
     "exp-": ("exp-", -0.3, 0.7),
     "exp+0": ("exp+", 0.0, 3.0),
 }
-# (component, s) where ebfl misses 1e-6, all through D_TRUNC_VAR: s/b >= 450 for the
-# exponentials (sd 0 instead of ~b), s/(b - a) >= 600 for the uniforms (sd off 1e-4).
-COMPONENT_DEFECTS = {("exp+", 1e3), ("exp-", 1e3), ("exp+0", 1e3), ("uniform", 1e3),
-                     ("uniform-0", 1e3)}
-
 
 def _component_params():
     for cid in COMPONENTS:
         for s in (1e-3, 1.0, 1e3):
-            marks = [pytest.mark.xfail(strict=True, reason=D_TRUNC_VAR)] \
-                if (cid, s) in COMPONENT_DEFECTS else []
-            yield pytest.param(cid, s, marks=marks, id=f"{cid}-s{s:g}")
+            yield pytest.param(cid, s, id=f"{cid}-s{s:g}")
 
 
 @pytest.mark.parametrize(("cid", "s"), list(_component_params()))
@@ -403,13 +384,11 @@ def _random_mixture(rng, k, spread=(0.3, 3.0)):
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("s", [1e-2, 0.3, 3.0, 10.0, pytest.param(
-    100.0, marks=pytest.mark.xfail(strict=True, reason=D_TRUNC_VAR))])
+@pytest.mark.parametrize("s", [1e-2, 0.3, 3.0, 10.0, 100.0])
 def test_mixture_posterior_against_quadrature(seed, s):
     """Random mixtures of every kind (component scales 0.3 to 3, an atom at 0, another
     elsewhere when drawn): every posterior field in the bulk and out to 30 s, with s from
-    1e-2 to 100. At s = 100 (s / scale up to 330) ebfl's sds are off by 1e-6 to 2e-3
-    for every seed (D_TRUNC_VAR)."""
+    1e-2 to 100 (s / scale up to 330, where the closed-form variance cancels)."""
     rng = np.random.default_rng(100 + seed)
     g = _random_mixture(rng, 6 + seed)
     x = np.r_[rng.normal(0, 2, 6), np.array([-30.0, -12.0, 12.0, 30.0]) * max(s, 1.0)]
@@ -417,24 +396,22 @@ def test_mixture_posterior_against_quadrature(seed, s):
     assert_posterior_matches(g.posterior(x, ss), g, x, ss, what=repr(g))
 
 
-@pytest.mark.xfail(strict=True, reason=D_TRUNC_VAR)
 def test_exponential_component_with_scale_far_below_s():
     """exp+(0, 1) prior and s from 50 to 1000 (s/b as in heteroskedastic data with a small
-    fitted scale): the posterior is close to the prior (mean ~1, sd ~1); ebfl's sd is off
-    by 9e-6 at s = 100, by 64% at 500 and is 0 at 1000 (at x = 2 s: 0.8% at s = 200)."""
+    fitted scale): the posterior is close to the prior (mean ~1, sd ~1). The closed-form
+    variance had the sd off by 9e-6 at s = 100, by 64% at 500 and 0 at 1000."""
     g = NormalMeansPrior([1.0], ["exp+"], [0.0], [1.0])
     s = np.array([50.0, 100.0, 200.0, 500.0, 1000.0])
     x = np.zeros(s.size)
     assert_posterior_matches(g.posterior(x, s), g, x, s, what="exp+(0, 1)")
 
 
-@pytest.mark.xfail(strict=True, reason=D_TRUNC_VAR)
 @pytest.mark.parametrize("family", ["point_exponential", "point_laplace"])
 def test_fitted_small_slab_on_heteroskedastic_data(family):
-    """The defect in a fit: half the effects 0, the others Exp(0.05); s log-uniform over 3
-    decades (1e-2 to 10). The fitted slab scale is ~0.05, so s/b reaches ~200 and ebfl's
-    posterior sds of the least precise observations are 0.05% to 0.3% too small (e.g.
-    0.05184 instead of 0.05193 for point_laplace at s = 8.9)."""
+    """A fit where it matters: half the effects 0, the others Exp(0.05); s log-uniform
+    over 3 decades (1e-2 to 10). The fitted slab scale is ~0.05, so s/b reaches ~200,
+    where the closed-form variance left the sds of the least precise observations 0.05%
+    to 0.3% too small."""
     rng = np.random.default_rng(0)
     n = 500
     s = 10 ** rng.uniform(-2, 1, n)
@@ -822,7 +799,7 @@ def check_sane(fit, x, s):
 
 
 # No shrinking: a failing example is reported as drawn (shrinking refits every family
-# dozens of times, minutes for the xfailed point_laplace battery).
+# dozens of times: minutes).
 BATTERY = settings(max_examples=5, deadline=None, derandomize=True, database=None,
                    phases=[Phase.explicit, Phase.generate], report_multiple_bugs=False,
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

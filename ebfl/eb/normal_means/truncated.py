@@ -73,6 +73,8 @@ def truncated_normal_pieces(mean, sd, lower, upper):
     (E[theta^2] - E[theta]^2 would cancel where the sd is far below |mean|)."""
     mean, sd, lower, upper = np.broadcast_arrays(*(np.asarray(v, float)
                                                    for v in (mean, sd, lower, upper)))
+    shape = mean.shape
+    mean, sd, lower, upper = (np.ravel(v) for v in (mean, sd, lower, upper))
     point = sd == 0
     safe_sd = np.where(point, 1.0, sd)
     alpha = (lower - mean) / safe_sd
@@ -87,9 +89,20 @@ def truncated_normal_pieces(mean, sd, lower, upper):
         b_rb = np.where(np.isfinite(beta), beta * rb, 0.0)
     shift = ra - rb
     first = mean + safe_sd * shift
+    bracket = 1.0 + a_ra - b_rb - shift**2
+    # The closed form subtracts terms of size |alpha| / width and alpha^2: on an interval
+    # narrow against sd, or deep in a tail, the difference keeps few digits. There the
+    # moments are computed by quadrature of exp(-(z^2)/2) over the interval itself.
+    size = 1.0 + np.abs(a_ra) + np.abs(b_rb) + shift**2
+    with np.errstate(invalid="ignore"):
+        lost = ~point & ~(size * 1e-6 < np.abs(bracket))
+    var = safe_sd**2 * np.maximum(bracket, 0.0)
+    if np.any(lost):
+        z_mean, z_var = _quadrature_moments(alpha[lost], beta[lost])
+        first[lost] = mean[lost] + safe_sd[lost] * z_mean
+        var[lost] = safe_sd[lost] ** 2 * z_var
     # Rounding may leave the mean a hair outside a narrow interval: it is inside.
     first = np.clip(first, lower, upper)
-    var = safe_sd**2 * np.maximum(1.0 + a_ra - b_rb - shift**2, 0.0)
     first = np.where(point, mean, first)
     var = np.where(point, 0.0, var)
     # P(theta < 0): the mass of [lower, min(upper, 0)) over that of [lower, upper].
@@ -99,4 +112,33 @@ def truncated_normal_pieces(mean, sd, lower, upper):
                          np.exp(np.minimum(log_normal_mass(alpha, np.maximum(cut, alpha))
                                            - log_mass, 0.0)))
     below = np.where(point, (mean < 0).astype(float), below)
-    return log_mass, first, var, below
+    return tuple(np.reshape(v, shape) for v in (log_mass, first, var, below))
+
+
+_NODES, _WEIGHTS = np.polynomial.legendre.leggauss(64)
+
+
+def _quadrature_moments(alpha, beta):
+    """Mean and variance of N(0, 1) truncated to [alpha, beta], by 64-point
+    Gauss-Legendre quadrature over the part of the interval that holds its mass.
+
+    The interval is reflected into [0, inf) when it lies below 0; from its end nearest
+    the peak, u = z - alpha has density proportional to exp(-alpha u - u^2 / 2), whose
+    mass lies within u <= 45 / alpha (alpha > 0) or within 45 of the peak: the nodes
+    cover that stretch only, where the integrand is smooth.
+    """
+    flip = beta <= 0
+    a = np.where(flip, -beta, alpha)
+    b = np.where(flip, -alpha, beta)
+    width = b - a
+    peak = np.maximum(-a, 0.0)  # the density's maximum in u (0 unless a < 0 < b)
+    reach = np.where(a > 0, 45.0 / np.maximum(a, 1e-300), peak + 45.0)
+    length = np.minimum(width, np.maximum(reach, 1e-300))
+    u = 0.5 * length[:, None] * (_NODES[None] + 1.0)
+    log_f = -a[:, None] * u - 0.5 * u * u
+    f = np.exp(log_f - log_f.max(axis=1, keepdims=True)) * _WEIGHTS[None]
+    mass = f.sum(axis=1)
+    mu = (f * u).sum(axis=1) / mass
+    var = (f * (u - mu[:, None]) ** 2).sum(axis=1) / mass
+    mean = a + mu
+    return np.where(flip, -mean, mean), var
