@@ -7,26 +7,30 @@ module-scoped fixture :func:`peers`, which fits ebfl's side while R runs), and R
 errors are caught per case and recorded. Skipped, with the reason, where R or the
 package is not installed (CI machines have no R).
 
-Data sets (numpy ``default_rng`` seeds 101 to 108, n = 300 to 800): ``sparse`` (80%
-exact zeros, t_3 effects), ``heavy`` (t_1.5 effects), ``skewed`` (half zeros, half
-Exp effects, s uniform on [0.5, 1.5]), ``bimodal`` (+-3), ``null`` (all theta = 0),
-``shifted`` (mode 10), ``hetero`` (s over two decades) and ``constant`` (every x = 5,
-on which R's mode search errors).
+Data sets (numpy ``default_rng`` seeds 101 to 107, n = 300 to 600): ``sparse`` (80%
+exact zeros, 2 t_3 effects), ``heavy`` (t_1.5 effects), ``skewed`` (half zeros, half
+Exp(mean 2) effects, s uniform on [0.5, 1.5]), ``bimodal`` (+-3), ``null`` (all
+theta = 0), ``shifted`` (mode 10), ``hetero`` (s over two decades) and ``constant``
+(every x = 5, on which R's mode search errors).
 
-Claims, with REL = 1e-6:
+Claims, with REL = 1e-6 (scale = max(sd(x), median(s))):
 
 * for every family and mode that R fits, ebfl's log-likelihood >= R's - REL |R's|,
-  for the grid families with ebfl's DEFAULT grid (the claim: it is at least as good
-  as R's own grid);
+  the grid families with ebfl's DEFAULT grid (the claim: it is at least as good as
+  R's own grid);
 * for the parametric families (normal, point_normal, point_laplace,
   point_exponential, point_mass), where the two log-likelihoods agree within REL,
-  posterior means agree within 1e-5 sd(x) and lfsr within 1e-5;
+  posterior means agree within 1e-5 scale and lfsr within 1e-5 (two measured
+  exceptions, each checked: see :func:`test_posteriors_agree_where_fits_agree`);
 * on R's OWN grid (its fitted mode and grid of sds, half-widths or atoms read off
   its fitted_g), ebfl's grid fit is >= R's - REL |R's|;
 * R's fitted prior, handed to ebfl with ``fix_g=True``, gives R's log-likelihood and
-  R's posterior (the two define and compute the same quantities);
+  R's posterior, or, where they differ, a 50-digit (mpmath) reference's; R's own
+  deviations from the reference are reported as warnings;
 * where R errors, ebfl fits the same data (finite, converged) and reaches the best
   point mass.
+
+Where a claim fails, every failing case is listed (family, mode, data, both numbers).
 """
 
 import csv
@@ -35,6 +39,7 @@ import math
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -122,32 +127,34 @@ def _datasets():
     """name -> (x, s): the fixed-seed data sets of the module docstring."""
     out = {}
     rng = np.random.default_rng(101)
-    n = 600
-    theta = np.where(rng.random(n) < 0.8, 0.0, 2.0 * rng.standard_t(3, n))
-    out["sparse"] = (theta + rng.standard_normal(n), np.ones(n))
+    theta = np.where(rng.random(500) < 0.8, 0.0, 2.0 * rng.standard_t(3, 500))
+    out["sparse"] = (theta + rng.standard_normal(500), np.ones(500))
     rng = np.random.default_rng(102)
-    n = 500
-    out["heavy"] = (rng.standard_t(1.5, n) + rng.standard_normal(n), np.ones(n))
+    out["heavy"] = (rng.standard_t(1.5, 400) + rng.standard_normal(400), np.ones(400))
     rng = np.random.default_rng(103)
-    theta = np.where(rng.random(n) < 0.5, 0.0, rng.exponential(2.0, n))
-    s = rng.uniform(0.5, 1.5, n)
-    out["skewed"] = (theta + s * rng.standard_normal(n), s)
+    theta = np.where(rng.random(400) < 0.5, 0.0, rng.exponential(2.0, 400))
+    s = rng.uniform(0.5, 1.5, 400)
+    out["skewed"] = (theta + s * rng.standard_normal(400), s)
     rng = np.random.default_rng(104)
-    theta = rng.choice([-3.0, 3.0], n) + 0.5 * rng.standard_normal(n)
-    out["bimodal"] = (theta + rng.standard_normal(n), np.ones(n))
+    theta = rng.choice([-3.0, 3.0], 400) + 0.5 * rng.standard_normal(400)
+    out["bimodal"] = (theta + rng.standard_normal(400), np.ones(400))
     rng = np.random.default_rng(105)
-    s = rng.uniform(0.8, 1.2, 400)
-    out["null"] = (s * rng.standard_normal(400), s)
+    s = rng.uniform(0.8, 1.2, 300)
+    out["null"] = (s * rng.standard_normal(300), s)
     rng = np.random.default_rng(106)
-    theta = 10.0 + np.where(rng.random(n) < 0.6, 0.0, 2.0 * rng.standard_normal(n))
-    out["shifted"] = (theta + rng.standard_normal(n), np.ones(n))
+    theta = 10.0 + np.where(rng.random(400) < 0.6, 0.0, 2.0 * rng.standard_normal(400))
+    out["shifted"] = (theta + rng.standard_normal(400), np.ones(400))
     rng = np.random.default_rng(107)
-    n = 800
-    s = 10.0 ** rng.uniform(-1, 1, n)
-    theta = np.where(rng.random(n) < 0.7, 0.0, 3.0 * rng.standard_normal(n))
-    out["hetero"] = (theta + s * rng.standard_normal(n), s)
+    s = 10.0 ** rng.uniform(-1, 1, 600)
+    theta = np.where(rng.random(600) < 0.7, 0.0, 3.0 * rng.standard_normal(600))
+    out["hetero"] = (theta + s * rng.standard_normal(600), s)
     out["constant"] = (np.full(300, 5.0), np.ones(300))
     return out
+
+
+def _scale(x, s):
+    """The scale of the data that posterior-mean tolerances are relative to."""
+    return max(float(np.std(x)), float(np.median(s)))
 
 
 def _cases(datasets):
@@ -268,32 +275,101 @@ def test_log_likelihood_at_least_r(peers, family):
     _fail(bad, f"{family}: ebfl's log-likelihood below R ebnm {peers.versions[0]}'s:")
 
 
+def _is_point_mass(prior):
+    """Whether all of the prior's weight sits on point masses at one place."""
+    w = prior.weights > 0
+    kinds = np.array(prior.kinds)
+    return bool(np.all(kinds[w] == "normal") and np.all(prior.b[w] == 0)
+                and np.ptp(prior.a[w]) == 0)
+
+
+def _parametric_prior(family, pi0, scale, mode):
+    """pi0 delta_mode + (1 - pi0) slab(mode, scale), built here from the components."""
+    pi0 = min(max(pi0, 0.0), 1.0)
+    if family == "point_mass":
+        return NormalMeansPrior([1.0], ["normal"], [mode], [0.0])
+    if family == "normal":
+        return NormalMeansPrior([1.0], ["normal"], [mode], [scale])
+    if family == "point_normal":
+        return NormalMeansPrior([pi0, 1 - pi0], ["normal"] * 2, [mode] * 2, [0.0, scale])
+    if family == "point_laplace":
+        return NormalMeansPrior([pi0, (1 - pi0) / 2, (1 - pi0) / 2], ["normal", "exp+", "exp-"],
+                                [mode] * 3, [0.0, scale, scale])
+    return NormalMeansPrior([pi0, 1 - pi0], ["normal", "exp+"], [mode] * 2, [0.0, scale])
+
+
+def _polished(family, fit, x, s, estimate_mode):
+    """ebfl's parametric fit, polished by Nelder-Mead (to 1e-12) from where it stopped,
+    over the weight of the point mass (clipped to [0, 1]), the log-scale and (estimated)
+    the mode."""
+    from scipy import optimize
+
+    g = fit.fitted_g
+    point = (np.array(g.kinds) == "normal") & (g.b == 0)
+    mode = float(g.a[point][0] if point.any() else g.a[0])
+    slab = family not in ("normal", "point_mass")  # the point mass has a weight to fit
+    pi0 = float(g.weights[point].sum()) if slab else 0.0
+    scale = float(np.max(g.b[~point], initial=0.0))
+    v0 = [math.log(max(scale, 1e-8 * _scale(x, s)))]
+    v0 += ([pi0] if slab else []) + ([mode] if estimate_mode else [])
+
+    def prior(v):
+        return _parametric_prior(family, v[1] if slab else 0.0, math.exp(v[0]),
+                                 v[-1] if estimate_mode else mode)
+
+    res = optimize.minimize(lambda v: -prior(v).log_likelihood(x, s), v0, method="Nelder-Mead",
+                            options={"xatol": 1e-12, "fatol": 1e-12, "maxiter": 20000})
+    return prior(res.x) if -res.fun > fit.log_likelihood else fit.fitted_g
+
+
 @pytest.mark.parametrize("family", PARAMETRIC)
 def test_posteriors_agree_where_fits_agree(peers, family):
     """Where the log-likelihoods agree within REL, posterior means agree within
-    1e-5 sd(x) and lfsr within 1e-5 (lfsr where R reports it: not with an estimated
-    mode)."""
+    1e-5 * scale (max(sd(x), median(s))) and lfsr within 1e-5, lfsr where R reports
+    it (not with an estimated mode).
+
+    Two measured exceptions, each checked rather than waved through:
+
+    * the likelihood can be so flat that R's optimizer stops 1e-8 nats short and its
+      posterior lies 1e-5 away (point_exponential, sparse and hetero data); there,
+      ebfl's fit must be the more likely and already the optimum: polishing it by
+      Nelder-Mead to 1e-12 moves its posterior by under 1e-7;
+    * lfsr is discontinuous where the slab vanishes (a point mass has lfsr 1, a normal
+      of sd 0.001 about 1/2): it is not compared where one fit is a point mass and
+      the other not (normal on the null data: ebfl's MLE sd is 0, R's 0.0013).
+    """
     bad, compared = [], 0
-    for cid, name, _, ours, r in peers.by_family(family):
+    for cid, name, mode, ours, r in peers.by_family(family):
         if _ebfl_error(cid, ours) is not None:
             continue  # reported by test_log_likelihood_at_least_r
         peer = r["log_likelihood"]
         if abs(ours.log_likelihood - peer) > REL * abs(peer):
             continue
         compared += 1
-        x = peers.datasets[name][0]
+        x, s = peers.datasets[name]
+        tol = 1e-5 * _scale(x, s)
         post = r["posterior"]
         d_mean = float(np.max(np.abs(ours.posterior.mean - post["mean"])))
-        if not d_mean <= 1e-5 * np.std(x):
-            bad.append(f"  {cid}: max |posterior mean diff| {d_mean:.3e} > "
-                       f"{1e-5 * np.std(x):.3e} (log-lik ebfl - R "
-                       f"{ours.log_likelihood - peer:+.2e})")
         has = np.isfinite(post["lfsr"])
-        if has.any():
-            d_lfsr = float(np.max(np.abs(ours.posterior.lfsr[has] - post["lfsr"][has])))
-            if not d_lfsr <= 1e-5:
-                bad.append(f"  {cid}: max |lfsr diff| {d_lfsr:.3e} > 1e-5 (log-lik ebfl - R "
-                           f"{ours.log_likelihood - peer:+.2e})")
+        if _is_point_mass(ours.fitted_g) != _is_point_mass(_prior_from_r(r["g_class"], r["g"])):
+            has[:] = False
+        d_lfsr = float(np.max(np.abs(ours.posterior.lfsr[has] - post["lfsr"][has]),
+                              initial=0.0))
+        if d_mean <= tol and d_lfsr <= 1e-5:
+            continue
+        what = (f"  {cid}: max |posterior mean diff| {d_mean:.3e} (tol {tol:.1e}), max |lfsr "
+                f"diff| {d_lfsr:.3e} (tol 1e-5); log-lik ebfl - R "
+                f"{ours.log_likelihood - peer:+.2e}")
+        if ours.log_likelihood < peer:
+            bad.append(what + ": R's fit is the more likely")
+            continue
+        polished = _polished(family, ours, x, s, mode == "estimate")
+        again = polished.posterior(x, s)
+        moved = (float(np.max(np.abs(again.mean - ours.posterior.mean))),
+                 float(np.max(np.abs(again.lfsr - ours.posterior.lfsr))))
+        if not (moved[0] <= 1e-7 * _scale(x, s) and moved[1] <= 1e-7):
+            bad.append(what + f": polishing ebfl's fit moves its posterior means by "
+                              f"{moved[0]:.2e} and lfsr by {moved[1]:.2e}")
     assert compared > 0, f"{family}: no case where the two fits agree"
     _fail(bad, f"{family}: posteriors differ although the fits agree:")
 
@@ -395,30 +471,155 @@ def _prior_from_r(g_class, g):
     raise AssertionError(f"unknown fitted_g class {g_class}")
 
 
+def _reference(prior, x, s):
+    """Per observation (log marginal, posterior mean, sd, lfsr) under ``prior``, in
+    50-digit arithmetic (mpmath) from the textbook closed forms: the arbiter where
+    ebfl and R disagree."""
+    mp = pytest.importorskip("mpmath").mp
+    mp.dps = 50
+
+    def truncated(mu, sd, lo, hi):  # mass, mean, variance, P(< 0) of N(mu, sd^2) on [lo, hi]
+        al, be = (lo - mu) / sd, (hi - mu) / sd
+        if al > 0:  # the upper tail, reflected: no cancellation
+            mass = mp.ncdf(-al) - mp.ncdf(-be)
+            below_mass = mp.ncdf(-al) - mp.ncdf(mu / sd)  # of [lo, 0), where lo < 0 < hi
+        else:
+            mass = mp.ncdf(be) - mp.ncdf(al)
+            below_mass = mp.ncdf(-mu / sd) - mp.ncdf(al)
+        below = 1 if hi <= 0 else 0 if lo >= 0 else below_mass / mass
+        pa, pb = mp.npdf(al), mp.npdf(be)
+        apa = 0 if mp.isinf(al) else al * pa
+        bpb = 0 if mp.isinf(be) else be * pb
+        shift = (pa - pb) / mass
+        return mass, mu + sd * shift, sd**2 * (1 + (apa - bpb) / mass - shift**2), below
+
+    out = []
+    for xi, si in zip(x, s, strict=True):
+        xi, si = mp.mpf(float(xi)), mp.mpf(float(si))
+        parts = []  # (weight * marginal density, mean, second moment, P(< 0), P(= 0))
+        for w, kind, a, b in zip(prior.weights, prior.kinds, prior.a, prior.b, strict=True):
+            if w == 0:
+                continue
+            w, a, b = mp.mpf(float(w)), mp.mpf(float(a)), mp.mpf(float(b))
+            if kind == "normal" and b == 0:
+                parts.append((w * mp.npdf(xi, a, si), a, a * a, int(a < 0), int(a == 0)))
+                continue
+            if kind == "normal":
+                v = 1 / (1 / si**2 + 1 / b**2)
+                m = v * (xi / si**2 + a / b**2)
+                dens = mp.npdf(xi, a, mp.sqrt(si**2 + b**2))
+                parts.append((w * dens, m, v + m * m, mp.ncdf(-m / mp.sqrt(v)), 0))
+                continue
+            if kind == "uniform":
+                mass, m, v, below = truncated(xi, si, a, b)
+                dens = mass / (b - a)
+            else:
+                sign = 1 if kind == "exp+" else -1
+                lo, hi = (a, mp.inf) if sign > 0 else (-mp.inf, a)
+                mass, m, v, below = truncated(xi - sign * si**2 / b, si, lo, hi)
+                dens = (mp.exp(si**2 / (2 * b**2) - sign * (xi - a) / b)
+                        * mp.ncdf(sign * (xi - a) / si - si / b) / b)
+            parts.append((w * dens, m, v + m * m, below, 0))
+        total = mp.fsum(p[0] for p in parts)
+        mean, second, neg, zero = (mp.fsum(p[0] * p[k] for p in parts) / total
+                                   for k in range(1, 5))
+        out.append((float(mp.log(total)), float(mean), float(mp.sqrt(max(second - mean**2, 0))),
+                    float(min(neg + zero, 1 - neg))))
+    return np.array(out).reshape(-1, 4)
+
+
+def _reference_log_likelihood(prior, x, s, ours):
+    """The log-likelihood of ``prior``: per observation, the plain float64 textbook
+    density (no log space, no reflection) where it agrees with ebfl's log marginal
+    ``ours`` to 1e-12, else the 50-digit one (:func:`_reference`), which then decides;
+    returns (total, the number of observations decided in 50 digits)."""
+    from scipy import special, stats
+
+    xs, ss = x[:, None], s[:, None]
+    keep = prior.weights > 0
+    w, a, b = prior.weights[keep], prior.a[keep], prior.b[keep]
+    kinds = np.array(prior.kinds)[keep]
+    with np.errstate(all="ignore"):
+        dens = np.select(
+            [kinds == "normal", kinds == "uniform", kinds == "exp+"],
+            [stats.norm.pdf(xs, a, np.sqrt(ss**2 + b**2)),
+             (special.ndtr((b - xs) / ss) - special.ndtr((a - xs) / ss)) / (b - a),
+             np.exp(ss**2 / (2 * b**2) - (xs - a) / b) * special.ndtr((xs - a) / ss - ss / b) / b],
+            np.exp(ss**2 / (2 * b**2) + (xs - a) / b) * special.ndtr((a - xs) / ss - ss / b) / b)
+        plain = np.log(dens @ w)
+    hard = ~(np.abs(plain - ours) <= 1e-12 * np.maximum(1.0, np.abs(ours)))
+    total = float(np.sum(plain[~hard]))
+    if hard.any():
+        total += float(np.sum(_reference(prior, x[hard], s[hard])[:, 0]))
+    return total, int(hard.sum())
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_r_prior_gives_r_likelihood_and_posterior(peers, family):
-    """R's fitted_g, fixed in ebfl, gives R's log-likelihood (1e-9 relative) and R's
-    posterior means and sds (1e-6 sd(x)) and lfsr (1e-6)."""
-    bad = []
+    """R's fitted_g, fixed in ebfl, gives R's log-likelihood (1e-9 relative), posterior
+    means and sds (1e-6 * scale) and lfsr (1e-6), or else, where they differ, the
+    50-digit reference's (:func:`_reference`): ebfl must match one of the two, and
+    where it matches the reference only, R's value is reported as R's (a warning).
+
+    Measured (ebnm 1.1-42): R's lfsr under npmle priors is 1 for observations far
+    below 0 (as if its point masses away from 0 were at 0); R's unimodal_nonpositive
+    likelihoods and posteriors lose the uniform components for observations about
+    10 s above their support (posterior sd 0 where it is 0.07; log-likelihoods up to
+    0.5 nats low); R's posterior sds under an exponential or Laplace slab much
+    narrower than s are off (3.6e-5 for 5.2e-5).
+    """
+    bad, r_off = [], []
     for cid, name, _, _, r in peers.by_family(family):
         x, s = peers.datasets[name]
         prior = _prior_from_r(r["g_class"], r["g"])
         fit = (ebfl.ebnm(x, s, "flat") if prior is None
                else ebfl.ebnm(x, s, family, g_init=prior, fix_g=True))
+        ref = {}
+
+        def reference(idx, prior=prior, x=x, s=s, ref=ref):
+            todo = [i for i in idx if i not in ref]
+            for i, row in zip(todo, _reference(prior, x[todo], s[todo]), strict=True):
+                ref[i] = row
+            return np.array([ref[i] for i in idx]).reshape(-1, 4)
+
         peer = r["log_likelihood"]
         if prior is not None and not abs(fit.log_likelihood - peer) <= 1e-9 * abs(peer):
-            bad.append(f"  {cid}: log-lik of R's prior in ebfl {fit.log_likelihood:.10f}, "
-                       f"R {peer:.10f}")
-        post, scale = r["posterior"], np.std(x)
-        for key, tol in (("mean", 1e-6 * scale), ("sd", 1e-6 * scale), ("lfsr", 1e-6)):
-            has = np.isfinite(post[key])
-            diff = np.abs(getattr(fit.posterior, key)[has] - post[key][has])
-            if diff.size and not diff.max() <= tol:
-                i = int(np.argmax(diff))
-                bad.append(f"  {cid}: posterior {key} differs by {diff.max():.3e} > {tol:.1e} "
-                           f"(at x = {x[has][i]:.4g}, s = {s[has][i]:.3g}: ebfl "
-                           f"{getattr(fit.posterior, key)[has][i]:.8g}, R {post[key][has][i]:.8g})")
-    _fail(bad, f"{family}: R's prior, fixed in ebfl, gives another answer:")
+            exact, n_hard = _reference_log_likelihood(prior, x, s, fit.posterior.log_marginal)
+            if abs(fit.log_likelihood - exact) <= 1e-9 * abs(exact):
+                r_off.append(f"{cid}: log-lik R {peer:.8f}, ebfl and the reference "
+                             f"{exact:.8f} ({n_hard} observations in 50 digits)")
+            else:
+                bad.append(f"  {cid}: log-lik of R's prior: ebfl {fit.log_likelihood:.10f}, "
+                           f"R {peer:.10f}, 50-digit reference {exact:.10f}")
+        post, scale = r["posterior"], _scale(x, s)
+        for col, key, tol in ((1, "mean", 1e-6 * scale), (2, "sd", 1e-6 * scale),
+                              (3, "lfsr", 1e-6)):
+            ours = getattr(fit.posterior, key)
+            diff = np.where(np.isfinite(post[key]), np.abs(ours - post[key]), 0.0)
+            worst = [int(i) for i in np.argsort(-diff)[:10] if diff[i] > tol]
+            if not worst:
+                continue
+            if prior is None:
+                bad.append(f"  {cid}: flat posterior {key} differs by {diff.max():.3e}")
+                continue
+            exact = reference(worst)[:, col]
+            wrong = np.abs(ours[worst] - exact) > tol
+            if wrong.any():
+                i = worst[int(np.argmax(np.abs(ours[worst] - exact)))]
+                bad.append(f"  {cid}: posterior {key} at x = {x[i]:.6g}, s = {s[i]:.3g}: ebfl "
+                           f"{ours[i]:.10g}, R {post[key][i]:.10g}, 50-digit reference "
+                           f"{ref[i][col]:.10g} ({int(wrong.sum())} of the {len(worst)} "
+                           f"worst differ from the reference by > {tol:.1e})")
+            else:
+                i = worst[0]
+                r_off.append(f"{cid}: R's posterior {key} off by up to {diff[i]:.3g} (at x = "
+                             f"{x[i]:.4g}: R {post[key][i]:.6g}, ebfl and the reference "
+                             f"{ours[i]:.6g})")
+    if r_off:
+        warnings.warn(f"R ebnm {peers.versions[0]}, {family}: " + "; ".join(r_off),
+                      stacklevel=1)
+    _fail(bad, f"{family}: R's prior, fixed in ebfl, gives another answer than R and "
+               f"than the 50-digit reference:")
 
 
 # ------------------------------------------------------------------------ R's errors
@@ -466,14 +667,18 @@ def _load_bench(name):
 
 
 def test_bench_ebnm_smoke(capsys):
-    bench = _load_bench("bench_ebnm")
-    with_r = bench.r_available()
-    argv = ["--n", "2000", "--reps", "1", "--json"] + ([] if with_r else ["--no-r"])
-    result = bench.main(argv)
-    assert result["n"] == 2000 and set(result["families"]) == set(FAMILIES)
+    # A few families at n = 2000, with R's side where R and ebnm are installed (the
+    # benchmark says when they are not, and times ebfl alone).
+    families = ["normal", "point_laplace", "ash", "npmle", "flat"]
+    result = _load_bench("bench_ebnm").main(["--n", "2000", "--reps", "1", "--json",
+                                             "--families", *families])
+    assert result["n"] == 2000 and list(result["families"]) == families
+    with_r = result["r"]["available"]
+    assert with_r or result["r"]["note"] == "R/ebnm not installed: ebfl only"
     for family, row in result["families"].items():
         assert row["ebfl_seconds"] > 0
         assert (row["ebfl_log_likelihood"] is None) == (family == "flat")
-        if with_r and row.get("r_seconds") is not None:
+        assert (row["r_seconds"] is not None) == (with_r and row["r_error"] is None)
+        if row["r_seconds"] is not None:
             assert row["ratio_r_over_ebfl"] > 0
     assert capsys.readouterr().out.lstrip().startswith("{")

@@ -259,15 +259,56 @@ def _fit_grid_weights(family, x, s, mode, scales, tol, start=None):
                "log_likelihood": float(sol.log_likelihood)}
 
 
+def _component_scales(family, g):
+    """The grid scale each component of a grid prior was built from (0: the point)."""
+    kinds = np.array(g.kinds)
+    if family == "normal_scale_mixture":
+        return g.b.copy()
+    width = np.where(kinds == "uniform", g.b - g.a, 0.0)
+    return width / 2 if family in ("unimodal_symmetric", "ash") else width
+
+
+def _refined(family, x, s, mode, scales, tol, fit):
+    """Refine the grid where the fit puts its weight: scales a factor mult^(1/2),
+    mult^(1/4), ... on either side of every scale with weight are added and the weights
+    refitted, while the log-likelihood still rises by more than 1e-6 nats.
+
+    On a fixed geometric grid the optimum depends on where the grid happens to fall: at
+    2^(1/8) the fit was 0.006 to 0.7 nats below R's ebnm on its own grid on some data
+    (n = 300 to 10^5), although above it on most. Halving the spacing around the active
+    scales recovers that loss and more, at a few extra columns."""
+    g, diag = fit
+    for level in range(1, 5):
+        active = _component_scales(family, g)[g.weights > 0]
+        active = active[active > 0]
+        if active.size == 0:
+            break
+        step = GRID_MULT ** (0.5**level)
+        more = np.unique(np.concatenate([active * step, active / step]))
+        new_scales = np.unique(np.concatenate([scales, more]))
+        if new_scales.size == scales.size:
+            break
+        g_new, diag_new = _fit_grid_weights(family, x, s, mode, new_scales, tol)
+        gain = diag_new["log_likelihood"] - diag["log_likelihood"]
+        if gain < 0:
+            break
+        g, diag, scales = g_new, diag_new, new_scales
+        if gain <= 1e-6:
+            break
+    return g, {**diag, "grid_size": int(scales.size)}
+
+
 def _fit_grid(family, x, s, mode, scale, tol):
     if family == "npmle":
         return _fit_npmle(x, s, scale, tol)
+    default = isinstance(scale, str)
     if not isinstance(mode, str):
-        scales = default_scale_grid(x, s, mode) if isinstance(scale, str) else scale
-        return _fit_grid_weights(family, x, s, mode, scales, tol)
+        scales = default_scale_grid(x, s, mode) if default else scale
+        fit = _fit_grid_weights(family, x, s, mode, scales, tol)
+        return _refined(family, x, s, mode, scales, tol, fit) if default else fit
     # One grid for every candidate mode (the objective stays continuous in the mode):
     # wide enough for a mode at either end of the data.
-    scales = default_scale_grid(x, s, float(np.min(x))) if isinstance(scale, str) else scale
+    scales = default_scale_grid(x, s, float(np.min(x))) if default else scale
     fits = {}
 
     def negll(md):
@@ -297,7 +338,7 @@ def _fit_grid(family, x, s, mode, scale, tol):
                                            options={"xatol": 1e-6 * (hi - lo + 1)})
             negll(res.x)
     best = min(fits, key=negll)
-    return fits[best]
+    return _refined(family, x, s, best, scales, tol, fits[best]) if default else fits[best]
 
 
 def _fit_npmle(x, s, scale, tol):
