@@ -137,6 +137,12 @@ class NormalMeansPrior:
         return (f"NormalMeansPrior(family={self.family!r}, {self.n_components} components: "
                 f"{self.describe()})")
 
+    def active(self):
+        """The same prior without its components of weight 0."""
+        keep = self.weights > 0
+        return NormalMeansPrior(self.weights[keep], tuple(np.array(self.kinds)[keep]),
+                                self.a[keep], self.b[keep], self.family)
+
     # -------------------------------------------------------- likelihood and posterior
     def log_component_density(self, x, s):
         """log of each component's marginal density of x_i ~ N(theta_i, s_i^2), (n, K)."""
@@ -202,6 +208,10 @@ class NormalMeansPrior:
         -------
         NormalMeansPosterior
         """
+        if np.any(self.weights == 0):
+            # Components without weight have no posterior weight either: a fitted grid
+            # prior keeps a few of its hundreds of components, and only those are needed.
+            return self.active().posterior(x, s)
         log_dens = self.log_component_density(x, s)
         with np.errstate(divide="ignore"):
             log_joint = log_dens + np.log(self.weights)[None]
