@@ -288,7 +288,15 @@ def _refined(family, x, s, mode, scales, tol, fit):
         new_scales = np.unique(np.concatenate([scales, more]))
         if new_scales.size == scales.size:
             break
-        g_new, diag_new = _fit_grid_weights(family, x, s, mode, new_scales, tol)
+        # Warm start: the old components keep their weights (the new ones start at a
+        # trace of mass), so mix-SQP begins at the old optimum.
+        kinds, a, b = _grid_components(family, mode, new_scales)
+        old = {(k, ai, bi): w for k, ai, bi, w in zip(g.kinds, g.a, g.b, g.weights,
+                                                     strict=True)}
+        start = np.array([old.get((k, ai, bi), 0.0) for k, ai, bi in
+                          zip(kinds, a, b, strict=True)]) + 1e-6 / len(kinds)
+        g_new, diag_new = _fit_grid_weights(family, x, s, mode, new_scales, tol,
+                                            start=start)
         gain = diag_new["log_likelihood"] - diag["log_likelihood"]
         if gain < 0:
             break
