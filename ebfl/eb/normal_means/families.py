@@ -89,9 +89,9 @@ def _point_prior(family, pi0, scale, mode):
 _LOG_2PI = math.log(2 * math.pi)
 
 
-def _mills(t):
-    """phi(t) / Phi(t), without overflow in either tail."""
-    return np.exp(-0.5 * t * t - 0.5 * _LOG_2PI - special.log_ndtr(t))
+def _mills(t, log_cdf):
+    """phi(t) / Phi(t) from log Phi(t), without overflow in either tail."""
+    return np.exp(-0.5 * t * t - 0.5 * _LOG_2PI - log_cdf)
 
 
 def _slab(family, z, s, scale):
@@ -106,8 +106,9 @@ def _slab(family, z, s, scale):
     for sign in ((1.0, -1.0) if family == "point_laplace" else (1.0,)):
         zz = sign * z
         t = zz / s - s / b
-        lam = _mills(t)
-        logf = -math.log(b) + s**2 / (2 * b * b) - zz / b + special.log_ndtr(t)
+        log_cdf = special.log_ndtr(t)  # the costly part: once for the density and its slope
+        lam = _mills(t, log_cdf)
+        logf = -math.log(b) + s**2 / (2 * b * b) - zz / b + log_cdf
         d_logb = -1.0 - s**2 / (b * b) + zz / b + lam * s / b
         d_mode = sign * (1.0 / b - lam / s)
         parts.append((logf, d_logb, d_mode))
