@@ -101,3 +101,21 @@ def test_bench_beta_bernoulli_smoke(capsys):
     bench.main(["--p5-child", "loo_proof", "--p5-clients", "3000", "--reps", "1"])
     child = json.loads(capsys.readouterr().out)
     assert child["method"] == "loo_proof" and child["input_bytes"] == 2 * 8 * 3000
+
+
+def test_bench_ebnm_smoke(capsys):
+    # A few families at n = 2000, with R's side where R and ebnm are installed (the
+    # benchmark says when they are not, and times ebfl alone).
+    families = ["normal", "point_laplace", "ash", "npmle", "flat"]
+    result = _load("bench_ebnm").main(["--n", "2000", "--reps", "1", "--json",
+                                             "--families", *families])
+    assert result["n"] == 2000 and list(result["families"]) == families
+    with_r = result["r"]["available"]
+    assert with_r or result["r"]["note"] == "R/ebnm not installed: ebfl only"
+    for family, row in result["families"].items():
+        assert row["ebfl_seconds"] > 0
+        assert (row["ebfl_log_likelihood"] is None) == (family == "flat")
+        assert (row["r_seconds"] is not None) == (with_r and row["r_error"] is None)
+        if row["r_seconds"] is not None:
+            assert row["ratio_r_over_ebfl"] > 0
+    assert capsys.readouterr().out.lstrip().startswith("{")

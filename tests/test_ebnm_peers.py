@@ -34,19 +34,17 @@ Where a claim fails, every failing case is listed (family, mode, data, both numb
 """
 
 import csv
-import importlib.util
 import math
 import shutil
 import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import ebfl
 from ebfl.eb.normal_means import FAMILIES, NormalMeansPrior
+from tests.rscript import require_r_package
 
 REL = 1e-6
 R_TIMEOUT = 600  # seconds; generous, for a loaded machine
@@ -110,15 +108,7 @@ writeLines(c(as.character(packageVersion("ebnm")), R.version.string),
 
 
 def _require_r_package(package):
-    """Skip the test, saying why, unless Rscript can load ``package``."""
-    rscript = shutil.which("Rscript")
-    if rscript is None:
-        pytest.skip("R is not installed (Rscript not on PATH)")
-    probe = subprocess.run([rscript, "-e", f"library({package})"], capture_output=True,
-                           text=True, timeout=R_TIMEOUT)
-    if probe.returncode != 0:
-        pytest.skip(f"the R package {package} is not installed "
-                    f"(bash ../shared/peers/r-ebnm/install.sh)")
+    return require_r_package(package, " (bash ../shared/peers/r-ebnm/install.sh)")
 
 
 # --------------------------------------------------------------------------- data
@@ -651,34 +641,3 @@ def test_ebfl_fits_where_r_errors(peers):
     _fail(bad, f"ebfl on the cases where R errors ({len(errors)}: "
                f"{sorted({(f, m) for _, _, f, m in errors})}, e.g. "
                f"{peers.r[errors[0][0]]['error']!r}):")
-
-
-# ------------------------------------------------------------------ the benchmark
-
-def _load_bench(name):
-    """The benchmark script as a module (as tests/test_benchmarks.py loads them)."""
-    bench = Path(__file__).parent.parent / "benchmarks"
-    if str(bench) not in sys.path:  # the scripts import their shared _timing helper
-        sys.path.insert(0, str(bench))
-    spec = importlib.util.spec_from_file_location(name, bench / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_bench_ebnm_smoke(capsys):
-    # A few families at n = 2000, with R's side where R and ebnm are installed (the
-    # benchmark says when they are not, and times ebfl alone).
-    families = ["normal", "point_laplace", "ash", "npmle", "flat"]
-    result = _load_bench("bench_ebnm").main(["--n", "2000", "--reps", "1", "--json",
-                                             "--families", *families])
-    assert result["n"] == 2000 and list(result["families"]) == families
-    with_r = result["r"]["available"]
-    assert with_r or result["r"]["note"] == "R/ebnm not installed: ebfl only"
-    for family, row in result["families"].items():
-        assert row["ebfl_seconds"] > 0
-        assert (row["ebfl_log_likelihood"] is None) == (family == "flat")
-        assert (row["r_seconds"] is not None) == (with_r and row["r_error"] is None)
-        if row["r_seconds"] is not None:
-            assert row["ratio_r_over_ebfl"] > 0
-    assert capsys.readouterr().out.lstrip().startswith("{")

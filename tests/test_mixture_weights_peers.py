@@ -14,10 +14,10 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
-import pytest
 from scipy import stats
 
 from ebfl.eb import mixsqp, npmle_binomial, npmle_normal
+from tests.rscript import require_r_package
 
 R_SCRIPT = Path(__file__).parent / "r" / "mixture_weights.R"
 REL = 1e-6
@@ -25,14 +25,7 @@ R_TIMEOUT = 600  # seconds; generous, for a loaded machine
 
 
 def _require_r_package(package):
-    """Skip the test, saying why, unless Rscript can load ``package``."""
-    rscript = shutil.which("Rscript")
-    if rscript is None:
-        pytest.skip("R is not installed (Rscript not on PATH)")
-    probe = subprocess.run([rscript, "-e", f"library({package})"], capture_output=True,
-                           text=True, timeout=R_TIMEOUT)
-    if probe.returncode != 0:
-        pytest.skip(f"the R package {package} is not installed")
+    return require_r_package(package)
 
 
 def _run_r(tmp_path, cases):

@@ -47,6 +47,12 @@ from ebfl.cli._types import (
 )
 
 
+def _add_max_size(p):
+    p.add_argument("--max-size", type=_positive, default=DEFAULT_MAX_MIB, metavar="MIB",
+                   help="the most a compressed CSV may expand to when read "
+                        f"(default: {DEFAULT_MAX_MIB} MiB)")
+
+
 def _add_json(parser):
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -200,9 +206,7 @@ def build_parser():
                        help="observation column (with --client; repeat for d > 1)")
         p.add_argument("--level", type=_open_unit, default=0.95, help="credible level")
         p.add_argument("--output", help="write per-client estimates to this CSV")
-        p.add_argument("--max-size", type=_positive, default=DEFAULT_MAX_MIB, metavar="MIB",
-                       help="the most a compressed CSV may expand to when read "
-                            f"(default: {DEFAULT_MAX_MIB} MiB)")
+        _add_max_size(p)
         _add_json(p)
     fb.set_defaults(func=_cmd_fit_beta_binomial)
     fg.set_defaults(func=_cmd_fit_gaussian)
@@ -223,9 +227,7 @@ def build_parser():
                     help="the prior's mode: a number, or 'estimate' (default 0)")
     fn.add_argument("--id", help="column of row ids kept in the output (default: row numbers)")
     fn.add_argument("--output", help="write the posteriors (mean, sd, lfsr, ...) to this CSV")
-    fn.add_argument("--max-size", type=_positive, default=DEFAULT_MAX_MIB, metavar="MIB",
-                    help="the most a compressed CSV may expand to when read "
-                         f"(default: {DEFAULT_MAX_MIB} MiB)")
+    _add_max_size(fn)
     _add_json(fn)
     fn.set_defaults(func=_cmd_fit_normal_means)
 
