@@ -251,12 +251,12 @@ def _cmd_fit_normal_means(args):
     g = fit.fitted_g
     summary = {"model": "normal-means", "family": fit.family, "n": int(x.size),
                "log_likelihood": fit.log_likelihood, "mode": fit.mode,
-               "prior": g.describe(),
+               "prior": "flat (improper)" if g is None else g.describe(),
                "converged": fit.diagnostics.get("converged"),
                "lfsr_below_0.05": int(np.sum(post.lfsr < 0.05))}
     if "kkt" in fit.diagnostics:
         summary["kkt"] = fit.diagnostics["kkt"]
-    if args.json:  # every component with weight > 0, for programs
+    if args.json and g is not None:  # every component with weight > 0, for programs
         summary["prior_components"] = g.to_frame()[g.weights > 0].to_dict("records")
     _finish_fit(args, summary, table)
 

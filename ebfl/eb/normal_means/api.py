@@ -33,8 +33,9 @@ class EBNMResult:
     Attributes
     ----------
     family : str
-    fitted_g : NormalMeansPrior
-        The prior (weights and components; ``fitted_g.to_frame()``).
+    fitted_g : NormalMeansPrior or None
+        The prior (weights and components; ``fitted_g.to_frame()``); None for the
+        improper ``flat`` prior.
     log_likelihood : float or None
         The marginal log-likelihood of the data under ``fitted_g`` (None for the
         improper ``flat`` prior, which has none).
@@ -49,7 +50,7 @@ class EBNMResult:
     """
 
     family: str
-    fitted_g: NormalMeansPrior
+    fitted_g: NormalMeansPrior | None
     log_likelihood: float | None
     posterior: NormalMeansPosterior
     mode: float | None
@@ -67,11 +68,13 @@ class EBNMResult:
         post = self.posterior
         ll = "undefined (improper prior)" if self.log_likelihood is None else \
             f"{self.log_likelihood:.6g}"
+        g = self.fitted_g
+        prior = ("  prior: flat (improper): each posterior is N(x, s^2)" if g is None else
+                 f"  prior: {g.n_components} components, {int(np.sum(g.weights > 0))} with "
+                 f"weight > 0, mean {g.mean:.4g}")
         lines = [f"ebnm, prior family {self.family}: n = {self.x.size}",
                  f"  log-likelihood {ll}; converged {self.diagnostics.get('converged')}",
-                 f"  prior: {self.fitted_g.n_components} components, "
-                 f"{int(np.sum(self.fitted_g.weights > 0))} with weight > 0, "
-                 f"mean {self.fitted_g.mean:.4g}",
+                 prior,
                  f"  posterior means in [{post.mean.min():.4g}, {post.mean.max():.4g}]; "
                  f"lfsr < 0.05 for {int(np.sum(post.lfsr < 0.05))} of {post.lfsr.size}"]
         return "\n".join(lines)
@@ -99,7 +102,8 @@ class EBNMResult:
         a1.set_ylabel("posterior mean")
         a1.set_title(f"shrinkage ({self.family})")
         grid = np.linspace(lim[0], lim[1], 400)
-        a2.plot(grid, self.fitted_g.cdf(grid))
+        if self.fitted_g is not None:  # the flat prior has no CDF
+            a2.plot(grid, self.fitted_g.cdf(grid))
         a2.set_xlabel("theta")
         a2.set_ylabel("G(theta)")
         a2.set_title("fitted prior")
@@ -221,22 +225,20 @@ def ebnm(x, s=1.0, prior_family="point_normal", mode=0.0, scale="estimate", g_in
     if g_init is not None and not isinstance(g_init, NormalMeansPrior):
         raise TypeError(f"g_init must be a NormalMeansPrior (a fit's fitted_g), got "
                         f"{type(g_init).__name__}")
-    if fix_g and g_init is None:
+    if fix_g and g_init is None and prior_family != "flat":  # flat has nothing to fix
         raise ValueError("fix_g=True needs the prior to fix: pass g_init")
     if g_init is not None and not fix_g:
         raise ValueError("g_init is used with fix_g=True (warm starts are not implemented)")
 
     if prior_family == "flat":
-        g = NormalMeansPrior([1.0], ["normal"], [0.0], [0.0], "flat")
-        # theta_i | x_i ~ N(x_i, s_i^2): the posterior of a N(x_i, 0) "prior" component
-        # at each point, i.e. one normal component per observation with the prior's
-        # sd -> infinity. Sampling uses that normal directly.
+        # The improper uniform prior: theta_i | x_i ~ N(x_i, s_i^2), no prior object and
+        # no marginal likelihood (its posterior samples are drawn from that normal).
         post = NormalMeansPosterior(mean=x, sd=s, second_moment=x**2 + s**2,
                                     lfsr=_flat_lfsr(x, s), prob_zero=np.zeros(x.size),
                                     log_marginal=np.full(x.size, np.nan), _prior=None,
                                     _data=(x, s))
-        return EBNMResult("flat", g, None, post, None, {"converged": True, "at_bound": False},
-                          x, s)
+        return EBNMResult("flat", None, None, post, None, {"converged": True,
+                                                            "at_bound": False}, x, s)
     if fix_g:
         g, diag = g_init, {"converged": True, "at_bound": False, "fixed": True}
     else:
