@@ -113,7 +113,7 @@ class EBNMResult:
         return fig
 
 
-#: Largest |x| and range of s accepted: squares and ratios of them stay finite
+#: Largest abs(x) and range of s accepted: squares and ratios of them stay finite
 #: doubles (the same limits as :func:`~ebfl.eb.gaussian_eb` and the NPMLE).
 MAX_ABS_X = 1e150
 S_RANGE = (1e-150, 1e150)

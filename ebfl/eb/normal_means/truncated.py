@@ -70,7 +70,7 @@ def truncated_normal_moments(mean, sd, lower, upper):
 
 def truncated_normal_pieces(mean, sd, lower, upper):
     """:func:`truncated_normal_moments` with the variance in place of the second moment
-    (E[theta^2] - E[theta]^2 would cancel where the sd is far below |mean|)."""
+    (E[theta^2] - E[theta]^2 would cancel where the sd is far below abs(mean))."""
     mean, sd, lower, upper = np.broadcast_arrays(*(np.asarray(v, float)
                                                    for v in (mean, sd, lower, upper)))
     shape = mean.shape
