@@ -35,7 +35,7 @@ from ebfl._validation import (
 from ebfl.federated.protocol import MAX_ROUNDS, FederatedAlgorithm, RunConfig
 from ebfl.federated.runtime import run
 from ebfl.federated.streams import SERVER, stream_seed
-from ebfl.learning.data import RegressionData
+from ebfl.learning.data import RegressionData, _data_iv, _mean_iv
 
 __all__ = ["FederatedResult", "RegressionAlgorithm", "run_federated"]
 
@@ -95,6 +95,50 @@ def round_rng(rc, purpose="aggregate"):
     """The server's generator for its own draws in round ``rc.round`` (e.g. k-means
     restarts), or at the start of the run with ``purpose="init"`` and round 0."""
     return np.random.default_rng(stream_seed(rc.config.seed, rc.round, SERVER, purpose))
+
+
+# Helpers of the algorithms' halves: messages, the server's per-client tables.
+
+def _scalar(value):
+    """A message's 0-d entry as a Python float (the server's and the clients' arithmetic
+    on it is then exactly that of plain floats)."""
+    return float(np.asarray(value))
+
+
+def _vector(mu, d):
+    """The broadcast prior mean as a contiguous (d,) array (the server's starts as a
+    scalar: it learns d from the clients)."""
+    return np.ascontiguousarray(np.broadcast_to(np.asarray(mu, dtype=np.float64), (d,)))
+
+
+def _initial_mean(mu0):
+    """The server's initial mu: mu0 as given (scalar or (d,)), or the scalar 0."""
+    return np.zeros(()) if mu0 is None else np.array(mu0, dtype=np.float64)
+
+
+def _initial_models(data, mu0):
+    """theta_i^0 = mu0 for the clients of ``data`` (mu0 checked against their d here)."""
+    d = _data_iv(data).dim
+    mu = np.zeros(d) if mu0 is None else _mean_iv(mu0, d, "mu0")
+    return {"theta": np.tile(mu, (data.n_clients, 1))}
+
+
+def _message(**values):
+    """A message of 0-d and 1-d float arrays (what crosses the network)."""
+    return {key: np.asarray(value, dtype=np.float64) for key, value in values.items()}
+
+
+def _replace_rows(server, key, rc, rows, fill):
+    """A copy of the server's per-client table ``key`` (m rows) with the rows of the
+    round's clients replaced by ``rows``. The table is created from ``fill`` at the
+    first replies: the server learns the clients' d from them."""
+    shape = (rc.config.n_clients, *rows.shape[1:])
+    table = server.get(key)
+    if table is None or table.shape != shape:
+        table = np.broadcast_to(np.asarray(fill, dtype=np.float64), shape)
+    table = np.array(table, dtype=np.float64)
+    table[rc.clients] = rows
+    return table
 
 
 @dataclass

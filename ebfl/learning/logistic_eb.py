@@ -30,8 +30,8 @@ from scipy import special
 
 from ebfl._validation import check_finite_array, check_int_scalar, check_positive_scalar
 from ebfl.learning.data import _data_iv, _mean_iv, _mu0_iv, _variance_iv
-from ebfl.learning.federated import RegressionAlgorithm
-from ebfl.learning.regression import (
+from ebfl.learning.federated import (
+    RegressionAlgorithm,
     _initial_mean,
     _initial_models,
     _message,

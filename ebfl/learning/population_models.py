@@ -36,17 +36,16 @@ from ebfl._validation import (
 )
 from ebfl.eb.discrete import kmeans_cluster, run_cluster
 from ebfl.learning.data import _mu0_iv, _variance_iv
-from ebfl.learning.federated import RegressionAlgorithm, round_rng
-from ebfl.learning.regression import (
+from ebfl.learning.federated import (
+    RegressionAlgorithm,
     _initial_mean,
     _initial_models,
     _message,
-    _objective_iv,
     _replace_rows,
-    _residual,
-    _rows,
     _scalar,
+    round_rng,
 )
+from ebfl.learning.regression import _objective_iv, _residual, _rows
 from ebfl.learning.theorem6 import local_least_squares
 
 __all__ = ["DiscreteMixtureLinear", "GaussianMixtureLinear", "LaplaceLinear",

@@ -42,7 +42,15 @@ from ebfl.learning.data import (
     _mu0_iv,
     _variance_iv,
 )
-from ebfl.learning.federated import RegressionAlgorithm
+from ebfl.learning.federated import (
+    RegressionAlgorithm,
+    _initial_mean,
+    _initial_models,
+    _message,
+    _replace_rows,
+    _scalar,
+    _vector,
+)
 
 __all__ = ["FedAvgLinear", "FedAvgLogistic", "LinearEM", "LinearGD", "LogisticGD",
            "finetune_linear", "finetune_logistic", "linear_objective", "logistic_objective"]
@@ -50,12 +58,10 @@ __all__ = ["FedAvgLinear", "FedAvgLogistic", "LinearEM", "LinearGD", "LogisticGD
 _LOG_2PI = math.log(2 * math.pi)
 
 
-def _rows(data, active=None):
-    """(X, Y, mask) of the clients ``active``: views, not copies, when all take part."""
-    if active is None or (active.size == data.n_clients
-                          and np.array_equal(active, np.arange(data.n_clients))):
-        return data.X, data.Y, data.mask
-    return data.X[active], data.Y[active], data.mask[active]
+def _rows(data):
+    """(X, Y, mask) of the clients of ``data`` (the round's clients: the runtime passes
+    their subset)."""
+    return data.X, data.Y, data.mask
 
 
 def _residual(rows, theta):
@@ -117,48 +123,6 @@ def _logistic_objective(data, theta, mu, sigma_theta2):
     ce = (np.logaddexp(0.0, z) - data.Y * z) * data.mask
     return float(np.sum(ce) + 0.5 * m * d * (_LOG_2PI + math.log(sigma_theta2))
                  + np.sum((theta - mu) ** 2) / (2 * sigma_theta2))
-
-
-def _scalar(value):
-    """A message's 0-d entry as a Python float (the server's and the clients' arithmetic
-    on it is then exactly that of plain floats)."""
-    return float(np.asarray(value))
-
-
-def _vector(mu, d):
-    """The broadcast prior mean as a contiguous (d,) array (the server's starts as a
-    scalar: it learns d from the clients)."""
-    return np.ascontiguousarray(np.broadcast_to(np.asarray(mu, dtype=np.float64), (d,)))
-
-
-def _initial_mean(mu0):
-    """The server's initial mu: mu0 as given (scalar or (d,)), or the scalar 0."""
-    return np.zeros(()) if mu0 is None else np.array(mu0, dtype=np.float64)
-
-
-def _initial_models(data, mu0):
-    """theta_i^0 = mu0 for the clients of ``data`` (mu0 checked against their d here)."""
-    d = _data_iv(data).dim
-    mu = np.zeros(d) if mu0 is None else _mean_iv(mu0, d, "mu0")
-    return {"theta": np.tile(mu, (data.n_clients, 1))}
-
-
-def _message(**values):
-    """A message of 0-d and 1-d float arrays (what crosses the network)."""
-    return {key: np.asarray(value, dtype=np.float64) for key, value in values.items()}
-
-
-def _replace_rows(server, key, rc, rows, fill):
-    """A copy of the server's per-client table ``key`` (m rows) with the rows of the
-    round's clients replaced by ``rows``. The table is created from ``fill`` at the
-    first replies: the server learns the clients' d from them."""
-    shape = (rc.config.n_clients, *rows.shape[1:])
-    table = server.get(key)
-    if table is None or table.shape != shape:
-        table = np.broadcast_to(np.asarray(fill, dtype=np.float64), shape)
-    table = np.array(table, dtype=np.float64)
-    table[rc.clients] = rows
-    return table
 
 
 class LinearGD(RegressionAlgorithm):

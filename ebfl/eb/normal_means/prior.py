@@ -212,16 +212,11 @@ class NormalMeansPrior:
             # Components without weight have no posterior weight either: a fitted grid
             # prior keeps a few of its hundreds of components, and only those are needed.
             return self.active().posterior(x, s)
-        log_dens = self.log_component_density(x, s)
-        with np.errstate(divide="ignore"):
-            log_joint = log_dens + np.log(self.weights)[None]
-        log_marg = special.logsumexp(log_joint, axis=1)
-        resp = np.exp(log_joint - log_marg[:, None])
+        resp, log_marg = self._responsibilities(x, s)
         m, sd, lo, hi = self._posterior_pieces(x, s)
-        _, first, var_k, below = truncated_normal_pieces(m, sd, lo, hi)
-        # P(theta > 0) of each piece by reflection (theta -> -theta), not as 1 - P(< 0):
-        # the lfsr of a negative effect then has the relative accuracy of a positive one.
-        _, _, _, above = truncated_normal_pieces(-m, sd, -hi, -lo)
+        # P(theta > 0) of each piece is its own mass, not 1 - P(< 0): the lfsr of a
+        # negative effect has the relative accuracy of a positive one.
+        _, first, var_k, below, above = truncated_normal_pieces(m, sd, lo, hi)
         at_zero = ((sd == 0) & (m == 0)).astype(float)
         mean = np.sum(resp * first, axis=1)
         second_moment = np.sum(resp * (first**2 + var_k), axis=1)
@@ -237,11 +232,20 @@ class NormalMeansPrior:
                                     log_marginal=log_marg, _prior=self,
                                     _data=(np.asarray(x, float), np.asarray(s, float)))
 
+    def _log_joint(self, x, s):
+        """log w_k + log of component k's marginal density at x_i, shape (n, K)."""
+        with np.errstate(divide="ignore"):
+            return self.log_component_density(x, s) + np.log(self.weights)[None]
+
+    def _responsibilities(self, x, s):
+        """P(component k | x_i), shape (n, K), and log of each x_i's marginal density."""
+        log_joint = self._log_joint(x, s)
+        log_marg = special.logsumexp(log_joint, axis=1)
+        return np.exp(log_joint - log_marg[:, None]), log_marg
+
     def log_likelihood(self, x, s):
         """sum_i log of the marginal density of x_i under this prior."""
-        with np.errstate(divide="ignore"):
-            return float(np.sum(special.logsumexp(self.log_component_density(x, s)
-                                                  + np.log(self.weights)[None], axis=1)))
+        return float(np.sum(special.logsumexp(self._log_joint(x, s), axis=1)))
 
 
 @dataclass(frozen=True)
@@ -297,10 +301,7 @@ class NormalMeansPosterior:
         x, s = self._data
         if prior is None:  # the flat prior: theta_i | x_i ~ N(x_i, s_i^2)
             return x + s * rng.standard_normal((n_samples, x.size))
-        log_joint = prior.log_component_density(x, s)
-        with np.errstate(divide="ignore"):
-            log_joint = log_joint + np.log(prior.weights)[None]
-        resp = np.exp(log_joint - special.logsumexp(log_joint, axis=1, keepdims=True))
+        resp, _ = prior._responsibilities(x, s)
         m, sd, lo, hi = prior._posterior_pieces(x, s)
         n = x.size
         cum = np.cumsum(resp, axis=1)

@@ -64,13 +64,21 @@ def truncated_normal_moments(mean, sd, lower, upper):
     >>> round(float(m1), 6), round(float(m2), 6), float(p0)    # half-normal
     (0.797885, 1.0, 0.0)
     """
-    log_mass, first, var, below = truncated_normal_pieces(mean, sd, lower, upper)
+    log_mass, first, var, below, _ = truncated_normal_pieces(mean, sd, lower, upper)
     return log_mass, first, first**2 + var, below
 
 
 def truncated_normal_pieces(mean, sd, lower, upper):
     """:func:`truncated_normal_moments` with the variance in place of the second moment
-    (E[theta^2] - E[theta]^2 would cancel where the sd is far below abs(mean))."""
+    (E[theta^2] - E[theta]^2 would cancel where the sd is far below abs(mean)), and
+    P(theta > 0) beside P(theta < 0).
+
+    Returns
+    -------
+    log_mass, mean, variance, below_zero, above_zero : ndarray
+        P(theta > 0) is the mass of (max(lower, 0), upper] itself, not 1 - P(theta <= 0):
+        a tiny probability on either side keeps its relative accuracy.
+    """
     mean, sd, lower, upper = np.broadcast_arrays(*(np.asarray(v, float)
                                                    for v in (mean, sd, lower, upper)))
     shape = mean.shape
@@ -112,7 +120,14 @@ def truncated_normal_pieces(mean, sd, lower, upper):
                          np.exp(np.minimum(log_normal_mass(alpha, np.maximum(cut, alpha))
                                            - log_mass, 0.0)))
     below = np.where(point, (mean < 0).astype(float), below)
-    return tuple(np.reshape(v, shape) for v in (log_mass, first, var, below))
+    # P(theta > 0): the mass of (max(lower, 0), upper] over that of [lower, upper].
+    cut_up = np.maximum(alpha, (0.0 - mean) / safe_sd)
+    with np.errstate(invalid="ignore"):
+        above = np.where(cut_up >= beta, 0.0,
+                         np.exp(np.minimum(log_normal_mass(np.minimum(cut_up, beta), beta)
+                                           - log_mass, 0.0)))
+    above = np.where(point, (mean > 0).astype(float), above)
+    return tuple(np.reshape(v, shape) for v in (log_mass, first, var, below, above))
 
 
 _NODES, _WEIGHTS = np.polynomial.legendre.leggauss(64)
