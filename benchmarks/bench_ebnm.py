@@ -1,4 +1,5 @@
-"""Benchmark: ebfl's ``ebnm`` against R's ebnm, prior family by prior family (mode 0).
+"""Benchmark: ebfl's ``ebnm`` against R's ebnm, prior family by prior family (mode 0,
+or ``--mode``).
 
 Data: n = 10^5 (``--n``; ``--quick``: 10^4) sparse heteroskedastic observations
 x_i ~ N(theta_i, s_i^2): 80% of the theta_i exactly 0, the rest 2 t_5; s_i = 10^u,
@@ -17,6 +18,9 @@ R      ``ebnm(x, s, prior_family = family, mode = 0)`` of R's ebnm (Willwerschei
 
 Reported per family: both times, R / ebfl, both log-likelihoods and their
 difference (ebfl - R; flat has none).
+
+``--mode`` sets the prior's mode of both (a number, or ``estimate``; default 0;
+npmle and flat have none).
 
 ``--large`` adds ebfl alone at n = 10^6 on the parametric families (normal,
 point_normal, point_laplace, point_exponential, point_mass), one fit each.
@@ -44,9 +48,9 @@ PARAMETRIC = ("normal", "point_normal", "point_laplace", "point_exponential", "p
 LARGE_N = 1_000_000
 R_NOT_INSTALLED = "R/ebnm not installed: ebfl only"
 
-# One R process: reads DIR/x.bin and DIR/s.bin (little-endian float64), DIR/families.txt
-# and DIR/reps.txt; writes DIR/results.csv (family, best elapsed seconds, log-likelihood,
-# error) and DIR/version.txt.
+# One R process: reads DIR/x.bin and DIR/s.bin (little-endian float64), DIR/families.txt,
+# DIR/reps.txt and DIR/mode.txt; writes DIR/results.csv (family, best elapsed seconds,
+# log-likelihood, error) and DIR/version.txt.
 R_CODE = r"""
 suppressPackageStartupMessages(library(ebnm))
 dir <- commandArgs(trailingOnly = TRUE)[1]
@@ -57,6 +61,8 @@ x <- read_doubles(file.path(dir, "x.bin"))
 s <- read_doubles(file.path(dir, "s.bin"))
 families <- readLines(file.path(dir, "families.txt"))
 reps <- as.integer(readLines(file.path(dir, "reps.txt")))
+mode <- readLines(file.path(dir, "mode.txt"))
+if (mode != "estimate") mode <- as.numeric(mode)
 rows <- vector("list", length(families))
 for (i in seq_along(families)) {
   best <- Inf
@@ -65,7 +71,7 @@ for (i in seq_along(families)) {
   for (r in seq_len(reps)) {
     fit <- NULL
     secs <- system.time(fit <- tryCatch(
-      suppressWarnings(ebnm(x, s, prior_family = families[i], mode = 0)),
+      suppressWarnings(ebnm(x, s, prior_family = families[i], mode = mode)),
       error = function(e) e))[["elapsed"]]
     if (inherits(fit, "error")) {
       err <- conditionMessage(fit)
@@ -94,7 +100,7 @@ def make_data(n, seed):
     return theta + s * rng.standard_normal(n), s
 
 
-def run_r(x, s, families, reps):
+def run_r(x, s, families, reps, mode=0.0):
     """R's ebnm on every family: {"version", "families": {family: {seconds,
     log_likelihood, error}}}, or None when R or the ebnm package is missing."""
     rscript = shutil.which("Rscript")
@@ -107,6 +113,8 @@ def run_r(x, s, families, reps):
             f.write("\n".join(families) + "\n")
         with open(os.path.join(tmp, "reps.txt"), "w") as f:
             f.write(f"{reps}\n")
+        with open(os.path.join(tmp, "mode.txt"), "w") as f:
+            f.write(f"{mode!r}\n" if mode != "estimate" else "estimate\n")
         script = os.path.join(tmp, "bench_ebnm.R")
         with open(script, "w") as f:
             f.write(R_CODE)
@@ -129,8 +137,8 @@ def run_r(x, s, families, reps):
     return {"version": version, "families": out}
 
 
-def time_ebfl(x, s, family, reps):
-    seconds, fit = best_of(lambda: ebfl.ebnm(x, s, family, 0.0), reps)
+def time_ebfl(x, s, family, reps, mode=0.0):
+    seconds, fit = best_of(lambda: ebfl.ebnm(x, s, family, mode), reps)
     return seconds, fit.log_likelihood
 
 
@@ -146,19 +154,22 @@ def main(argv=None):
     ap.add_argument("--no-r", action="store_true", help="skip R's ebnm")
     ap.add_argument("--large", action="store_true",
                     help="add ebfl at n = 1e6 on the parametric families")
+    ap.add_argument("--mode", default="0",
+                    help='the prior mode: a number or "estimate" (default 0)')
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     n = args.n or (10_000 if args.quick else 100_000)
+    mode = "estimate" if args.mode == "estimate" else float(args.mode)
 
     x, s = make_data(n, args.seed)
     wx, ws = make_data(2000, args.seed + 1)
     for family in args.families:  # compile the kernels
-        ebfl.ebnm(wx, ws, family, 0.0)
+        ebfl.ebnm(wx, ws, family, mode)
 
     rows = {}
     for family in args.families:
         gc.collect()
-        seconds, ll = time_ebfl(x, s, family, args.reps)
+        seconds, ll = time_ebfl(x, s, family, args.reps, mode)
         rows[family] = {"ebfl_seconds": seconds, "ebfl_log_likelihood": ll}
         print(f"  ebfl {family}: {seconds:.3f} s", file=sys.stderr)
 
@@ -166,7 +177,7 @@ def main(argv=None):
         peer, r_note = None, "R skipped (--no-r): ebfl only"
     else:
         print("  R's ebnm ...", file=sys.stderr)
-        peer = run_r(x, s, args.families, args.r_reps)
+        peer = run_r(x, s, args.families, args.r_reps, mode)
         r_note = R_NOT_INSTALLED if peer is None else f"R ebnm {peer['version']}"
     for family, row in rows.items():
         r = None if peer is None else peer["families"].get(family)
@@ -182,10 +193,12 @@ def main(argv=None):
             row["log_likelihood_ebfl_minus_r"] = (row["ebfl_log_likelihood"]
                                                   - r["log_likelihood"])
 
-    result = {"n": n, "seed": args.seed, "reps": args.reps, "r_reps": args.r_reps,
+    result = {"n": n, "mode": mode, "seed": args.seed, "reps": args.reps,
+              "r_reps": args.r_reps,
               "r": {"available": peer is not None, "note": r_note}, "families": rows}
     if args.large:
-        result["large"] = run_large(args.seed, [f for f in args.families if f in PARAMETRIC])
+        result["large"] = run_large(args.seed, [f for f in args.families if f in PARAMETRIC],
+                                    mode)
     if args.json:
         print(json.dumps(result, indent=1))
     else:
@@ -193,13 +206,13 @@ def main(argv=None):
     return result
 
 
-def run_large(seed, families):
+def run_large(seed, families, mode=0.0):
     """ebfl alone at n = 10^6, one fit per parametric family."""
     x, s = make_data(LARGE_N, seed)
     out = {}
     for family in families:
         gc.collect()
-        seconds, ll = time_ebfl(x, s, family, 1)
+        seconds, ll = time_ebfl(x, s, family, 1, mode)
         print(f"  ebfl {family} at n = {LARGE_N:.0e}: {seconds:.2f} s", file=sys.stderr)
         out[family] = {"n": LARGE_N, "ebfl_seconds": seconds, "ebfl_log_likelihood": ll}
     return out
@@ -210,7 +223,8 @@ def _num(value, fmt):
 
 
 def _print_text(result):
-    print(f"ebnm per prior family (mode 0), sparse heteroskedastic data, n = {result['n']}; "
+    print(f"ebnm per prior family (mode {result['mode']}), sparse heteroskedastic data, "
+          f"n = {result['n']}; "
           f"{result['r']['note']}")
     print(f"  ebfl best of {result['reps']}" + (f", R best of {result['r_reps']} (system.time "
                                                f"inside R)" if result["r"]["available"] else ""))

@@ -31,6 +31,7 @@ from ebfl.federated import (
     ClientMeans,
     EBBetaBinomial,
     EBGaussian,
+    EBNormalMeans,
     RoundContext,
     RunConfig,
     election_federation,
@@ -48,7 +49,7 @@ from ebfl.federated.streams import numpy_streams
 from ebfl.federated.tree import flatten, tree_cat, tree_nbytes, tree_put, tree_take, unflatten
 from ebfl.flower.deploy import connection_toml, write_app
 from ebfl.flower.jobs import build_job
-from ebfl.privacy import StochasticQuantizer
+from ebfl.privacy import GaussianMechanism, StochasticQuantizer
 from tests.badinput import NAN, Case, table_tests
 
 # ------------------------------------------------------------------ inputs
@@ -202,6 +203,11 @@ FEDERATED = [
     Case("run-gaussian", lambda **kw: _run_result(run(**kw)),
          lambda: dict(algorithm=EBGaussian(sigma_x=0.5), data=_means(), config=_config()),
          bad=(("data", _counts(), TypeError), *_RUN_BAD)),
+    Case("run-normal-means", lambda **kw: (lambda r: ([r.clients[k] for k in ("mean", "sd")],
+                                                     r.history[-1]))(run(**kw)),
+         lambda: dict(algorithm=EBNormalMeans("ash", sigma_x=0.5), data=_means(),
+                      config=_config()),
+         bad=(("data", _counts(), TypeError), *_RUN_BAD)),
     Case("evaluate", evaluate, lambda: dict(_EVAL),
          bad=(("algorithm", "eb", TypeError), ("data", [1, 2], TypeError))),
     Case("check_failures", check_failures,
@@ -271,6 +277,22 @@ FEDERATED = [
          lambda: dict(sigma_x=0.5, mechanism=StochasticQuantizer(2, 1.0)),
          scalars={"sigma_x": "positive"},
          bad=(("prior_mean", 0.0, ValueError), ("prior", "npmle", ValueError, "prior"))),
+    Case("EBNormalMeans", _constructor(EBNormalMeans), lambda: dict(sigma_x=0.5),
+         scalars={"sigma_x": "positive"},
+         bad=(("family", "cauchy", ValueError), ("family", ["ash"], TypeError),
+              ("mode", NAN, ValueError), ("mode", "median", ValueError),
+              ("mode", 1 + 1j, TypeError), ("scale", "wide", ValueError),
+              ("scale", -1.0, ValueError), ("scale", [1.0], TypeError),
+              ("mechanism", "gaussian", TypeError),
+              ("mechanism", StochasticQuantizer(2, 1.0), ValueError))),
+    Case("EBNormalMeans-mechanism", _constructor(EBNormalMeans),
+         lambda: dict(family="ash", sigma_x=0.5,
+                      mechanism=GaussianMechanism(1.0, 1e-5, 2.0, calibration="l2")),
+         scalars={"sigma_x": "positive"},
+         bad=(("family", "flat", ValueError, "flat"),
+              ("scale", [0.5, -1.0], ValueError),
+              ("mechanism", GaussianMechanism(1.0, 1e-5, 2.0, d=2, calibration="l2"),
+               ValueError))),
     # ---- their data
     Case("ClientCounts", ClientCounts,
          lambda: dict(successes=[0, 1, 2, 3], trials=[3, 3, 4, 4], truth=[0.25, 0.5, 0.5, 0.75]),

@@ -148,7 +148,7 @@ CASES = {
     "nm-no-column": (NM + " --x nope --s se", ["--x", "'nope'"]),
     "nm-no-id": (NM + " --x ok --s se --id nope", ["--id", "'nope'"]),
     "nm-same-column": (NM + " --x se --s se", ["--x", "--s", "'se'"]),
-    "nm-family": (NM + " --x ok --s se --family horseshoe", ["--family", "horseshoe"]),
+    "nm-family": (NM + " --x ok --s se --family cauchy", ["--family", "cauchy"]),
     "nm-mode": (NM + " --x ok --s se --mode auto", ["--mode", "'auto'"]),
     "nm-mode-nan": (NM + " --x ok --s se --mode nan", ["--mode", "finite"]),
     "nm-missing-file": ("fit normal-means {d}/nope.csv --x a --s b", ["nope.csv"]),

@@ -28,7 +28,10 @@ Claims, with REL = 1e-6 (scale = max(sd(x), median(s))):
   R's posterior, or, where they differ, a 50-digit (mpmath) reference's; R's own
   deviations from the reference are reported as warnings;
 * where R errors, ebfl fits the same data (finite, converged) and reaches the best
-  point mass.
+  point mass (R errors on every horseshoe case here, its ``horseshoe`` package not
+  being installed, and on the deconvolver wherever s != 1);
+* R's generalized binary log-likelihood is n log(2) / 2 above that of its own
+  prior: the comparisons use the recomputed value, and a test checks the offset.
 
 Where a claim fails, every failing case is listed (family, mode, data, both numbers).
 """
@@ -51,7 +54,9 @@ R_TIMEOUT = 600  # seconds; generous, for a loaded machine
 PARAMETRIC = ("normal", "point_normal", "point_laplace", "point_exponential", "point_mass")
 GRID = ("normal_scale_mixture", "ash", "unimodal", "unimodal_symmetric",
         "unimodal_nonnegative", "unimodal_nonpositive", "npmle")
-NO_MODE = ("npmle", "flat")  # mode is ignored: fitted once, at mode 0
+NO_MODE = ("npmle", "flat", "deconvolver")  # mode is ignored: fitted once, at mode 0
+#: Families whose log-likelihood R reports wrongly (see the test of that name).
+R_LOGLIK_OFF = ("generalized_binary",)
 MODES = ("0", "estimate")
 
 # The R side: reads DIR/cases.csv (id, dataset, family, mode) and DIR/data_<dataset>.csv
@@ -259,10 +264,32 @@ def test_log_likelihood_at_least_r(peers, family):
             continue
         peer = r["log_likelihood"]
         assert peer is not None, cid
+        if family in R_LOGLIK_OFF:  # R's own prior's log-likelihood, computed right
+            x, s = peers.datasets[cid.split("__")[0]]
+            peer = ebfl.ebnm(x, s, family, g_init=_prior_from_r(r["g_class"], r["g"]),
+                             fix_g=True).log_likelihood
         if not ours.log_likelihood >= peer - REL * abs(peer):
             bad.append(f"  {cid}: ebfl {ours.log_likelihood:.8f}  R {peer:.8f}  "
                        f"ebfl - R = {ours.log_likelihood - peer:+.3e}")
     _fail(bad, f"{family}: ebfl's log-likelihood below R ebnm {peers.versions[0]}'s:")
+
+
+def test_r_generalized_binary_log_likelihood_is_off_by_half_log2_per_observation(peers):
+    """Measured (ebnm 1.1-42): R's reported log-likelihood of a generalized binary fit
+    exceeds that of its own fitted prior by n log(2) / 2 exactly (on null data: -315.9
+    reported where the prior's marginal likelihood, by R's own ``integrate``, is -419.8,
+    below the point mass's -419.76 that its fit contains). ebfl's value for R's prior
+    is checked against 50-digit arithmetic in
+    :func:`test_r_prior_gives_r_likelihood_and_posterior`; here the offset itself, so
+    that a fixed R is noticed (the comparisons above use the recomputed value)."""
+    rows = peers.by_family("generalized_binary")
+    assert rows
+    for cid, name, _, _, r in rows:
+        x, s = peers.datasets[name]
+        ours = ebfl.ebnm(x, s, "generalized_binary", g_init=_prior_from_r(r["g_class"], r["g"]),
+                         fix_g=True).log_likelihood
+        assert r["log_likelihood"] - ours == pytest.approx(x.size * math.log(2) / 2,
+                                                           rel=1e-6), cid
 
 
 def _is_point_mass(prior):
@@ -309,7 +336,11 @@ def _polished(family, fit, x, s, estimate_mode):
 
     res = optimize.minimize(lambda v: -prior(v).log_likelihood(x, s), v0, method="Nelder-Mead",
                             options={"xatol": 1e-12, "fatol": 1e-12, "maxiter": 20000})
-    return prior(res.x) if -res.fun > fit.log_likelihood else fit.fitted_g
+    # Only a gain beyond rounding counts: on a likelihood flat to 1e-16 relative the
+    # simplex drifts (9e-13 nats "gained" moved posterior means 4.5e-7 on the hetero
+    # data, point_exponential), and which side of the rounding a start falls is luck.
+    gain = -res.fun - fit.log_likelihood
+    return prior(res.x) if gain > 1e-12 * abs(fit.log_likelihood) else fit.fitted_g
 
 
 @pytest.mark.parametrize("family", PARAMETRIC)
@@ -452,6 +483,12 @@ def _prior_from_r(g_class, g):
                 a, b = a + [m, m], b + [sc, sc]
         weights = np.array(weights)
         return NormalMeansPrior(weights / weights.sum(), kinds, a, b)
+    if g_class == "tnormalmix":  # generalized binary: a point, N(mean, sd^2) on [0, inf)
+        if not np.all((g["sd"] == 0) | ((g["a"] == 0) & np.isinf(g["b"]))):
+            raise AssertionError(f"a truncated normal on another interval than [0, inf): {g}")
+        point = g["sd"] == 0
+        kinds = np.where(point, "normal", "tnormal+").tolist()
+        return NormalMeansPrior(w / w.sum(), kinds, g["mean"], g["sd"])
     if g_class == "gammamix":
         if np.any((g["shape"] != 1) & (g["scale"] > 0)):
             raise AssertionError(f"a gamma component of shape != 1: {g}")
@@ -503,6 +540,11 @@ def _reference(prior, x, s):
             if kind == "uniform":
                 mass, m, v, below = truncated(xi, si, a, b)
                 dens = mass / (b - a)
+            elif kind == "tnormal+":  # N(x; a, s^2 + b^2) P(theta >= 0 | x) / P(theta >= 0)
+                v = 1 / (1 / si**2 + 1 / b**2)
+                mass, m, v, below = truncated(v * (xi / si**2 + a / b**2), mp.sqrt(v), 0,
+                                              mp.inf)
+                dens = mp.npdf(xi, a, mp.sqrt(si**2 + b**2)) * mass / mp.ncdf(a / b)
             else:
                 sign = 1 if kind == "exp+" else -1
                 lo, hi = (a, mp.inf) if sign > 0 else (-mp.inf, a)
@@ -530,11 +572,15 @@ def _reference_log_likelihood(prior, x, s, ours):
     w, a, b = prior.weights[keep], prior.a[keep], prior.b[keep]
     kinds = np.array(prior.kinds)[keep]
     with np.errstate(all="ignore"):
+        post_var = 1 / (1 / ss**2 + 1 / b**2)
+        post_mean = post_var * (xs / ss**2 + a / b**2)
         dens = np.select(
-            [kinds == "normal", kinds == "uniform", kinds == "exp+"],
+            [kinds == "normal", kinds == "uniform", kinds == "exp+", kinds == "tnormal+"],
             [stats.norm.pdf(xs, a, np.sqrt(ss**2 + b**2)),
              (special.ndtr((b - xs) / ss) - special.ndtr((a - xs) / ss)) / (b - a),
-             np.exp(ss**2 / (2 * b**2) - (xs - a) / b) * special.ndtr((xs - a) / ss - ss / b) / b],
+             np.exp(ss**2 / (2 * b**2) - (xs - a) / b) * special.ndtr((xs - a) / ss - ss / b) / b,
+             stats.norm.pdf(xs, a, np.sqrt(ss**2 + b**2)) * special.ndtr(
+                 post_mean / np.sqrt(post_var)) / special.ndtr(a / b)],
             np.exp(ss**2 / (2 * b**2) + (xs - a) / b) * special.ndtr((a - xs) / ss - ss / b) / b)
         plain = np.log(dens @ w)
     hard = ~(np.abs(plain - ours) <= 1e-12 * np.maximum(1.0, np.abs(ours)))
@@ -633,7 +679,9 @@ def test_ebfl_fits_where_r_errors(peers):
                      for k in ("mean", "sd", "lfsr"))
         if not (finite and ours.diagnostics.get("converged")):
             bad.append(f"  {cid}: not finite or not converged ({ours.diagnostics})")
-        if family != "flat":
+        # (flat has no likelihood; the deconvolver's penalized smooth g on a grid holds no
+        # point mass, and maximizes a penalized likelihood)
+        if family not in ("flat", "deconvolver"):
             point = ebfl.ebnm(x, s, "point_mass", _mode(mode)).log_likelihood
             if not ours.log_likelihood >= point - REL * abs(point):
                 bad.append(f"  {cid}: ebfl {ours.log_likelihood:.6f} below the point mass "

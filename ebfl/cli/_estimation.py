@@ -256,6 +256,8 @@ def _cmd_fit_normal_means(args):
                "lfsr_below_0.05": int(np.sum(post.lfsr < 0.05))}
     if "kkt" in fit.diagnostics:
         summary["kkt"] = fit.diagnostics["kkt"]
+    if g is not None and g.parameters is not None:
+        summary["prior_parameters"] = dict(g.parameters)
     if args.json and g is not None:  # every component with weight > 0, for programs
         summary["prior_components"] = g.to_frame()[g.weights > 0].to_dict("records")
     _finish_fit(args, summary, table)

@@ -19,7 +19,8 @@ def _job_settings(args):
             "local-steps": args.local_steps, "batch-size": args.batch_size, "lr": args.lr,
             "eval-every": args.eval_every, "epsilon": args.epsilon, "clip": args.clip,
             "noise": args.noise, "opt-out": args.opt_out, "gamma2": args.gamma2,
-            "ratio": args.ratio, "lambda": args.lam, "inner": args.inner}
+            "ratio": args.ratio, "lambda": args.lam, "inner": args.inner,
+            "family": args.family, "delta": args.delta}
 
 
 def _cmd_flower_simulate(args):

@@ -103,6 +103,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _job_arguments(p):
     """Options of a federated job (``ebfl flower``)."""
+    from ebfl.eb.normal_means import FAMILIES
     from ebfl.flower.jobs import ALGORITHMS, DATASETS
 
     p.add_argument("algorithm", choices=ALGORITHMS, help="the algorithm or EB protocol")
@@ -118,8 +119,14 @@ def _job_arguments(p):
     p.add_argument("--eval-every", type=_integer(1), default=1, help="default 1")
     p.add_argument("--lr", type=_positive, default=0.1, help="learning rate (default 0.1)")
     p.add_argument("--epsilon", type=_positive,
-                   help="local privacy of the eb-* protocols; dp-pfl: each device's (epsilon, "
-                        "1e-3) (default: no privacy)")
+                   help="local privacy of the eb-* protocols (eb-normal-means: (epsilon, "
+                        "--delta)); dp-pfl: each device's (epsilon, 1e-3) (default: no "
+                        "privacy)")
+    p.add_argument("--family", choices=FAMILIES,
+                   help="eb-normal-means: the prior family of ebnm (default point_normal)")
+    p.add_argument("--delta", type=_open_unit,
+                   help="eb-normal-means with --epsilon: the Gaussian mechanism's delta "
+                        "(default 1e-5)")
     p.add_argument("--inner", type=_integer(1),
                    help="dp-pfl: K, global iterations (rounds) per Omega-step (default 10)")
     p.add_argument("--seed", type=_integer(0), default=0)

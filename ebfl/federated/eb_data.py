@@ -487,7 +487,7 @@ def job_data(settings):
     ``"elections"`` (:func:`election_federation` or :func:`election_shares`;
     with ``clients``, the first that many counties).
     """
-    gaussian = settings["algorithm"] == "eb-gaussian"
+    gaussian = settings["algorithm"] in ("eb-gaussian", "eb-normal-means")
     if settings["dataset"] == "elections":
         data = election_shares() if gaussian else election_federation()
         if settings.get("clients") is not None:  # the first counties, in the data's order

@@ -30,7 +30,13 @@ Settings (keys as in a Flower ``pyproject.toml``; all optional but ``algorithm``
     through the Laplace mechanism (omitted: non-private): Beta-Bernoulli clients
     release their means (the corrected estimator); Gaussian clients their means
     clipped to the paper's range, on ``simulated`` data only (its estimator needs
-    the known sigma_x).
+    the known sigma_x). ``eb-normal-means``: the clients release their means through
+    the Gaussian mechanism at (``epsilon``, ``delta``)-LDP instead, on ``simulated``
+    data only (see :func:`ebfl.federated.eb_normal_means.job_algorithm`).
+``family``, ``delta``
+    ``eb-normal-means`` (:class:`~ebfl.federated.EBNormalMeans`): the prior family
+    of :func:`ebfl.ebnm` (default ``point_normal``), and the delta of its private
+    variant (with ``epsilon``; default 1e-5).
 ``opt-out``, ``gamma2``, ``ratio``, ``lambda``
     ``fedhdp-point`` (Algorithm 1 of the FedHDP paper, on ``simulated`` clients):
     the fraction of non-private clients (default 0.5), the privacy-noise variance
@@ -60,6 +66,7 @@ from ebfl._validation import (
     check_nonnegative_scalar,
     check_positive_scalar,
     check_probability,
+    check_real_scalar,
 )
 from ebfl.federated.protocol import (
     MAX_BATCH_SIZE,
@@ -78,7 +85,7 @@ LEARNING = ("fedavg", "local", "adaped", "adaped-ft", "dp-adaped", "fedavg-ft", 
             "perada-nokd")
 #: PerAda's jobs run a small residual network with adapters on the digits as 8x8 images.
 PERADA = ("perada", "perada-nokd")
-EB = ("eb-beta-binomial", "eb-gaussian")
+EB = ("eb-beta-binomial", "eb-gaussian", "eb-normal-means")
 #: Algorithm 1 of the FedHDP paper (numpy; :mod:`ebfl.fedhdp.point_estimation`).
 FEDHDP_POINT = ("fedhdp-point",)
 #: Algorithm 1 of DP-PFL (numpy; :mod:`ebfl.dppfl.federated`).
@@ -91,7 +98,7 @@ DATASETS = ("digits", "simulated", "elections")
 DEFAULTS = {"dataset": None, "clients": None, "rounds": 3, "seed": 0, "clients-per-round": None,
             "local-steps": 5, "batch-size": 10, "eval-every": 1, "lr": 0.1, "clip": 1.0,
             "noise": 0.1, "epsilon": None, "opt-out": None, "gamma2": None, "ratio": None,
-            "lambda": None, "inner": None}
+            "lambda": None, "inner": None, "family": None, "delta": None}
 
 
 @dataclass
@@ -176,11 +183,31 @@ def _typed(out):
             out[key] = check_nonnegative_scalar(_number(out[key], key), key)
     if out["opt-out"] is not None:
         out["opt-out"] = check_probability(_number(out["opt-out"], "opt-out"), "opt-out")
+    _normal_means_settings(out)
     if out["clients-per-round"] is not None and out["clients"] is not None \
             and out["clients-per-round"] > out["clients"]:
         raise ValueError(f"clients-per-round must be <= clients {out['clients']}, got "
                          f"{out['clients-per-round']}")
     return out
+
+
+def _normal_means_settings(out):
+    """``family`` and ``delta``: settings of eb-normal-means only (elsewhere they would be
+    silently ignored, so they are refused)."""
+    for key in ("family", "delta"):
+        if out[key] is not None and out["algorithm"] != "eb-normal-means":
+            raise ValueError(f"{key} is a setting of eb-normal-means, not of "
+                             f"{out['algorithm']!r}")
+    if out["family"] is not None:
+        from ebfl.eb.normal_means.api import check_prior_family
+
+        out["family"] = check_prior_family(out["family"], "family")
+    if out["delta"] is not None:
+        if out["epsilon"] is None:
+            raise ValueError("delta is the delta of the private eb-normal-means: it needs "
+                             "epsilon")
+        out["delta"] = check_real_scalar(_number(out["delta"], "delta"), "delta", low=0.0,
+                                         high=1.0, low_open=True, high_open=True)
 
 
 def _number(value, key):
@@ -214,10 +241,11 @@ def build_job(settings):
         data = dppfl.job_data(s)
         algorithm = dppfl.job_algorithm(s, data)
     else:
-        from ebfl.federated import eb, eb_data
+        from ebfl.federated import eb, eb_data, eb_normal_means
 
         data = eb_data.job_data(s)
-        algorithm = eb.job_algorithm(s)
+        algorithm = (eb_normal_means.job_algorithm(s) if s["algorithm"] == "eb-normal-means"
+                     else eb.job_algorithm(s))
     config = RunConfig(n_clients=data.n_clients, n_rounds=int(s["rounds"]), seed=int(s["seed"]),
                        clients_per_round=(None if s["clients-per-round"] is None
                                           else int(s["clients-per-round"])),

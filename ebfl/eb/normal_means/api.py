@@ -17,13 +17,13 @@ from ebfl._validation import check_bool, check_finite_array, check_real_scalar
 from ebfl.eb.normal_means.families import FAMILIES, GRID_FAMILIES, fit_family
 from ebfl.eb.normal_means.prior import NormalMeansPosterior, NormalMeansPrior
 
-__all__ = ["EBNMResult", "ebnm", "ebnm_ash", "ebnm_flat", "ebnm_normal",
+__all__ = ["EBNMResult", "check_prior_family", "check_prior_options", "ebnm", "ebnm_ash",
+           "ebnm_deconvolver", "ebnm_flat",
+           "ebnm_generalized_binary", "ebnm_horseshoe", "ebnm_normal",
            "ebnm_normal_scale_mixture", "ebnm_npmle", "ebnm_point_exponential",
            "ebnm_point_laplace", "ebnm_point_mass", "ebnm_point_normal", "ebnm_unimodal",
            "ebnm_unimodal_nonnegative", "ebnm_unimodal_nonpositive", "ebnm_unimodal_symmetric"]
 
-#: Families of R's ebnm that ebfl does not fit yet.
-NOT_YET = ("horseshoe", "generalized_binary", "deconvolver")
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class EBNMResult:
     posterior : NormalMeansPosterior
         Each theta_i's posterior mean, sd, second moment and lfsr (``to_frame()``).
     mode : float or None
-        The prior's mode (fixed or estimated; None for npmle and flat).
+        The prior's mode (fixed or estimated; None for npmle, deconvolver and flat).
     diagnostics : dict
         ``converged``, ``at_bound`` (a parameter on the edge of its range), and for
         grid families ``kkt`` and ``log_likelihood_gap_bound`` (the grid optimum
@@ -138,12 +138,20 @@ def _data_iv(x, s):
     return x, s
 
 
-def _mode_iv(mode):
+def _mode_iv(mode, family=None):
     if isinstance(mode, str):
         if mode != "estimate":
             raise ValueError(f"mode must be a real number or 'estimate', got {mode!r}")
         return mode
-    return check_real_scalar(mode, "mode")
+    mode = check_real_scalar(mode, "mode")
+    if family == "generalized_binary":
+        # Its point mass is always at 0 and ``mode`` is the slab's: 0 (ebnm's default
+        # for every family) asks for it to be estimated, as in R's ebnm.
+        if mode < 0:
+            raise ValueError(f"mode (the generalized binary slab's mode) must be > 0, 0 "
+                             f"or 'estimate' (both estimate it), got {mode!r}")
+        return "estimate" if mode == 0 else mode
+    return mode
 
 
 def _scale_iv(scale, family):
@@ -161,7 +169,31 @@ def _scale_iv(scale, family):
     if not isinstance(scale, numbers.Real) or isinstance(scale, bool):
         raise TypeError(f"scale must be 'estimate' or a positive number for "
                         f"family {family!r}, got {type(scale).__name__}")
-    return check_real_scalar(scale, "scale", low=0.0, low_open=family != "normal")
+    return check_real_scalar(scale, "scale", low=0.0, low_open=family != "normal",
+                             high=1e150)
+
+
+def check_prior_family(prior_family, name="prior_family"):
+    """``prior_family`` checked as :func:`ebnm` checks it: one of ``FAMILIES``.
+
+    For callers that take ebnm's options and pass them on later (the federated
+    protocol :class:`~ebfl.federated.EBNormalMeans`), so that a bad value is refused
+    where it is given, under the caller's ``name``.
+    """
+    from ebfl._validation import check_choice
+
+    return check_choice(prior_family, name, FAMILIES)
+
+
+def check_prior_options(prior_family, mode=0.0, scale="estimate", *,
+                        family_name="prior_family"):
+    """``(prior_family, mode, scale)`` checked and normalized as :func:`ebnm` does.
+
+    ``mode`` comes back as a float or ``"estimate"``, ``scale`` as ``"estimate"``,
+    a float or (grid families) the sorted distinct scales.
+    """
+    prior_family = check_prior_family(prior_family, family_name)
+    return prior_family, _mode_iv(mode, prior_family), _scale_iv(scale, prior_family)
 
 
 def ebnm(x, s=1.0, prior_family="point_normal", mode=0.0, scale="estimate", g_init=None,
@@ -176,20 +208,24 @@ def ebnm(x, s=1.0, prior_family="point_normal", mode=0.0, scale="estimate", g_in
         Their standard errors, > 0.
     prior_family : str
         ``"normal"``, ``"point_normal"``, ``"point_laplace"``,
-        ``"point_exponential"``, ``"normal_scale_mixture"``, ``"ash"`` (a
-        symmetric scale mixture of uniforms, ashr's default), ``"unimodal"``,
-        ``"unimodal_symmetric"``, ``"unimodal_nonnegative"``,
-        ``"unimodal_nonpositive"``, ``"npmle"``, ``"point_mass"`` or ``"flat"``.
-        (``"horseshoe"``, ``"generalized_binary"`` and ``"deconvolver"`` are not
-        available yet.)
+        ``"point_exponential"``, ``"horseshoe"``, ``"generalized_binary"``,
+        ``"normal_scale_mixture"``, ``"ash"`` (a symmetric scale mixture of
+        uniforms, ashr's default), ``"unimodal"``, ``"unimodal_symmetric"``,
+        ``"unimodal_nonnegative"``, ``"unimodal_nonpositive"``, ``"npmle"``,
+        ``"deconvolver"`` (Efron's log-spline g on a grid), ``"point_mass"`` or
+        ``"flat"``.
     mode : float or "estimate"
         The prior's mode (the location of its point mass, the centre of its
-        unimodal shape); ignored by npmle and flat.
+        unimodal shape); ignored by npmle, deconvolver and flat. For
+        ``generalized_binary`` it is the mode mu > 0 of the slab (the point mass
+        stays at 0), and 0 (the default) estimates it, as R's ebnm does.
     scale : "estimate", float or array_like
-        Parametric families: the slab's sd or scale, fitted or fixed. Grid
-        families: the grid of sds (scale mixtures) or half-widths (unimodal), or
-        npmle's grid of atoms; "estimate" takes the default grid
-        (:func:`~ebfl.eb.normal_means.families.default_scale_grid`).
+        Parametric families: the slab's sd or scale (the horseshoe's tau), fitted
+        or fixed; ``generalized_binary``: the slab's sd over its mode, fixed
+        ("estimate" means 0.1). Grid families: the grid of sds (scale mixtures)
+        or half-widths (unimodal), or npmle's grid of atoms; "estimate" takes the
+        default grid (:func:`~ebfl.eb.normal_means.grid.default_scale_grid`).
+        ``deconvolver``: the spacing of its grid of atoms.
     g_init : NormalMeansPrior, optional
         With ``fix_g=True``: the prior to use as it is (only the posteriors are
         computed; e.g. another data set's fit).
@@ -211,14 +247,9 @@ def ebnm(x, s=1.0, prior_family="point_normal", mode=0.0, scale="estimate", g_in
     >>> fit.posterior.to_frame().columns.tolist()
     ['mean', 'sd', 'second_moment', 'lfsr', 'prob_zero']
     """
-    from ebfl._validation import check_choice
-
-    if isinstance(prior_family, str) and prior_family in NOT_YET:
-        raise NotImplementedError(f"prior_family {prior_family!r} is not available yet; "
-                                  f"choose one of {', '.join(FAMILIES)}")
-    check_choice(prior_family, "prior_family", FAMILIES)
+    check_prior_family(prior_family)
     x, s = _data_iv(x, s)
-    mode = _mode_iv(mode)
+    mode = _mode_iv(mode, prior_family)
     scale = _scale_iv(scale, prior_family)
     fix_g = check_bool(fix_g, "fix_g")
     tol = check_real_scalar(tol, "tol", low=0.0, high=1.0, low_open=True)
@@ -254,8 +285,8 @@ def ebnm(x, s=1.0, prior_family="point_normal", mode=0.0, scale="estimate", g_in
 def _flat_lfsr(x, s):
     from scipy import special
 
-    p_neg = special.ndtr(-x / s)
-    return np.minimum(p_neg, 1 - p_neg)
+    # Phi(-|x| / s), the smaller tail itself: 1 - Phi would round to 0 beyond 8 s
+    return special.ndtr(-np.abs(x) / s)
 
 
 def _alias(family):
@@ -281,3 +312,15 @@ ebnm_unimodal_nonpositive = _alias("unimodal_nonpositive")
 ebnm_npmle = _alias("npmle")
 ebnm_point_mass = _alias("point_mass")
 ebnm_flat = _alias("flat")
+ebnm_horseshoe = _alias("horseshoe")
+ebnm_deconvolver = _alias("deconvolver")
+
+
+def ebnm_generalized_binary(x, s=1.0, mode="estimate", scale=0.1, g_init=None, fix_g=False,
+                            **kwargs):
+    """``ebnm(x, s, prior_family="generalized_binary", ...)``: see :func:`ebnm`.
+
+    Here ``mode`` (the slab's) defaults to ``"estimate"`` and ``scale`` (the slab's sd
+    over its mode) to 0.1, as in R's ``ebnm_generalized_binary``.
+    """
+    return ebnm(x, s, "generalized_binary", mode, scale, g_init, fix_g, **kwargs)

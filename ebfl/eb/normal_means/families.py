@@ -1,30 +1,20 @@
 r"""Fitting each prior family of the normal-means model: x_i ~ N(theta_i, s_i^2), theta_i ~ g.
 
-Three kinds of fit, by the shape of the family:
+Four kinds of fit, by the shape of the family:
 
 * **Parametric** (``normal``, ``point_normal``, ``point_laplace``,
-  ``point_exponential``): the marginal log-likelihood is maximized over a few
-  parameters (the weight of the point mass, a scale, the mode when estimated)
-  by L-BFGS-B inside their box, from several starts; the best end point wins.
-  ``normal`` is the maximum-likelihood fit of :func:`ebfl.eb.gaussian_eb`, which
-  is certified on its own.
+  ``point_exponential``, and in their own modules ``horseshoe`` and
+  ``generalized_binary``): the marginal log-likelihood is maximized over a few
+  parameters (the weight of the point mass, a scale, the mode when estimated).
+  ``normal`` is the maximum-likelihood fit of :func:`ebfl.eb.gaussian_eb`,
+  which is certified on its own.
 * **Grid** (``normal_scale_mixture``, ``ash``, ``unimodal``,
   ``unimodal_symmetric``, ``unimodal_nonnegative``, ``unimodal_nonpositive``,
-  ``npmle``): g is a mixture of fixed components (normals of a grid of sds, or
-  uniforms of a grid of widths, around the mode; or atoms), and the weights
-  maximize the log-likelihood exactly, by :func:`ebfl.eb.mixsqp`, with its KKT
-  certificate. With ``mode="estimate"`` the mode is the best of a scan over
-  the quantiles of x (with 0 and the precision-weighted mean) refined by a
-  bounded search around the best, so the estimate is never below the fit at
-  any of those modes.
+  ``npmle``): mixtures of fixed components with KKT-certified weights
+  (:mod:`ebfl.eb.normal_means.grid`).
+* **Smooth** (``deconvolver``): Efron's penalized log-spline g
+  (:mod:`ebfl.eb.normal_means.deconvolver`).
 * **Fixed** (``point_mass``, ``flat``): nothing or only the mode to fit.
-
-``ash`` is the scale mixture of uniforms symmetric about the mode (ashr's
-default, so also ``unimodal_symmetric``). The default grid of scales runs
-geometrically, by the factor ``GRID_MULT`` (2^(1/8)), from a tenth of the
-smallest s to twice the largest excess spread sqrt(max((x - mode)^2 - s^2)):
-finer than any s can resolve at the bottom, wider than any observation asks for
-at the top (the idea of Stephens, 2017, "False discovery rates: a new deal").
 """
 
 from __future__ import annotations
@@ -34,44 +24,25 @@ import math
 import numpy as np
 from scipy import optimize, special
 
+from ebfl.eb.normal_means.grid import fit_grid
+from ebfl.eb.normal_means.modes import precision_mean as _precision_mean
 from ebfl.eb.normal_means.prior import NormalMeansPrior
 
-__all__ = ["FAMILIES", "GRID_FAMILIES", "PARAMETRIC_FAMILIES", "default_scale_grid",
+__all__ = ["FAMILIES", "GRID_FAMILIES", "PARAMETRIC_FAMILIES", "SMOOTH_FAMILIES",
            "fit_family"]
 
-PARAMETRIC_FAMILIES = ("normal", "point_normal", "point_laplace", "point_exponential")
+PARAMETRIC_FAMILIES = ("normal", "point_normal", "point_laplace", "point_exponential",
+                       "horseshoe", "generalized_binary")
 GRID_FAMILIES = ("normal_scale_mixture", "ash", "unimodal", "unimodal_symmetric",
                  "unimodal_nonnegative", "unimodal_nonpositive", "npmle")
+#: Efron's log-spline g on a grid of atoms: penalized, so neither parametric nor a
+#: mixture fitted by its KKT conditions.
+SMOOTH_FAMILIES = ("deconvolver",)
 FIXED_FAMILIES = ("point_mass", "flat")
-FAMILIES = PARAMETRIC_FAMILIES + GRID_FAMILIES + FIXED_FAMILIES
-
-
-#: The default grid's ratio between neighbouring scales. Measured against R's ebnm
-#: on sparse heavy-tailed heteroskedastic data (n = 1000): at sqrt(2) (24 scales) every
-#: unimodal family fell 0.2 to 2.8 nats below ebnm's fit; at 2^(1/8) (87) all of them
-#: were above it, and halving the ratio again gained under 0.1 nats.
-GRID_MULT = 2 ** (1 / 8)
-
-
-def default_scale_grid(x, s, mode, mult=GRID_MULT):
-    """The default grid of scales (sds or half-widths) of the grid families.
-
-    Returns 0 (the point mass at the mode) followed by a geometric sequence from
-    min(s) / 10 to 2 sqrt(max((x - mode)^2 - s^2)) by the factor ``mult``.
-    """
-    lo = float(np.min(s)) / 10
-    excess = float(np.max((x - mode) ** 2 - s**2))
-    hi = max(2 * math.sqrt(excess) if excess > 0 else 0.0, 8 * lo)
-    n = int(math.ceil(math.log(hi / lo) / math.log(mult))) + 1
-    return np.concatenate([[0.0], lo * mult ** np.arange(n)])
+FAMILIES = PARAMETRIC_FAMILIES + GRID_FAMILIES + SMOOTH_FAMILIES + FIXED_FAMILIES
 
 
 # ------------------------------------------------------------------ parametric families
-
-def _precision_mean(x, s, sd=0.0):
-    w = 1.0 / (s**2 + sd**2)
-    return float(np.sum(w * x) / np.sum(w))
-
 
 def _point_prior(family, pi0, scale, mode):
     """pi0 delta_mode + (1 - pi0) slab(mode, scale)."""
@@ -89,28 +60,70 @@ def _point_prior(family, pi0, scale, mode):
 _LOG_2PI = math.log(2 * math.pi)
 
 
+#: Below this t, log Phi(t) and the Mills ratio come from the asymptotic series (as in
+#: the Numba kernel, ``_kernels.TAIL``).
+_TAIL = -20.0
+
+
+def _tail_series(t):
+    """R(t) - 1 where Phi(t) = phi(t) / (-t) R(t), t <= _TAIL: the asymptotic series
+    sum_k (-1)^k (2k - 1)!! / t^(2k) (its terms fall below 1e-17 by k = 12 at |t| >= 20)."""
+    u = 1.0 / (t * t)
+    term = np.ones_like(t)
+    total = np.zeros_like(t)
+    for k in range(1, 40):
+        term = term * (-(2 * k - 1) * u)
+        total = total + term
+        if t.size == 0 or np.max(np.abs(term)) < 1e-17:
+            break
+    return total
+
+
 def _mills(t, log_cdf):
-    """phi(t) / Phi(t) from log Phi(t), without overflow in either tail."""
-    return np.exp(-0.5 * t * t - 0.5 * _LOG_2PI - log_cdf)
+    """lambda = phi(t) / Phi(t) and kappa = t + lambda (both > 0) from log Phi(t), without
+    overflow in either tail, nor cancellation in kappa where t -> -inf (lambda ~ -t):
+    there both come from the asymptotic series of Phi."""
+    lam = np.exp(-0.5 * t * t - 0.5 * _LOG_2PI - log_cdf)
+    kappa = t + lam
+    tail = t <= _TAIL
+    if np.any(tail):
+        tt = t[tail]
+        r1 = _tail_series(tt)
+        lam[tail] = -tt / (1.0 + r1)
+        kappa[tail] = tt * r1 / (1.0 + r1)
+    return lam, kappa
 
 
 def _slab(family, z, s, scale):
     """log of the slab's marginal density at z = x - mode, and its derivatives with
-    respect to log(scale) and to the mode."""
+    respect to log(scale) and to the mode.
+
+    The exponential slab at t = z / s - a, a = s / b: log f = -log b + a^2 / 2 - z / b
+    + log Phi(t); d/d log b = -1 + a kappa(t) and d/d mode = (z / s - kappa(t)) / s
+    (kappa = t + phi(t) / Phi(t)), which cancel no large terms. Where t <= _TAIL,
+    log Phi(t) = -t^2 / 2 - log(-t) - log(2 pi) / 2 + log R(t), and the a^2 terms
+    cancel on paper: log f = -log b - (z / s)^2 / 2 - log(-t) - log(2 pi) / 2 + log R(t).
+    """
     if family == "point_normal":
         v = s**2 + scale**2
         logf = -0.5 * (_LOG_2PI + np.log(v) + z**2 / v)
         return logf, scale**2 * (z**2 / v**2 - 1 / v), z / v
     b = scale
+    a = s / b
     parts = []
     for sign in ((1.0, -1.0) if family == "point_laplace" else (1.0,)):
-        zz = sign * z
-        t = zz / s - s / b
+        zs = sign * z / s
+        t = zs - a
         log_cdf = special.log_ndtr(t)  # the costly part: once for the density and its slope
-        lam = _mills(t, log_cdf)
-        logf = -math.log(b) + s**2 / (2 * b * b) - zz / b + log_cdf
-        d_logb = -1.0 - s**2 / (b * b) + zz / b + lam * s / b
-        d_mode = sign * (1.0 / b - lam / s)
+        lam, kappa = _mills(t, log_cdf)
+        logf = -math.log(b) + a * (0.5 * a - zs) + log_cdf
+        tail = t <= _TAIL
+        if np.any(tail):
+            tt = t[tail]
+            logf[tail] = (-math.log(b) - 0.5 * zs[tail] ** 2 - np.log(-tt) - 0.5 * _LOG_2PI
+                          + np.log1p(_tail_series(tt)))
+        d_logb = -1.0 + a * kappa
+        d_mode = sign * (zs - kappa) / s
         parts.append((logf, d_logb, d_mode))
     if len(parts) == 1:
         return parts[0]
@@ -123,7 +136,9 @@ def _slab(family, z, s, scale):
 
 def _point_objective(family, x, s, fit_scale, fit_mode, scale, mode):
     """The negative log-likelihood of pi0 delta + (1 - pi0) slab and its gradient in
-    v = (pi0, [log scale], [mode])."""
+    v = (pi0, [log scale], [mode]), in numpy: the twin of the Numba kernel that the fit
+    uses (``_kernels.point_nll``, :class:`_PointObjective`), which must match it
+    (tests/test_ebnm_kernels.py)."""
     log_point_const = -0.5 * (_LOG_2PI + 2 * np.log(s))
 
     def fun(v):
@@ -138,9 +153,13 @@ def _point_objective(family, x, s, fit_scale, fit_mode, scale, mode):
             a1 = l1 + math.log1p(-pi0) if pi0 < 1 else np.full(x.size, -np.inf)
         lm = np.logaddexp(a0, a1)
         r0, r1 = np.exp(a0 - lm), np.exp(a1 - lm)
-        # f0 / mix can exceed any double where pi0 -> 0 and the point explains x far
+        # f0 / mix = r0 / pi0 and f1 / mix = r1 / (1 - pi0), not exp(l0 - lm): a
+        # difference of log densities of 1e12 (|x| / s ~ 1e6) is off by 1e-4. At pi0 = 0
+        # (below 1e-300) f0 / mix can exceed any double where the point explains x far
         # better than the slab: capped, the step still points the right way.
-        grad = [-np.sum(np.exp(np.minimum(l0 - lm, 700.0)) - np.exp(np.minimum(l1 - lm, 700.0)))]
+        q0 = r0 / pi0 if pi0 >= 1e-300 else np.exp(np.minimum(l0 - lm, 700.0))
+        q1 = r1 / (1 - pi0) if pi0 < 1 else np.exp(np.minimum(l1 - lm, 700.0))
+        grad = [-np.sum(q0 - q1)]
         if fit_scale:
             grad.append(-np.sum(r1 * d1_logb))
         if fit_mode:
@@ -150,53 +169,225 @@ def _point_objective(family, x, s, fit_scale, fit_mode, scale, mode):
     return fun
 
 
+#: The parallel kernel or the serial one (their results are equal to the last bit).
+#: With more than _MIN_THREADS Numba threads, both are timed on the first evaluation
+#: of an objective of at least ``_kernels.PARALLEL_MIN`` observations, and the
+#: parallel one serves that objective and the next _RETIME only where it took under
+#: _PARALLEL_GAIN of the serial time; with fewer, the serial one serves. On a loaded
+#: machine a parallel pass can wait milliseconds for a thread to be scheduled
+#: (measured: 24 ms against 1.8 ms serial, n = 10^5, 2 busy cores, OpenMP threading
+#: layer with active waiting; and a fit's timing of the two did not predict its later
+#: passes): with 2 threads the best case halves a pass of ~2 ms, the worst multiplies
+#: it by ten.
+_KERNEL_CHOICE = {"parallel": None, "left": 0}
+_RETIME = 32
+_PARALLEL_GAIN = 0.6
+_MIN_THREADS = 2
+
+#: Newton's method stops where its step's predicted decrease g' H^-1 g / 2 is below
+#: this times 1 + |f|.
+_NEWTON_TOL = 1e-14
+
+
+class _PointObjective:
+    """The Numba twin of :func:`_point_objective` on (a subsample of) the data, in
+    v = (pi0, [log scale], [mode]): ``fgh(v)`` -> (value, gradient, Hessian) (one fused
+    pass, ``_kernels.point_nll``), and ``newton`` (``_kernels.newton``: every
+    iteration in Numba)."""
+
+    def __init__(self, family, x, s, fit_scale, fit_mode, scale, mode):
+        import numba
+
+        from ebfl.eb.normal_means import _kernels
+
+        self._k = _kernels
+        self.args = (_kernels.KINDS[family], np.ascontiguousarray(x, dtype=float),
+                     np.ascontiguousarray(s, dtype=float))
+        self.args += (np.log(self.args[2]),)
+        self.fixed = (fit_scale, fit_mode, 1.0 if fit_scale else float(scale),
+                      0.0 if fit_mode else float(mode))
+        self.parallel = False
+        if x.size >= _kernels.PARALLEL_MIN and numba.get_num_threads() > _MIN_THREADS:
+            choice = _KERNEL_CHOICE
+            if choice["parallel"] is not None and choice["left"] > 0:
+                choice["left"] -= 1
+                self.parallel = choice["parallel"]
+            else:
+                self.parallel = None  # timed on the first evaluation
+
+    def fgh(self, v):
+        v = np.asarray(v, dtype=float)
+        if self.parallel is None:
+            import time
+
+            seconds = []
+            for parallel in (True, False):
+                start = time.perf_counter()
+                out = self._k.objective(*self.args, v, *self.fixed, parallel)
+                seconds.append(time.perf_counter() - start)
+            self.parallel = bool(seconds[0] < _PARALLEL_GAIN * seconds[1])
+            _KERNEL_CHOICE.update(parallel=self.parallel, left=_RETIME)
+            return out
+        return self._k.objective(*self.args, v, *self.fixed, self.parallel)
+
+    def newton(self, v, lower, upper, tol=_NEWTON_TOL, known=None, sep=None):
+        """Projected Newton from v (``_kernels.newton``): (v, f, grad, n_iter, status)."""
+        v = np.asarray(v, dtype=float)
+        d = v.size
+        start = (np.array([np.nan]), np.zeros(d), np.zeros((d, d)))
+        if self.parallel is None:
+            f, g, h = self.fgh(v)
+            start = (np.array([f]), g, h)
+        return self._k.newton(*self.args, np.clip(v, lower, upper), lower, upper,
+                              *self.fixed, self.parallel, tol, 50, start,
+                              np.zeros((0, d)) if known is None else known,
+                              np.zeros(d) if sep is None else sep)
+
+
+def _projected(v, grad, lower, upper):
+    """The gradient without the components that push v out of its box."""
+    return np.where((v <= lower) & (grad > 0) | (v >= upper) & (grad < 0), 0.0, grad)
+
+
+#: Observations in the deterministic subsample on which the multi-start search finds
+#: the basin of the optimum (larger n: the basin's optimum is then polished by Newton's
+#: method on subsamples _SAMPLE_GROWTH times larger, then on all of the data).
+_BASIN_SAMPLE = 2048
+_SAMPLE_GROWTH = 8
+
+
+def _subsamples(n):
+    """Index arrays of the nested ladder of evenly strided subsamples of range(n): sizes
+    _BASIN_SAMPLE, 8 times that, ... while at most n / 4 (none for n <= 4 _BASIN_SAMPLE).
+    Strided, a subsample of sorted data still spans it."""
+    out = []
+    m = _BASIN_SAMPLE
+    while 4 * m <= n:
+        out.append(((np.arange(m) + 0.5) * (n / m)).astype(np.intp))
+        m *= _SAMPLE_GROWTH
+    return out
+
+
+def _lbfgsb(fgh, v, bounds):
+    """L-BFGS-B from v (the fallback where Newton's method fails): (v, f, grad, n_iter,
+    converged by L-BFGS-B's own test)."""
+    res = optimize.minimize(lambda u: fgh(u)[:2], v, jac=True, method="L-BFGS-B",
+                            bounds=bounds, options={"maxiter": 1000, "ftol": 1e-13,
+                                                    "gtol": 1e-9})
+    return res.x, float(res.fun), fgh(res.x)[1], int(res.nit), bool(res.success)
+
+
+def _local_optimum(objective, v, lower, upper, bounds, tol=_NEWTON_TOL, known=None,
+                   sep=None):
+    """Projected Newton from v (``_PointObjective.newton``), then L-BFGS-B from its end
+    where it failed (the better end point): (v, f, grad, n_iter, ok); ok None: merged
+    into a basin of ``known`` (see ``_kernels.newton``)."""
+    k = objective._k
+    v, f, grad, n_iter, status = objective.newton(v, lower, upper, tol, known, sep)
+    if status == k.MERGED:
+        return v, f, grad, n_iter, None
+    ok = status == k.CONVERGED
+    if not ok:
+        v2, f2, grad2, n2, ok2 = _lbfgsb(objective.fgh, v, bounds)
+        n_iter += n2
+        if f2 <= f:
+            v, f, grad, ok = v2, f2, grad2, ok2
+    return v, f, grad, n_iter, ok
+
+
 def _fit_point(family, x, s, mode, scale):
     """Maximize the log-likelihood of pi0 delta + (1 - pi0) slab over pi0 (and the
-    scale and the mode when they are estimated), with analytic gradients, from
-    several starts; the best end point wins."""
+    scale and the mode when they are estimated), with analytic gradients and Hessians.
+
+    Projected Newton (``_kernels.newton``; L-BFGS-B where it fails) from several
+    starts on the data (from 4 ``_BASIN_SAMPLE`` observations on: on an evenly strided
+    subsample of ``_BASIN_SAMPLE``) finds the basins; there the best end point (and any
+    distinct one whose subsample log-likelihood is close) is polished the same way on
+    ever larger subsamples (:func:`_subsamples`), then on all the data. The best end
+    point wins."""
     spread = math.sqrt(max(float(np.var(x)), float(np.min(s)) ** 2))
     span = float(np.max(np.abs(x))) + spread
     lo_log, hi_log = math.log(float(np.min(s)) * 1e-3), math.log(10 * span + 1e-300)
     fit_scale, fit_mode = isinstance(scale, str), isinstance(mode, str)
     x_lo, x_hi = float(np.min(x)), float(np.max(x))
-    fun = _point_objective(family, x, s, fit_scale, fit_mode, scale, mode)
+    picks = _subsamples(x.size)
+    ladder = [_PointObjective(family, x[pick], s[pick], fit_scale, fit_mode, scale, mode)
+              for pick in picks]
+    ladder.append(_PointObjective(family, x, s, fit_scale, fit_mode, scale, mode))
     bounds = [(0.0, 1.0)]
     if fit_scale:
         bounds.append((lo_log, hi_log))
     if fit_mode:
         bounds.append((x_lo, x_hi))
+    lower, upper = np.array(bounds).T
     starts = []
+    log_spread = [min(max(math.log(spread), lo_log), hi_log)] if fit_scale else []
+    # (the median, then the other quantiles: one partition of x, or of the subsample
+    # where the starts run)
+    quantiles = (np.quantile(x[picks[0]] if picks else x, [0.5, 0.1, 0.25, 0.75, 0.9])
+                 if fit_mode else [])
     for pi0, sc in ((0.5, spread), (0.5, spread / 10), (0.5, 3 * spread), (0.1, spread),
                     (0.9, spread)):
         v = [pi0] + ([min(max(math.log(sc), lo_log), hi_log)] if fit_scale else [])
         if fit_mode:
-            v.append(min(max(float(np.median(x)), x_lo), x_hi))
+            v.append(min(max(float(quantiles[0]), x_lo), x_hi))
         if v not in starts:
             starts.append(v)
-    best, ends = None, []
-    for v0 in starts:
-        res = optimize.minimize(fun, v0, jac=True, method="L-BFGS-B", bounds=bounds,
-                                options={"maxiter": 1000, "ftol": 1e-13, "gtol": 1e-9})
-        ends.append(res)
-        if best is None or res.fun < best.fun:
-            best = res
-    # L-BFGS-B can end a start ABNORMAL in its line search at the optimum (no decrease
-    # left at double precision). The fit has converged when its projected gradient is
-    # small, or when a start that converged by L-BFGS-B's own test ends at its value.
-    v = best.x
-    lower, upper = np.array(bounds).T
-    grad = fun(v)[1]
-    projected = np.where((v <= lower) & (grad > 0) | (v >= upper) & (grad < 0), 0.0, grad)
-    converged = bool(best.success or np.max(np.abs(projected)) <= 1e-6 * (1 + abs(best.fun))
-                     or any(r.success and r.fun <= best.fun + 1e-10 * (1 + abs(best.fun))
-                            for r in ends))
+    if fit_mode:
+        # The log-likelihood need not be unimodal in the mode (bimodal data): one more
+        # start at each of a few quantiles of x, and at 0 (the default fixed mode).
+        for md in (*quantiles[1:], 0.0):
+            v = [0.5, *log_spread, min(max(float(md), x_lo), x_hi)]
+            if v not in starts:
+                starts.append(v)
+    # Distinct basins: end points farther apart than sep in some coordinate.
+    sep = np.array([0.02, 0.05, 0.02 * spread])[[0] + ([1] if fit_scale else [])
+                                                 + ([2] if fit_mode else [])]
+    ends = []
+    if len(ladder) > 1:
+        # On a subsample only the basins matter (the next rungs polish): a looser stop,
+        # and a start whose path comes within sep of an end point found before is
+        # in that basin, and stopped.
+        for v0 in starts:
+            known = np.array([r[0] for r in ends]).reshape(len(ends), len(v0))
+            r = _local_optimum(ladder[0], v0, lower, upper, bounds, 1e-6, known, sep)
+            if r[4] is not None:
+                ends.append(r)
+    else:
+        ends = [_local_optimum(ladder[0], v0, lower, upper, bounds) for v0 in starts]
+    ends.sort(key=lambda r: r[1])
+    if len(ladder) > 1:
+        # The subsample's log-likelihoods differ from the data's by sampling noise of
+        # order sqrt(sample size): distinct basins that close are all polished (up to 3).
+        margin = 2.0 * math.sqrt(_BASIN_SAMPLE)
+        candidates = []
+        for r in ends:
+            if r[1] <= ends[0][1] + margin and len(candidates) < 3 and not any(
+                    np.all(np.abs(r[0] - c[0]) <= sep) for c in candidates):
+                candidates.append(r)
+        for objective in ladder[1:]:
+            polished = []
+            for r in candidates:
+                v, f, grad, n_iter, ok = _local_optimum(objective, r[0], lower, upper,
+                                                        bounds)
+                polished.append((v, f, grad, r[3] + n_iter, ok))
+            candidates = polished
+        ends = sorted(candidates, key=lambda r: r[1])
+    v, f, grad, n_iter, ok = ends[0]
+    # The fit has converged when Newton's model promised no further decrease, or the
+    # projected gradient is small (L-BFGS-B can end ABNORMAL in its line search at the
+    # optimum: no decrease left at double precision), or a start that converged ends
+    # at its value.
+    projected = _projected(v, grad, lower, upper)
+    converged = bool(ok or np.max(np.abs(projected)) <= 1e-6 * (1 + abs(f))
+                     or any(r[4] and r[1] <= f + 1e-10 * (1 + abs(f)) for r in ends))
     pi0 = min(max(float(v[0]), 0.0), 1.0)
     sc = math.exp(v[1]) if fit_scale else scale
     md = float(v[-1]) if fit_mode else mode
     at_bound = bool(pi0 in (0.0, 1.0) or (fit_scale and (v[1] <= lo_log + 1e-9
                                                          or v[1] >= hi_log - 1e-9)))
     return _point_prior(family, pi0, sc, md), {"converged": converged,
-                                                "at_bound": at_bound, "n_iter": int(best.nit),
+                                                "at_bound": at_bound, "n_iter": int(n_iter),
                                                 "mode": md}
 
 
@@ -221,159 +412,6 @@ def _fit_normal(x, s, mode, scale):
         "converged": True, "at_bound": sd == 0.0, "n_iter": 0, "mode": md}
 
 
-# ------------------------------------------------------------------------ grid families
-
-def _grid_components(family, mode, scales):
-    """(kinds, a, b) of the fixed components of a grid family around ``mode``."""
-    pos = scales[scales > 0]
-    point = (["normal"], [mode], [0.0]) if np.any(scales == 0) else ([], [], [])
-    if family == "normal_scale_mixture":
-        return (point[0] + ["normal"] * pos.size, point[1] + [mode] * pos.size,
-                point[2] + list(pos))
-    kinds, a, b = list(point[0]), list(point[1]), list(point[2])
-    if family in ("unimodal", "unimodal_nonnegative"):
-        kinds += ["uniform"] * pos.size
-        a += [mode] * pos.size
-        b += list(mode + pos)
-    if family in ("unimodal", "unimodal_nonpositive"):
-        kinds += ["uniform"] * pos.size
-        a += list(mode - pos)
-        b += [mode] * pos.size
-    if family in ("unimodal_symmetric", "ash"):
-        kinds += ["uniform"] * pos.size
-        a += list(mode - pos)
-        b += list(mode + pos)
-    return kinds, np.array(a, float), np.array(b, float)
-
-
-def _fit_grid_weights(family, x, s, mode, scales, tol, start=None):
-    from ebfl.eb.mixture_weights import mixsqp
-
-    kinds, a, b = _grid_components(family, mode, scales)
-    template = NormalMeansPrior(np.full(len(kinds), 1 / len(kinds)), kinds, a, b, family)
-    sol = mixsqp(template.log_component_density(x, s), log=True, tol=tol, start=start)
-    weights = np.where(sol.weights > 0, sol.weights, 0.0)
-    g = NormalMeansPrior(weights / weights.sum(), kinds, a, b, family)
-    return g, {"converged": bool(sol.converged), "kkt": float(sol.kkt),
-               "log_likelihood_gap_bound": float(sol.log_likelihood_gap_bound),
-               "n_iter": int(sol.n_iter), "at_bound": False, "mode": float(mode),
-               "log_likelihood": float(sol.log_likelihood)}
-
-
-def _component_scales(family, g):
-    """The grid scale each component of a grid prior was built from (0: the point)."""
-    kinds = np.array(g.kinds)
-    if family == "normal_scale_mixture":
-        return g.b.copy()
-    width = np.where(kinds == "uniform", g.b - g.a, 0.0)
-    return width / 2 if family in ("unimodal_symmetric", "ash") else width
-
-
-def _refined(family, x, s, mode, scales, tol, fit):
-    """Refine the grid where the fit puts its weight: scales a factor mult^(1/2),
-    mult^(1/4), ... on either side of every scale with weight are added and the weights
-    refitted, while the log-likelihood still rises by more than 1e-6 nats.
-
-    On a fixed geometric grid the optimum depends on where the grid happens to fall: at
-    2^(1/8) the fit was 0.006 to 0.7 nats below R's ebnm on its own grid on some data
-    (n = 300 to 10^5), although above it on most. Halving the spacing around the active
-    scales recovers that loss and more, at a few extra columns."""
-    g, diag = fit
-    for level in range(1, 5):
-        active = _component_scales(family, g)[g.weights > 0]
-        active = active[active > 0]
-        if active.size == 0:
-            break
-        step = GRID_MULT ** (0.5**level)
-        more = np.unique(np.concatenate([active * step, active / step]))
-        new_scales = np.unique(np.concatenate([scales, more]))
-        if new_scales.size == scales.size:
-            break
-        # Warm start: the old components keep their weights (the new ones start at a
-        # trace of mass), so mix-SQP begins at the old optimum.
-        kinds, a, b = _grid_components(family, mode, new_scales)
-        old = {(k, ai, bi): w for k, ai, bi, w in zip(g.kinds, g.a, g.b, g.weights,
-                                                     strict=True)}
-        start = np.array([old.get((k, ai, bi), 0.0) for k, ai, bi in
-                          zip(kinds, a, b, strict=True)]) + 1e-6 / len(kinds)
-        g_new, diag_new = _fit_grid_weights(family, x, s, mode, new_scales, tol,
-                                            start=start)
-        gain = diag_new["log_likelihood"] - diag["log_likelihood"]
-        if gain < 0:
-            break
-        g, diag, scales = g_new, diag_new, new_scales
-        if gain <= 1e-6:
-            break
-    return g, {**diag, "grid_size": int(scales.size)}
-
-
-def _fit_grid(family, x, s, mode, scale, tol):
-    if family == "npmle":
-        return _fit_npmle(x, s, scale, tol)
-    default = isinstance(scale, str)
-    if not isinstance(mode, str):
-        scales = default_scale_grid(x, s, mode) if default else scale
-        fit = _fit_grid_weights(family, x, s, mode, scales, tol)
-        return _refined(family, x, s, mode, scales, tol, fit) if default else fit
-    # One grid for every candidate mode (the objective stays continuous in the mode):
-    # wide enough for a mode at either end of the data.
-    scales = default_scale_grid(x, s, float(np.min(x))) if default else scale
-    fits = {}
-
-    def negll(md):
-        md = float(md)
-        if md not in fits:
-            # Warm start from the last fit, with every column kept alive (a neighbouring
-            # mode's optimum is close; mix-SQP only needs a positive start).
-            last = next(reversed(fits.values()))[0].weights if fits else None
-            start = None if last is None else 0.999 * last + 0.001 / last.size
-            fits[md] = _fit_grid_weights(family, x, s, md, scales, tol, start=start)
-        return -fits[md][1]["log_likelihood"]
-
-    # The log-likelihood need not be unimodal in the mode (bimodal data): a coarse scan
-    # over the quantiles of x (and 0 and the precision-weighted mean) finds the best
-    # basin, and a bounded search between the scan's neighbours refines it.
-    lo, hi = float(np.min(x)), float(np.max(x))
-    scan = np.unique(np.concatenate([np.quantile(x, np.linspace(0, 1, 21)),
-                                     [0.0, _precision_mean(x, s)]]))
-    for md in scan:
-        negll(md)
-    if hi > lo:
-        best = min(fits, key=negll)
-        i = int(np.searchsorted(scan, best))
-        left, right = scan[max(i - 1, 0)], scan[min(i + 1, scan.size - 1)]
-        if right > left:
-            res = optimize.minimize_scalar(negll, bounds=(left, right), method="bounded",
-                                           options={"xatol": 1e-6 * (hi - lo + 1)})
-            negll(res.x)
-    best = min(fits, key=negll)
-    return _refined(family, x, s, best, scales, tol, fits[best]) if default else fits[best]
-
-
-def _fit_npmle(x, s, scale, tol):
-    from ebfl.eb.npmle import npmle_normal
-
-    grid, n_grid = None, 300
-    if isinstance(scale, str):
-        # Atoms a quarter of the smallest s apart (300 to 1000 of them): at 300
-        # equally spaced atoms the fit fell 0.02 nats below R's ebnm on data spanning
-        # 150 smallest-s; at a quarter-s spacing it is above. Capped at 1000: mix-SQP's
-        # Hessian on a wide active set costs n k^2 (14 s at n = 3153, k = 1000 here).
-        span = float(np.max(x) - np.min(x)) / float(np.min(s))
-        n_grid = int(min(max(300, math.ceil(4 * span)), 1000))
-    else:
-        grid = scale
-    fit = npmle_normal(x, s, grid=grid, n_grid=n_grid, tol=tol)
-    keep = fit.weights > 0
-    atoms = fit.grid[keep]
-    g = NormalMeansPrior(fit.weights[keep] / fit.weights[keep].sum(),
-                         ["normal"] * atoms.size, atoms, np.zeros(atoms.size), "npmle")
-    return g, {"converged": bool(fit.converged), "kkt": float(fit.kkt),
-               "n_iter": int(fit.n_iter), "at_bound": False,
-               "log_likelihood_gap_bound": float(
-                   fit.diagnostics.get("log_likelihood_gap_bound", np.nan))}
-
-
 # ------------------------------------------------------------------------------- entry
 
 def fit_family(family, x, s, mode, scale, *, tol=1e-8):
@@ -381,9 +419,25 @@ def fit_family(family, x, s, mode, scale, *, tol=1e-8):
     if family in PARAMETRIC_FAMILIES:
         if family == "normal":
             return _fit_normal(x, s, mode, scale)
+        if family == "horseshoe":
+            from ebfl.eb.normal_means.horseshoe import fit_horseshoe
+
+            return fit_horseshoe(x, s, mode, scale)
+        if family == "generalized_binary":
+            from ebfl.eb.normal_means.generalized_binary import (
+                DEFAULT_RATIO,
+                fit_generalized_binary,
+            )
+
+            return fit_generalized_binary(x, s, mode,
+                                          DEFAULT_RATIO if isinstance(scale, str) else scale)
         return _fit_point(family, x, s, mode, scale)
+    if family == "deconvolver":
+        from ebfl.eb.normal_means.deconvolver import fit_deconvolver
+
+        return fit_deconvolver(x, s, scale)
     if family in GRID_FAMILIES:
-        return _fit_grid(family, x, s, mode, scale, tol)
+        return fit_grid(family, x, s, mode, scale, tol)
     md = _precision_mean(x, s) if isinstance(mode, str) else mode
     if family == "point_mass":
         return NormalMeansPrior([1.0], ["normal"], [md], [0.0], "point_mass"), {

@@ -1,16 +1,21 @@
 r"""Priors of the normal-means model as mixtures of simple components.
 
 Every prior family of :func:`ebfl.eb.ebnm` is a finite mixture
-g = sum_k w_k g_k of components of three kinds, each with two parameters (a, b):
+g = sum_k w_k g_k of components of four kinds, each with two parameters (a, b):
 
 * ``"normal"``: N(a, b^2), b >= 0 (b = 0: a point mass at a);
 * ``"uniform"``: uniform on [a, b], a < b;
 * ``"exp+"`` / ``"exp-"``: a + Exp(scale b) / a - Exp(scale b), b > 0 (a Laplace
-  component is the half-and-half mixture of the two).
+  component is the half-and-half mixture of the two);
+* ``"tnormal+"``: N(a, b^2) conditioned on theta >= 0, b > 0 (the slab of the
+  generalized binary prior).
 
 For x_i ~ N(theta_i, s_i^2) each component has a closed-form marginal density
 and a posterior that is a normal truncated to an interval, so the posterior
 under the mixture (:meth:`NormalMeansPrior.posterior`) is exact: no quadrature.
+(The horseshoe is not a finite mixture: it is represented by its quadrature in
+log lambda, a scale mixture of normals accurate to about 1e-10 relative; see
+:mod:`ebfl.eb.normal_means.horseshoe`.)
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from ebfl.eb.normal_means.truncated import log_normal_mass, truncated_normal_pie
 
 __all__ = ["KINDS", "NormalMeansPosterior", "NormalMeansPrior"]
 
-KINDS = ("normal", "uniform", "exp+", "exp-")
+KINDS = ("normal", "uniform", "exp+", "exp-", "tnormal+")
+#: Entries of the density matrix from which the Numba kernel computes it.
+_KERNEL_MIN = 20_000
 _LOG_2PI = np.log(2 * np.pi)
 
 
@@ -40,6 +47,10 @@ class NormalMeansPrior:
     a, b : ndarray (K,)
     family : str
         The prior family it was fitted as (for display).
+    parameters : dict, optional
+        The family's own parameters where they are fewer than the components'
+        (the horseshoe's ``scale``; the generalized binary's ``pi``, ``mode`` and
+        ``ratio``): shown by ``repr`` in place of the components.
     """
 
     weights: np.ndarray
@@ -47,6 +58,7 @@ class NormalMeansPrior:
     a: np.ndarray
     b: np.ndarray
     family: str = "mixture"
+    parameters: dict | None = None
 
     def __post_init__(self):
         w = np.array(self.weights, dtype=float, ndmin=1)
@@ -66,14 +78,18 @@ class NormalMeansPrior:
         if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
             raise ValueError("component parameters a and b must be finite")
         k = np.array(kinds)
-        if np.any(b[k == "normal"] < 0) or np.any(b[np.isin(k, ("exp+", "exp-"))] <= 0):
-            raise ValueError("normal components need sd b >= 0, exponential ones scale b > 0")
+        if np.any(b[k == "normal"] < 0) or np.any(b[np.isin(k, ("exp+", "exp-", "tnormal+"))]
+                                                  <= 0):
+            raise ValueError("normal components need sd b >= 0, exponential and truncated "
+                             "normal ones b > 0")
         if np.any(b[k == "uniform"] <= a[k == "uniform"]):
             raise ValueError("uniform components need a < b")
         for name, arr in (("weights", w / w.sum()), ("a", a), ("b", b)):
             arr.setflags(write=False)
             object.__setattr__(self, name, arr)
         object.__setattr__(self, "kinds", kinds)
+        if self.parameters is not None:
+            object.__setattr__(self, "parameters", dict(self.parameters))
 
     # ---------------------------------------------------------------- the prior itself
     @property
@@ -87,8 +103,15 @@ class NormalMeansPrior:
 
     def _component_means(self):
         k = np.array(self.kinds)
-        return np.select([k == "normal", k == "uniform", k == "exp+"],
-                         [self.a, (self.a + self.b) / 2, self.a + self.b], self.a - self.b)
+        return np.select([k == "normal", k == "uniform", k == "exp+", k == "exp-"],
+                         [self.a, (self.a + self.b) / 2, self.a + self.b, self.a - self.b],
+                         self._tnormal_moments()[1])
+
+    def _tnormal_moments(self):
+        """(log mass, mean, var) of every component's N(a, b^2) on [0, inf) (those of
+        the ``tnormal+`` components; placeholders for the others)."""
+        b = np.where(self.b > 0, self.b, 1.0)
+        return truncated_normal_pieces(self.a, b, 0.0, np.inf)[:3]
 
     def cdf(self, t):
         """G(t) = P(theta <= t), for an array of t."""
@@ -100,8 +123,13 @@ class NormalMeansPrior:
             uniform = np.clip((t - a) / (b - a), 0, 1)
             exp_pos = np.where(t >= a, -np.expm1(-(t - a) / b), 0.0)
             exp_neg = np.where(t >= a, 1.0, np.exp(np.minimum((t - a) / b, 0)))
-        comp = np.select([k == "normal", k == "uniform", k == "exp+"],
-                         [normal, uniform, exp_pos], exp_neg)
+            safe = np.where(b > 0, b, 1.0)
+            # P(0 <= N(a, b^2) <= t) / P(N(a, b^2) >= 0), in log space (no cancellation
+            # in the tails)
+            trunc = np.where(t > 0, np.exp(log_normal_mass(-a / safe, (t - a) / safe)
+                                           - log_normal_mass(-a / safe, np.inf)), 0.0)
+        comp = np.select([k == "normal", k == "uniform", k == "exp+", k == "exp-"],
+                         [normal, uniform, exp_pos, exp_neg], trunc)
         return comp @ self.weights
 
     def sample(self, size, rng=None):
@@ -112,10 +140,18 @@ class NormalMeansPrior:
         rng = as_generator(rng)
         comp = rng.choice(self.n_components, size=size, p=self.weights)
         a, b, k = self.a[comp], self.b[comp], np.array(self.kinds)[comp]
-        return np.select([k == "normal", k == "uniform", k == "exp+"],
-                         [a + b * rng.standard_normal(size), rng.uniform(a, np.maximum(b, a)),
-                          a + b * rng.standard_exponential(size)],
-                         a - b * rng.standard_exponential(size))
+        out = np.select([k == "normal", k == "uniform", k == "exp+"],
+                        [a + b * rng.standard_normal(size), rng.uniform(a, np.maximum(b, a)),
+                         a + b * rng.standard_exponential(size)],
+                        a - b * rng.standard_exponential(size))
+        trunc = k == "tnormal+"
+        if np.any(trunc):
+            from scipy import stats
+
+            lo = -a[trunc] / b[trunc]
+            out[trunc] = a[trunc] + b[trunc] * stats.truncnorm.rvs(lo, np.inf,
+                                                                  random_state=rng)
+        return out
 
     def to_frame(self):
         """The components as a pandas DataFrame (weight, kind, a, b)."""
@@ -125,7 +161,14 @@ class NormalMeansPrior:
                              "b": self.b})
 
     def describe(self, max_chars=300):
-        """The components with weight > 0 as text: ``0.64*normal(0, 0), 0.18*exp+(0, 2.15)``."""
+        """The prior as text: its family's parameters where it has them
+        (``horseshoe(scale=0.33, mode=0)``), else the components with weight > 0
+        (``0.64*point(0) + 0.18*exp+(0, 2.15)``)."""
+        if self.parameters is not None:
+            shown = ", ".join(f"{k}={v:.4g}" for k, v in self.parameters.items())
+            if self.family == "horseshoe":
+                shown += f", mode={self.a[0]:.4g}"
+            return f"{self.family}({shown})"
         shown = " + ".join(
             f"{w:.3g}*point({a:.3g})" if kind == "normal" and b == 0 else
             f"{w:.3g}*{kind}({a:.3g}, {b:.3g})"
@@ -134,6 +177,8 @@ class NormalMeansPrior:
         return shown if len(shown) <= max_chars else shown[:max_chars] + " ..."
 
     def __repr__(self):
+        if self.parameters is not None:
+            return f"NormalMeansPrior({self.describe()}; {self.n_components} components)"
         return (f"NormalMeansPrior(family={self.family!r}, {self.n_components} components: "
                 f"{self.describe()})")
 
@@ -141,11 +186,23 @@ class NormalMeansPrior:
         """The same prior without its components of weight 0."""
         keep = self.weights > 0
         return NormalMeansPrior(self.weights[keep], tuple(np.array(self.kinds)[keep]),
-                                self.a[keep], self.b[keep], self.family)
+                                self.a[keep], self.b[keep], self.family, self.parameters)
 
     # -------------------------------------------------------- likelihood and posterior
     def log_component_density(self, x, s):
         """log of each component's marginal density of x_i ~ N(theta_i, s_i^2), (n, K)."""
+        x, s = np.broadcast_arrays(np.asarray(x, float), np.asarray(s, float))
+        if x.size * self.n_components >= _KERNEL_MIN:
+            from ebfl.eb.normal_means._grid_kernels import log_component_matrix
+
+            codes = np.array([KINDS.index(k) for k in self.kinds], dtype=np.int64)
+            return log_component_matrix(np.ascontiguousarray(x), np.ascontiguousarray(s),
+                                        codes, self.a, self.b)
+        return self._log_component_density_numpy(x, s)
+
+    def _log_component_density_numpy(self, x, s):
+        """:meth:`log_component_density` in numpy: the Numba kernel's twin (and the path of
+        small problems, where compiling would cost more than it saves)."""
         x = np.asarray(x, float)[:, None]
         s = np.asarray(s, float)[:, None]
         a, b, k = self.a[None], self.b[None], np.array(self.kinds)[None]
@@ -158,6 +215,12 @@ class NormalMeansPrior:
                 out[:, cols] = -0.5 * (_LOG_2PI + np.log(var) + (x - ac) ** 2 / var)
             elif kind == "uniform":
                 out[:, cols] = log_normal_mass((ac - x) / s, (bc - x) / s) - np.log(bc - ac)
+            elif kind == "tnormal+":
+                # N(x; a, s^2 + b^2) P(theta >= 0 | x, untruncated) / P(theta >= 0)
+                var = s**2 + bc**2
+                m, sd = _normal_posterior(x, s, ac, bc)
+                out[:, cols] = (-0.5 * (_LOG_2PI + np.log(var) + (x - ac) ** 2 / var)
+                                + special.log_ndtr(m / sd) - special.log_ndtr(ac / bc))
             else:
                 sign = 1.0 if kind == "exp+" else -1.0
                 z = sign * (x - ac)
@@ -186,6 +249,9 @@ class NormalMeansPrior:
             elif kind == "uniform":
                 mean[:, cols], sd[:, cols] = x, np.broadcast_to(s, (shape[0], cols.size))
                 lo[:, cols], hi[:, cols] = ac, bc
+            elif kind == "tnormal+":
+                mean[:, cols], sd[:, cols] = _normal_posterior(x, s, ac, bc)
+                lo[:, cols] = 0.0
             else:
                 sign = 1.0 if kind == "exp+" else -1.0
                 mean[:, cols] = x - sign * s**2 / bc
@@ -212,11 +278,31 @@ class NormalMeansPrior:
             # Components without weight have no posterior weight either: a fitted grid
             # prior keeps a few of its hundreds of components, and only those are needed.
             return self.active().posterior(x, s)
+        x, s = np.broadcast_arrays(np.asarray(x, float), np.asarray(s, float))
+        fields = ("mean", "sd", "second_moment", "lfsr", "prob_zero", "log_marginal")
+        block = self._block_rows()
+        if x.size > block:
+            # Row blocks: the temporaries are (rows, components) arrays, a dozen of them;
+            # at n = 10^7 whole they would need tens of GB.
+            parts = [self._posterior_arrays(x[i:i + block], s[i:i + block])
+                     for i in range(0, x.size, block)]
+            arrays = [np.concatenate([p[k] for p in parts]) for k in range(len(fields))]
+        else:
+            arrays = self._posterior_arrays(x, s)
+        return NormalMeansPosterior(**dict(zip(fields, arrays, strict=True)), _prior=self,
+                                    _data=(x, s))
+
+    def _block_rows(self):
+        """Rows per block of the posterior and likelihood: about 2 * 10^6 entries."""
+        return max(1, 2_000_000 // self.n_components)
+
+    def _posterior_arrays(self, x, s):
+        """(mean, sd, second moment, lfsr, P(0), log marginal) of rows x, s."""
         resp, log_marg = self._responsibilities(x, s)
         m, sd, lo, hi = self._posterior_pieces(x, s)
         # P(theta > 0) of each piece is its own mass, not 1 - P(< 0): the lfsr of a
         # negative effect has the relative accuracy of a positive one.
-        _, first, var_k, below, above = truncated_normal_pieces(m, sd, lo, hi)
+        first, var_k, below, above = _piece_moments(m, sd, lo, hi)
         at_zero = ((sd == 0) & (m == 0)).astype(float)
         mean = np.sum(resp * first, axis=1)
         second_moment = np.sum(resp * (first**2 + var_k), axis=1)
@@ -227,10 +313,7 @@ class NormalMeansPrior:
         # posterior sd is far below |mean|.
         var = np.sum(resp * (var_k + (first - mean[:, None]) ** 2), axis=1)
         lfsr = np.minimum(p_neg + p_zero, p_pos + p_zero)
-        return NormalMeansPosterior(mean=mean, sd=np.sqrt(var), second_moment=second_moment,
-                                    lfsr=np.clip(lfsr, 0.0, 1.0), prob_zero=p_zero,
-                                    log_marginal=log_marg, _prior=self,
-                                    _data=(np.asarray(x, float), np.asarray(s, float)))
+        return mean, np.sqrt(var), second_moment, np.clip(lfsr, 0.0, 1.0), p_zero, log_marg
 
     def _log_joint(self, x, s):
         """log w_k + log of component k's marginal density at x_i, shape (n, K)."""
@@ -245,7 +328,43 @@ class NormalMeansPrior:
 
     def log_likelihood(self, x, s):
         """sum_i log of the marginal density of x_i under this prior."""
-        return float(np.sum(special.logsumexp(self._log_joint(x, s), axis=1)))
+        x, s = np.broadcast_arrays(np.asarray(x, float), np.asarray(s, float))
+        block = self._block_rows()
+        return float(sum(np.sum(special.logsumexp(self._log_joint(x[i:i + block],
+                                                                  s[i:i + block]), axis=1))
+                         for i in range(0, max(x.size, 1), block)))
+
+
+def _piece_moments(m, sd, lo, hi):
+    """(mean, variance, P(< 0), P(> 0)) of every piece N(m, sd^2) on [lo, hi], (n, K).
+
+    Columns untruncated on every row (normal components) take the plain normal's
+    moments and Phi(-+m / sd): the general truncated formulas cost five times as much
+    and a scale mixture (the horseshoe's) has hundreds of such columns.
+    """
+    plain = np.all(np.isneginf(lo) & np.isposinf(hi), axis=0)
+    if not np.any(plain):
+        return truncated_normal_pieces(m, sd, lo, hi)[1:]
+    first, var = m.copy(), sd**2
+    below, above = np.empty_like(m), np.empty_like(m)
+    mp, sp = m[:, plain], sd[:, plain]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(sp > 0, mp / np.where(sp > 0, sp, 1.0), np.sign(mp) * np.inf)
+    # a point mass (sd 0) at m: P(< 0) = [m < 0], P(> 0) = [m > 0] (z = -+inf, or 0 at 0)
+    below[:, plain] = np.where((sp == 0) & (mp == 0), 0.0, special.ndtr(-z))
+    above[:, plain] = np.where((sp == 0) & (mp == 0), 0.0, special.ndtr(z))
+    rest = ~plain
+    if np.any(rest):
+        _, f, v, b, a = truncated_normal_pieces(m[:, rest], sd[:, rest], lo[:, rest],
+                                                hi[:, rest])
+        first[:, rest], var[:, rest], below[:, rest], above[:, rest] = f, v, b, a
+    return first, var, below, above
+
+
+def _normal_posterior(x, s, a, b):
+    """Mean and sd of theta | x for theta ~ N(a, b^2), b > 0, x ~ N(theta, s^2)."""
+    var = s**2 + b**2
+    return (x * b**2 + a * s**2) / var, s * b / np.sqrt(var)
 
 
 @dataclass(frozen=True)
