@@ -1,4 +1,4 @@
-"""Numba kernels of the normal-means priors' component densities (private: no validation).
+"""Numba kernels of the normal-means priors (private: no validation).
 
 ``log_component_matrix`` fills the (n, K) matrix of log marginal densities of
 x_i ~ N(theta_i, s_i^2) under each component (normal, uniform, exponential,
@@ -9,6 +9,11 @@ truncated normal), the costliest step of every grid fit (10^5 observations by
 (``tests/test_ebnm_kernels.py``). Each entry is computed on its own, so the
 result does not depend on the number of threads. No fastmath: the log Phi tails
 are sums of terms of alternating sign (see :func:`~._kernels.log_ndtr`).
+
+``certificate_sums`` is the one-pass KKT certificate of a grid fit on the data
+(twin: ``grid._certificate_numpy``); ``posterior_rows`` every row's posterior
+(twin: ``NormalMeansPrior._posterior_arrays_numpy``), which flags the rows
+whose truncated pieces need the numpy path's quadrature.
 """
 
 import math
@@ -25,6 +30,7 @@ NORMAL, UNIFORM, EXP_POS, EXP_NEG, TNORMAL_POS = 0, 1, 2, 3, 4
 _ROWS = 256
 
 _LOG_2PI = math.log(2.0 * math.pi)
+_SQRT1_2 = math.sqrt(0.5)
 
 
 @njit(cache=CACHE)
@@ -128,3 +134,126 @@ def certificate_sums(x, s, kinds, a, b, weights):
             total[j] += ratio[blk, j]
         ll += loglik[blk]
     return total, ll
+
+
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+@njit(cache=CACHE)
+def _piece(kind, x, s, a, b):
+    """The component posterior's normal (mean, sd) and its interval [lo, hi]."""
+    if kind == NORMAL:
+        if b == 0.0:
+            return a, 0.0, -math.inf, math.inf
+        var = s * s + b * b
+        return (x * b * b + a * s * s) / var, s * b / math.sqrt(var), -math.inf, math.inf
+    if kind == UNIFORM:
+        return x, s, a, b
+    if kind == TNORMAL_POS:
+        var = s * s + b * b
+        return (x * b * b + a * s * s) / var, s * b / math.sqrt(var), 0.0, math.inf
+    if kind == EXP_POS:
+        return x - s * s / b, s, a, math.inf
+    return x + s * s / b, s, -math.inf, a
+
+
+@njit(cache=CACHE)
+def _log_pdf(z):
+    return -0.5 * z * z - _LOG_SQRT_2PI if math.isfinite(z) else -math.inf
+
+
+@njit(cache=CACHE)
+def _truncated(mu, sd, lo, hi):
+    """(mean, variance, P(< 0), P(> 0), lost) of N(mu, sd^2) on [lo, hi] (sd > 0), the
+    closed forms of :func:`ebfl.eb.normal_means.truncated.truncated_normal_pieces`;
+    ``lost``: the variance's closed form kept few digits (the caller recomputes)."""
+    alpha = (lo - mu) / sd
+    beta = (hi - mu) / sd
+    log_mass = log_normal_mass(alpha, beta)
+    ra = math.exp(_log_pdf(alpha) - log_mass)
+    rb = math.exp(_log_pdf(beta) - log_mass)
+    a_ra = alpha * ra if math.isfinite(alpha) else 0.0
+    b_rb = beta * rb if math.isfinite(beta) else 0.0
+    shift = ra - rb
+    first = min(max(mu + sd * shift, lo), hi)
+    bracket = 1.0 + a_ra - b_rb - shift * shift
+    size = 1.0 + abs(a_ra) + abs(b_rb) + shift * shift
+    lost = not (size * 1e-6 < abs(bracket))
+    var = sd * sd * max(bracket, 0.0)
+    cut = min(beta, -mu / sd)
+    below = 0.0 if cut <= alpha else math.exp(min(log_normal_mass(alpha, max(cut, alpha))
+                                                  - log_mass, 0.0))
+    cut_up = max(alpha, -mu / sd)
+    above = 0.0 if cut_up >= beta else math.exp(min(log_normal_mass(min(cut_up, beta), beta)
+                                                    - log_mass, 0.0))
+    return first, var, below, above, lost
+
+
+@njit(parallel=True, cache=CACHE)
+def posterior_rows(x, s, kinds, a, b, log_w, mean, sd_out, second, lfsr, p_zero, log_marg,
+                   lost):
+    """Fill each row's posterior (mean, sd, second moment, lfsr, P(0), log marginal).
+
+    The twin of ``NormalMeansPrior._posterior_arrays`` (numpy). ``lost[i]`` is set
+    where a truncated piece's variance lost its digits in the closed form: the caller
+    recomputes those rows with the numpy path (which integrates them by quadrature).
+    """
+    n, k = x.size, kinds.size
+    log_width = np.zeros(k)
+    trunc_const = np.zeros(k)
+    for j in range(k):
+        if kinds[j] == UNIFORM:
+            log_width[j] = math.log(b[j] - a[j])
+        elif kinds[j] == TNORMAL_POS:
+            trunc_const[j] = log_ndtr(a[j] / b[j])
+    n_tasks = (n + _ROWS - 1) // _ROWS
+    for task in prange(n_tasks):
+        lj = np.empty(k)
+        first = np.empty(k)
+        var = np.empty(k)
+        for i in range(task * _ROWS, min(n, (task + 1) * _ROWS)):
+            xi, si = x[i], s[i]
+            top = -math.inf
+            for j in range(k):
+                lj[j] = log_w[j] + _entry(kinds[j], xi, si, a[j], b[j], log_width[j],
+                                          trunc_const[j])
+                top = max(top, lj[j])
+            total = 0.0
+            for j in range(k):
+                total += math.exp(lj[j] - top)
+            lm = top + math.log(total)
+            m1 = m2 = pn = pp = pz = 0.0
+            flag = False
+            for j in range(k):
+                r = math.exp(lj[j] - lm)
+                mu, sd, lo, hi = _piece(kinds[j], xi, si, a[j], b[j])
+                if sd == 0.0:
+                    f, v = mu, 0.0
+                    bl = 1.0 if mu < 0 else 0.0
+                    ab = 1.0 if mu > 0 else 0.0
+                    if mu == 0.0:
+                        pz += r
+                elif lo == -math.inf and hi == math.inf:
+                    f, v = mu, sd * sd
+                    bl = 0.5 * math.erfc(mu / sd * _SQRT1_2)
+                    ab = 0.5 * math.erfc(-mu / sd * _SQRT1_2)
+                else:
+                    f, v, bl, ab, bad = _truncated(mu, sd, lo, hi)
+                    flag = flag or bad
+                first[j], var[j] = f, v
+                m1 += r * f
+                m2 += r * (f * f + v)
+                pn += r * bl
+                pp += r * ab
+            tv = 0.0
+            for j in range(k):
+                r = math.exp(lj[j] - lm)
+                d = first[j] - m1
+                tv += r * (var[j] + d * d)
+            mean[i] = m1
+            sd_out[i] = math.sqrt(tv)
+            second[i] = m2
+            lfsr[i] = min(max(min(pn + pz, pp + pz), 0.0), 1.0)
+            p_zero[i] = pz
+            log_marg[i] = lm
+            lost[i] = flag

@@ -297,7 +297,28 @@ class NormalMeansPrior:
         return max(1, 2_000_000 // self.n_components)
 
     def _posterior_arrays(self, x, s):
-        """(mean, sd, second moment, lfsr, P(0), log marginal) of rows x, s."""
+        """(mean, sd, second moment, lfsr, P(0), log marginal) of rows x, s: by the Numba
+        kernel for large problems, the rows it flags (a truncated piece whose variance
+        needs quadrature) and small problems by numpy."""
+        if x.size * self.n_components < _KERNEL_MIN:
+            return self._posterior_arrays_numpy(x, s)
+        from ebfl.eb.normal_means._grid_kernels import posterior_rows
+
+        out = tuple(np.empty(x.size) for _ in range(6))
+        lost = np.zeros(x.size, dtype=np.bool_)
+        codes = np.array([KINDS.index(k) for k in self.kinds], dtype=np.int64)
+        with np.errstate(divide="ignore"):
+            log_w = np.log(self.weights)
+        posterior_rows(np.ascontiguousarray(x), np.ascontiguousarray(s), codes, self.a,
+                       self.b, log_w, *out, lost)
+        if np.any(lost):
+            for arr, fixed in zip(out, self._posterior_arrays_numpy(x[lost], s[lost]),
+                                  strict=True):
+                arr[lost] = fixed
+        return out
+
+    def _posterior_arrays_numpy(self, x, s):
+        """:meth:`_posterior_arrays` in numpy (the kernel's twin)."""
         resp, log_marg = self._responsibilities(x, s)
         m, sd, lo, hi = self._posterior_pieces(x, s)
         # P(theta > 0) of each piece is its own mass, not 1 - P(< 0): the lfsr of a
