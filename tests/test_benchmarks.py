@@ -108,8 +108,10 @@ def test_bench_ebnm_smoke(capsys):
     # benchmark says when they are not, and times ebfl alone).
     families = ["normal", "point_laplace", "ash", "npmle", "flat"]
     result = _load("bench_ebnm").main(["--n", "2000", "--reps", "1", "--json",
-                                             "--families", *families])
+                                             "--families", *families, "--large", "3000"])
     assert result["n"] == 2000 and list(result["families"]) == families
+    assert list(result["large"]) == families and result["large"]["ash"]["n"] == 3000
+    assert result["large"]["ash"]["kkt"] <= 1e-8 and result["large"]["normal"]["kkt"] is None
     with_r = result["r"]["available"]
     assert with_r or result["r"]["note"] == "R/ebnm not installed: ebfl only"
     for family, row in result["families"].items():

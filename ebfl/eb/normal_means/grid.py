@@ -297,6 +297,20 @@ def _fit_npmle(x, s, scale, tol):
         n_grid = int(min(max(300, math.ceil(4 * span)), 1000))
     else:
         grid = scale
+    if x.size > BIN_MIN:
+        # The cells' path of the other grid families, with atoms for components (the
+        # grid as npmle_normal makes it: n_grid points from min x to max x)
+        atoms = np.linspace(float(np.min(x)), float(np.max(x)), n_grid) if grid is None \
+            else np.asarray(grid, float)
+        binned = cells(x, s)
+        rows = Rows(x, s) if binned is None else binned
+        kinds, zeros = ["normal"] * atoms.size, np.zeros(atoms.size)
+        g, diag = _fit_weights("npmle", rows, kinds, atoms, zeros, tol, None, 0.0)
+        if binned is not None:
+            g, diag = _on_the_data("npmle", x, s, g, {**diag, "n_cells": int(binned.x.size)},
+                                   tol)
+        diag.pop("mode", None)  # the NPMLE has none
+        return g, diag
     fit = npmle_normal(x, s, grid=grid, n_grid=n_grid, tol=tol)
     keep = fit.weights > 0
     atoms = fit.grid[keep]
