@@ -733,12 +733,7 @@ class EBGaussian(_EmpiricalBayes):
                              "standard error: pass sigma_x, or data with se or ssd")
 
     def _standard_errors(self, data, message=None):
-        """Each client's s_i: sigma_x / sqrt(n_i), its own se, or the pooled sigma_x."""
-        if self.sigma_x is not None:
-            return self.sigma_x / np.sqrt(data.count)
-        if data.se is not None:
-            return data.se
-        return _read(message, "sigma_x") / np.sqrt(data.count)
+        return _standard_errors(self.sigma_x, data, message)
 
     # ---- client: the summary
     def _reply(self, client, data, rc):
@@ -800,6 +795,16 @@ class EBGaussian(_EmpiricalBayes):
             return mean, var, np.full(x.size, np.nan)
         res = gaussian_eb(x, s, prior_mean=_read(message, "mean"), prior_sd=_read(message, "sd"))
         return res.posterior.mean, res.posterior.var, res.shrinkage
+
+
+def _standard_errors(sigma_x, data, message=None):
+    """Each client's s_i: sigma_x / sqrt(n_i) (known sigma_x), its own se, or the
+    pooled sigma_x of the prior message over sqrt(n_i)."""
+    if sigma_x is not None:
+        return sigma_x / np.sqrt(data.count)
+    if data.se is not None:
+        return data.se
+    return _read(message, "sigma_x") / np.sqrt(data.count)
 
 
 def _pooled_sigma_x(ssd, count):

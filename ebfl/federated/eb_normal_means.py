@@ -47,7 +47,13 @@ import numpy as np
 from ebfl._validation import check_standard_deviation, check_standard_errors
 from ebfl.eb.normal_means import prior as normal_means_prior
 from ebfl.eb.normal_means.api import check_prior_options, ebnm
-from ebfl.federated.eb import _as_int, _EmpiricalBayes, _pooled_sigma_x, _read, _scalar
+from ebfl.federated.eb import (
+    _as_int,
+    _EmpiricalBayes,
+    _pooled_sigma_x,
+    _scalar,
+    _standard_errors,
+)
 from ebfl.federated.eb_data import (
     SIMULATED_N,
     SIMULATED_SIGMA_THETA,
@@ -210,12 +216,7 @@ class EBNormalMeans(_EmpiricalBayes):
                                  "its standard error: pass sigma_x, or data with se or ssd")
 
     def _standard_errors(self, data, message=None):
-        """Each client's s_i: sigma_x / sqrt(n_i), its own se, or the pooled sigma_x."""
-        if self.sigma_x is not None:
-            return self.sigma_x / np.sqrt(data.count)
-        if data.se is not None:
-            return data.se
-        return _read(message, "sigma_x") / np.sqrt(data.count)
+        return _standard_errors(self.sigma_x, data, message)
 
     # ---- client half
     def init_clients(self, run, data, clients):

@@ -64,6 +64,21 @@ def _entry(kind, x, s, a, b, log_width, trunc_const):
     return -math.log(b) + s * s / (2.0 * b * b) - z / b + log_ndtr(z / s - s / b)
 
 
+@njit(cache=CACHE)
+def _constants(kinds, a, b):
+    """Per component: log(b - a) of the uniforms, log Phi(a / b) of the truncated
+    normals (0 elsewhere)."""
+    k = kinds.size
+    log_width = np.zeros(k)
+    trunc_const = np.zeros(k)
+    for j in range(k):
+        if kinds[j] == UNIFORM:
+            log_width[j] = math.log(b[j] - a[j])
+        elif kinds[j] == TNORMAL_POS:
+            trunc_const[j] = log_ndtr(a[j] / b[j])
+    return log_width, trunc_const
+
+
 @njit(parallel=True, cache=CACHE)
 def log_component_matrix(x, s, kinds, a, b):
     """out[i, k] = log of component k's marginal density at x_i with sd s_i.
@@ -72,13 +87,7 @@ def log_component_matrix(x, s, kinds, a, b):
     """
     n, k = x.size, kinds.size
     out = np.empty((n, k))
-    log_width = np.zeros(k)
-    trunc_const = np.zeros(k)
-    for j in range(k):
-        if kinds[j] == UNIFORM:
-            log_width[j] = math.log(b[j] - a[j])
-        elif kinds[j] == TNORMAL_POS:
-            trunc_const[j] = log_ndtr(a[j] / b[j])
+    log_width, trunc_const = _constants(kinds, a, b)
     n_tasks = (n + _ROWS - 1) // _ROWS
     for task in prange(n_tasks):
         for i in range(task * _ROWS, min(n, (task + 1) * _ROWS)):
@@ -102,13 +111,7 @@ def certificate_sums(x, s, kinds, a, b, weights):
     number of threads.
     """
     n, k = x.size, kinds.size
-    log_width = np.zeros(k)
-    trunc_const = np.zeros(k)
-    for j in range(k):
-        if kinds[j] == UNIFORM:
-            log_width[j] = math.log(b[j] - a[j])
-        elif kinds[j] == TNORMAL_POS:
-            trunc_const[j] = log_ndtr(a[j] / b[j])
+    log_width, trunc_const = _constants(kinds, a, b)
     n_blocks = (n + CERT_BLOCK - 1) // CERT_BLOCK
     ratio = np.zeros((n_blocks, k))
     loglik = np.zeros(n_blocks)
@@ -199,13 +202,7 @@ def posterior_rows(x, s, kinds, a, b, log_w, mean, sd_out, second, lfsr, p_zero,
     recomputes those rows with the numpy path (which integrates them by quadrature).
     """
     n, k = x.size, kinds.size
-    log_width = np.zeros(k)
-    trunc_const = np.zeros(k)
-    for j in range(k):
-        if kinds[j] == UNIFORM:
-            log_width[j] = math.log(b[j] - a[j])
-        elif kinds[j] == TNORMAL_POS:
-            trunc_const[j] = log_ndtr(a[j] / b[j])
+    log_width, trunc_const = _constants(kinds, a, b)
     n_tasks = (n + _ROWS - 1) // _ROWS
     for task in prange(n_tasks):
         lj = np.empty(k)
