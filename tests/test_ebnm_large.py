@@ -103,12 +103,13 @@ def test_posterior_in_row_blocks_equals_whole(monkeypatch):
     assert g.log_likelihood(x, s) == pytest.approx(float(whole.log_marginal.sum()), rel=1e-13)
 
 
-@pytest.mark.parametrize("family", ["horseshoe", "deconvolver"])
+@pytest.mark.parametrize("family", ["horseshoe", "deconvolver", "generalized_binary"])
 def test_horseshoe_and_deconvolver_on_cells(monkeypatch, family):
     """Beyond CELLS_ABOVE entries (forced to 0 here) the fit runs on fine cells of (x, s):
     the log-likelihood reported is the data's, within 1e-6 relative of the exact fit's
     (the horseshoe: above it minus that; the deconvolver maximizes a penalized
-    likelihood, so only closeness is claimed)."""
+    likelihood, so only closeness is claimed; the generalized binary: its profile in mu
+    on the cells)."""
     import importlib
 
     module = importlib.import_module(f"ebfl.eb.normal_means.{family}")

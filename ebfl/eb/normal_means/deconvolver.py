@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import optimize
+from scipy import optimize, special
 
 from ebfl.eb.normal_means.grid import FINE_RATIO, FINE_WIDTH, Rows, cells
 from ebfl.eb.normal_means.prior import NormalMeansPrior
@@ -124,9 +124,18 @@ def fit_deconvolver(x, s, scale, *, penalty=PENALTY):
         pi = weights(alpha)
         f = lik @ pi
         norm = math.sqrt(float(alpha @ alpha))
-        value = -(base + float(count @ np.log(f))) + penalty * norm
-        g = lik.T @ (count / f)
-        grad = -(q.T @ (g * pi - n * pi))
+        if np.all(f > 1e-280):
+            value = -(base + float(count @ np.log(f))) + penalty * norm
+            g_pi = (lik.T @ (count / f)) * pi
+        else:
+            # Some row's mixture underflows (BFGS tried a g concentrated far from it):
+            # the same quantities in log space
+            with np.errstate(divide="ignore"):
+                joint = log_lik + np.log(pi)[None]
+            log_f = special.logsumexp(joint, axis=1)
+            value = -float(count @ log_f) + penalty * norm
+            g_pi = count @ np.exp(joint - log_f[:, None])
+        grad = -(q.T @ (g_pi - n * pi))
         if norm > 0:
             grad = grad + penalty * alpha / norm
         return value, grad

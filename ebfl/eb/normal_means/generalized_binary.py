@@ -25,14 +25,17 @@ import math
 import numpy as np
 from scipy import optimize
 
+from ebfl.eb.normal_means.grid import FINE_RATIO, FINE_WIDTH, Rows, cells
 from ebfl.eb.normal_means.prior import NormalMeansPrior
 
-__all__ = ["DEFAULT_RATIO", "fit_generalized_binary", "generalized_binary_prior"]
+__all__ = ["CELLS_ABOVE", "DEFAULT_RATIO", "fit_generalized_binary", "generalized_binary_prior"]
 
 #: The sd of the slab as a fraction of its mode (ebnm's default): the slab is tight
 #: around mu, so the posterior separates "off" (0) from "on" (about mu).
 DEFAULT_RATIO = 0.1
 
+#: Observations above which the fit runs on fine cells of (x, s).
+CELLS_ABOVE = 200_000
 #: Steps of the geometric scan over mu, per factor of e.
 _SCAN_PER_E = 4
 
@@ -50,8 +53,9 @@ def _log_densities(x, s, mode, ratio):
     return g.log_component_density(x, s).T
 
 
-def _best_weight(l0, l1):
-    """argmax over pi in [0, 1] of sum_i log((1 - pi) e^l0_i + pi e^l1_i), and the max.
+def _best_weight(l0, l1, count=None):
+    """argmax over pi in [0, 1] of sum_i c_i log((1 - pi) e^l0_i + pi e^l1_i), and the
+    max (c_i: the rows' counts, default 1).
 
     The derivative sum_i (r_i - 1) / (1 - pi + pi r_i), r_i = e^(l1_i - l0_i), falls
     with pi (the objective is concave): written with e^(-|d|) it never overflows.
@@ -59,6 +63,7 @@ def _best_weight(l0, l1):
     d = l1 - l0
     pos = d > 0
     e = np.exp(-np.abs(d))
+    count = np.ones(d.size) if count is None else count
 
     def slope(pi):
         # d > 0: (1 - e^-d) / (pi + (1 - pi) e^-d); d <= 0: (e^d - 1) / (1 - pi + pi e^d)
@@ -66,7 +71,8 @@ def _best_weight(l0, l1):
         den = np.where(pos, pi + (1.0 - pi) * e, 1.0 - pi + pi * e)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             # a subnormal den overflows the ratio: +inf, the true slope's sign and size
-            return float(np.sum(np.where(den > 0, num / den, np.where(num > 0, np.inf, 0.0))))
+            return float(count @ np.where(den > 0, num / den,
+                                          np.where(num > 0, np.inf, 0.0)))
 
     if slope(0.0) <= 0:
         pi = 0.0
@@ -77,7 +83,7 @@ def _best_weight(l0, l1):
     with np.errstate(divide="ignore"):
         ll = np.logaddexp(l0 + math.log1p(-pi) if pi < 1 else -np.inf,
                           l1 + math.log(pi) if pi > 0 else -np.inf)
-    return pi, float(np.sum(ll))
+    return pi, float(count @ ll)
 
 
 def fit_generalized_binary(x, s, mode, ratio):
@@ -99,11 +105,17 @@ def fit_generalized_binary(x, s, mode, ratio):
     """
     fits = {}
     converged = True
+    # Beyond CELLS_ABOVE observations the profile is computed on fine cells of (x, s)
+    # (the fit is the cells' optimum; the log-likelihood and posteriors reported are
+    # the data's).
+    rows = Rows(x, s)
+    if x.size > CELLS_ABOVE:
+        rows = cells(x, s, FINE_WIDTH, FINE_RATIO) or rows
 
     def negll(log_mu):
         mu = math.exp(float(log_mu))
         if mu not in fits:
-            fits[mu] = _best_weight(*_log_densities(x, s, mu, ratio))
+            fits[mu] = _best_weight(*_log_densities(rows.x, rows.s, mu, ratio), rows.count)
         return -fits[mu][1]
 
     if not isinstance(mode, str):
@@ -134,6 +146,8 @@ def fit_generalized_binary(x, s, mode, ratio):
     log_mu = math.log(mu)
     at_bound = bool(pi in (0.0, 1.0) or (isinstance(mode, str)
                                          and (log_mu <= lo + 1e-9 or log_mu >= hi - 1e-9)))
-    return generalized_binary_prior(pi, mu, ratio), {
-        "converged": converged, "at_bound": at_bound, "mode": float(mu),
-        "n_evaluations": len(fits)}
+    diag = {"converged": converged, "at_bound": at_bound, "mode": float(mu),
+            "n_evaluations": len(fits)}
+    if rows.count is not None:
+        diag["n_cells"] = int(rows.x.size)
+    return generalized_binary_prior(pi, mu, ratio), diag
