@@ -17,12 +17,7 @@
    starts, and converged.
 """
 
-import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numba
 import numpy as np
@@ -33,6 +28,7 @@ from scipy import optimize, special
 
 from ebfl.eb.normal_means import _kernels as K
 from ebfl.eb.normal_means import families as F
+from tests.test_nojit import run_script
 
 FAMILIES = ("point_normal", "point_laplace", "point_exponential")
 
@@ -278,10 +274,7 @@ print(json.dumps(out))
 
 
 def _run(disable_jit):
-    env = dict(os.environ, NUMBA_DISABLE_JIT="1" if disable_jit else "0")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
-                          text=True, check=True, cwd=Path(__file__).parent.parent)
-    return json.loads(proc.stdout)
+    return run_script(SCRIPT, disable_jit)
 
 
 def test_same_results_without_jit():

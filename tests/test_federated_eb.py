@@ -73,6 +73,16 @@ def release_streams(m, seed, round_=0):
     return [np.random.default_rng(stream_seed(seed, round_, c)) for c in range(m)]
 
 
+def assert_same_as_one_at_a_time(res, server, clients, atol=1e-15):
+    """A stacked run's server and client state equal the one-client-at-a-time run's
+    (the same NaNs, values to ``atol``)."""
+    a, b = flatten({**res.server, **res.clients}), flatten({**server, **clients})
+    assert a.keys() == b.keys()
+    for key in a:
+        assert_array_equal(np.isnan(a[key]), np.isnan(b[key]))
+        assert_allclose(a[key], b[key], rtol=0, atol=atol, err_msg=key)
+
+
 def one_at_a_time(alg, data, cfg, failures=None):
     """The halves driven client by client (K = 1), as the Flower runtime runs them."""
     failures = failures or {}
@@ -313,13 +323,8 @@ def test_stacked_clients_equal_clients_run_one_at_a_time(name, failures, counts,
     data = {"counts": counts, "means": means}[which]
     cfg = config(n_rounds=3)
     res = run(make(), data, cfg, failures=failures)
-    server, clients = one_at_a_time(make(), data, cfg, failures)
-    a, b = flatten({**res.server, **res.clients}), flatten({**server, **clients})
-    assert a.keys() == b.keys()
-    for key in a:
-        assert_array_equal(np.isnan(a[key]), np.isnan(b[key]))
-        # the NPMLE posterior's matrix product may round differently for one row
-        assert_allclose(a[key], b[key], rtol=0, atol=1e-15, err_msg=key)
+    # (the NPMLE posterior's matrix product may round differently for one row: 1e-15)
+    assert_same_as_one_at_a_time(res, *one_at_a_time(make(), data, cfg, failures))
 
 
 def test_messages_are_the_documented_arrays(counts):

@@ -21,7 +21,6 @@ from ebfl.eb.normal_means import FAMILIES
 from ebfl.federated import ClientCounts, ClientMeans, EBNormalMeans, RunConfig, run
 from ebfl.federated.eb_normal_means import DEFAULT_DELTA, POSTERIOR
 from ebfl.federated.protocol import RoundContext
-from ebfl.federated.tree import flatten
 from ebfl.privacy import (
     BinaryMechanism,
     GaussianMechanism,
@@ -30,7 +29,11 @@ from ebfl.privacy import (
     StochasticQuantizer,
     paper_clip_range,
 )
-from tests.test_federated_eb import one_at_a_time, release_streams
+from tests.test_federated_eb import (
+    assert_same_as_one_at_a_time,
+    one_at_a_time,
+    release_streams,
+)
 
 M = 80
 #: Clipping half-width of the private tests: every |x_i| of the data below is under 7
@@ -179,12 +182,7 @@ def test_stacked_clients_equal_clients_run_one_at_a_time(name, data):
     """With faults: clients 3 and 50 miss the fit, client 7 the posterior round."""
     make, failures, cfg = ONE_AT_A_TIME[name], {0: [3, 50], 1: [7]}, config(n_rounds=3)
     res = run(make(), data, cfg, failures=failures)
-    server, clients = one_at_a_time(make(), data, cfg, failures)
-    a, b = flatten({**res.server, **res.clients}), flatten({**server, **clients})
-    assert a.keys() == b.keys()
-    for key in a:
-        assert_array_equal(np.isnan(a[key]), np.isnan(b[key]))
-        assert_allclose(a[key], b[key], rtol=0, atol=1e-15, err_msg=key)
+    assert_same_as_one_at_a_time(res, *one_at_a_time(make(), data, cfg, failures))
     assert not np.isnan(res.clients["mean"]).any()  # client 7 caught up in round 2
 
 

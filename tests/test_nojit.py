@@ -29,11 +29,16 @@ print(json.dumps(out))
 """
 
 
-def _run(disable_jit):
+def run_script(script, disable_jit):
+    """The JSON a Python ``script`` prints, run in a fresh process with or without JIT."""
     env = dict(os.environ, NUMBA_DISABLE_JIT="1" if disable_jit else "0")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, check=True, cwd=Path(__file__).parent.parent)
     return json.loads(proc.stdout)
+
+
+def _run(disable_jit):
+    return run_script(SCRIPT, disable_jit)
 
 
 def test_same_answers_without_jit():

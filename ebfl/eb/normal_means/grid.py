@@ -205,9 +205,15 @@ def fit_grid(family, x, s, mode, scale, tol):
     """Fit grid family ``family`` to checked data; returns (prior, diagnostics)."""
     if family == "npmle":
         return _fit_npmle(x, s, scale, tol)
+    return _via_cells(family, x, s, tol,
+                      lambda rows: _search(family, x, s, rows, mode, scale, tol))
+
+
+def _via_cells(family, x, s, tol, fit):
+    """``fit(rows)`` on the observations, or (above BIN_MIN) on their cells and then made
+    the data's by :func:`_on_the_data`."""
     binned = cells(x, s) if x.size > BIN_MIN else None
-    g, diag = _search(family, x, s, Rows(x, s) if binned is None else binned, mode, scale,
-                      tol)
+    g, diag = fit(Rows(x, s) if binned is None else binned)
     if binned is None:
         return g, diag
     return _on_the_data(family, x, s, g, {**diag, "n_cells": int(binned.x.size)}, tol)
@@ -302,13 +308,9 @@ def _fit_npmle(x, s, scale, tol):
         # grid as npmle_normal makes it: n_grid points from min x to max x)
         atoms = np.linspace(float(np.min(x)), float(np.max(x)), n_grid) if grid is None \
             else np.asarray(grid, float)
-        binned = cells(x, s)
-        rows = Rows(x, s) if binned is None else binned
         kinds, zeros = ["normal"] * atoms.size, np.zeros(atoms.size)
-        g, diag = _fit_weights("npmle", rows, kinds, atoms, zeros, tol, None, 0.0)
-        if binned is not None:
-            g, diag = _on_the_data("npmle", x, s, g, {**diag, "n_cells": int(binned.x.size)},
-                                   tol)
+        g, diag = _via_cells("npmle", x, s, tol, lambda rows: _fit_weights(
+            "npmle", rows, kinds, atoms, zeros, tol, None, 0.0))
         diag.pop("mode", None)  # the NPMLE has none
         return g, diag
     fit = npmle_normal(x, s, grid=grid, n_grid=n_grid, tol=tol)
