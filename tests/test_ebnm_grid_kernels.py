@@ -75,18 +75,54 @@ def test_public_method_takes_the_kernel_for_large_problems():
     assert np.max(np.abs(got - want) / (1 + np.abs(want))) < 1e-6  # (the twin: above)
 
 
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 300), far=st.floats(0, 3),
+       grid_kinds=st.booleans())
+def test_likelihood_matrix_equals_numpy_twin(seed, n, far, grid_kinds):
+    """mix-SQP's input in one pass (each row scaled to a largest entry of 1, and the
+    log of that scale). The grid families' kinds, in linear space (the rows hundreds of
+    sds from every component redone in log space), equal the numpy twin to 1e-10 of
+    1 + |shift| relative in each entry (an entry is exp(log density - shift): its log's
+    relative error times |shift|) plus 1e-12; the other kinds, in log space, equal
+    ``log_component_matrix`` exponentiated (that kernel's twin test is above)."""
+    from ebfl.eb.normal_means._grid_kernels import likelihood_matrix
+    from ebfl.eb.normal_means.grid import _likelihood_numpy
+
+    rng = np.random.default_rng(seed)
+    g = _prior(rng, int(rng.integers(1, 30)),
+               ("normal", "uniform") if grid_kinds else KINDS)
+    s = 10 ** rng.uniform(-3, 3, n)
+    x = rng.normal(0, 3, n) + s * rng.normal(0, 10**far, n)
+    codes = np.array([KINDS.index(k) for k in g.kinds], dtype=np.int64)
+    lik, shift = likelihood_matrix(x, s, codes, g.a, g.b)
+    assert np.all(lik.max(axis=1) == pytest.approx(1.0, rel=1e-12))
+    if all(k in ("normal", "uniform") for k in g.kinds):
+        lik_np, shift_np = _likelihood_numpy(g, x, s)
+        assert np.all(np.abs(shift - shift_np) <= 1e-10 * (1 + np.abs(shift_np)))
+        tol = 1e-10 * (1 + np.abs(shift_np))[:, None] * lik_np + 1e-12
+        assert np.all(np.abs(lik - lik_np) <= tol)
+    else:
+        log_l = log_component_matrix(x, s, codes, g.a, g.b)
+        np.testing.assert_array_equal(shift, log_l.max(axis=1))
+        np.testing.assert_allclose(lik, np.exp(log_l - shift[:, None]), rtol=1e-15, atol=0)
+
+
 @settings(max_examples=20, deadline=None, derandomize=True, database=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 20_000))
 def test_certificate_kernel_equals_numpy_twin(seed, n):
-    """The one-pass certificate (sums over blocks of 4096 rows, in block order) equals
-    the numpy matrix computation to 1e-10 relative, on the grid families' kinds (normal
-    and uniform components; the others' closed forms cancel, see above)."""
+    """The one-pass certificate (sums over blocks of 4096 rows, in block order; the
+    components without weight in linear space) equals the numpy matrix computation to
+    1e-10 relative, on the grid families' kinds (normal and uniform components; the
+    others' closed forms cancel, see above), most weights 0 as in a fitted grid."""
     from ebfl.eb.normal_means.grid import _certificate_numpy, certificate
 
     rng = np.random.default_rng(seed)
     g = _prior(rng, int(rng.integers(1, 25)), ("normal", "uniform"))
     w = rng.dirichlet(np.ones(g.n_components))
-    g = NormalMeansPrior(w, g.kinds, g.a, g.b)
+    # most components without weight, as in a fitted grid (their linear-space path)
+    w = np.where(rng.random(w.size) < 0.7, 0.0, w)
+    w[int(np.argmax(w))] += 1e-3
+    g = NormalMeansPrior(w / w.sum(), g.kinds, g.a, g.b)
     s = 10 ** rng.uniform(-1, 1, n)
     x = rng.normal(0, 3, n) + s * rng.standard_normal(n)
     kkt, ll = certificate(g, x, s)

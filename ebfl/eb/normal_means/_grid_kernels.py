@@ -10,6 +10,8 @@ truncated normal), the costliest step of every grid fit (10^5 observations by
 result does not depend on the number of threads. No fastmath: the log Phi tails
 are sums of terms of alternating sign (see :func:`~._kernels.log_ndtr`).
 
+``likelihood_matrix`` is the same matrix exponentiated, each row scaled to a largest
+entry of 1 (mix-SQP's input; twin: ``grid._likelihood_numpy``).
 ``certificate_sums`` is the one-pass KKT certificate of a grid fit on the data
 (twin: ``grid._certificate_numpy``); ``posterior_rows`` every row's posterior
 (twin: ``NormalMeansPrior._posterior_arrays_numpy``), which flags the rows
@@ -98,6 +100,86 @@ def log_component_matrix(x, s, kinds, a, b):
     return out
 
 
+#: A row's log marginal (under the weighted components) within +-LINEAR_LOG of 0 takes
+#: the components without weight in linear space (their densities directly, the ratio
+#: as density times exp(-log marginal)); beyond, all of its entries in log space. Within
+#: it, a density that underflows to 0 in linear space (below e^-745) has a true ratio
+#: below e^(LINEAR_LOG - 745), far below anything a certificate at 1e-8 can see.
+LINEAR_LOG = 600.0
+_SQRT_2PI = math.sqrt(2.0 * math.pi)
+
+
+@njit(cache=CACHE)
+def _linear_entry(kind, x, s, a, b, width):
+    """A normal or uniform component's marginal density itself (not its log): the
+    certificate's cheap path. Uniform: Phi(beta) - Phi(alpha) from the erfc of the
+    tail that is away from the mass, so no digits cancel but the difference's own."""
+    if kind == NORMAL:
+        var = s * s + b * b
+        d = x - a
+        return math.exp(-0.5 * d * d / var) / (_SQRT_2PI * math.sqrt(var))
+    lo, hi = (a - x) / s * _SQRT1_2, (b - x) / s * _SQRT1_2
+    if lo > 0.0:
+        mass = 0.5 * (math.erfc(lo) - math.erfc(hi))
+    elif hi < 0.0:
+        mass = 0.5 * (math.erfc(-hi) - math.erfc(-lo))
+    else:
+        mass = 1.0 - 0.5 * (math.erfc(hi) + math.erfc(-lo))
+    return mass / width
+
+
+#: A row of ``likelihood_matrix`` whose largest linear density is below this (or not
+#: finite) is redone in log space. Above it, an entry lost to underflow (below 5e-324)
+#: is below 5e-224 of the row's largest, where the log path's exp gives ~0 as well.
+_LINEAR_FLOOR = 1e-100
+
+
+@njit(parallel=True, cache=CACHE)
+def likelihood_matrix(x, s, kinds, a, b):
+    """(lik, shift): lik[i, k] = exp(log_component_matrix[i, k] - shift[i]) with shift[i]
+    the row's largest log density (so each row's largest entry is 1), in one pass: the
+    form mix-SQP works on, without the (n, K) log matrix in between.
+
+    Where every component is normal or uniform (the grid families), the densities are
+    taken in linear space (``_linear_entry``: one exp or two erfc an entry instead of a
+    log and an exp, or two log Phi) and divided by the row's largest; a row whose
+    largest is below _LINEAR_FLOOR (an observation hundreds of sds from every
+    component) is redone in log space, so no entry is lost that matters (see _LINEAR_FLOOR).
+    """
+    n, k = x.size, kinds.size
+    lik = np.empty((n, k))
+    shift = np.empty(n)
+    log_width, trunc_const = _constants(kinds, a, b)
+    width = np.exp(log_width)
+    linear = True
+    for j in range(k):
+        linear = linear and (kinds[j] == NORMAL or kinds[j] == UNIFORM)
+    n_tasks = (n + _ROWS - 1) // _ROWS
+    for task in prange(n_tasks):
+        for i in range(task * _ROWS, min(n, (task + 1) * _ROWS)):
+            xi, si = x[i], s[i]
+            if linear:
+                top = 0.0
+                for j in range(k):
+                    lik[i, j] = _linear_entry(kinds[j], xi, si, a[j], b[j], width[j])
+                    top = max(top, lik[i, j])
+                if top >= _LINEAR_FLOOR and top < math.inf:
+                    inv = 1.0 / top
+                    for j in range(k):
+                        lik[i, j] *= inv
+                    shift[i] = math.log(top)
+                    continue
+            top = -math.inf
+            for j in range(k):
+                lik[i, j] = _entry(kinds[j], xi, si, a[j], b[j], log_width[j],
+                                   trunc_const[j])
+                top = max(top, lik[i, j])
+            shift[i] = top
+            for j in range(k):
+                lik[i, j] = math.exp(lik[i, j] - top)
+    return lik, shift
+
+
 #: Rows per block of the certificate's sums (their number depends on n only).
 CERT_BLOCK = 4096
 
@@ -106,30 +188,47 @@ CERT_BLOCK = 4096
 def certificate_sums(x, s, kinds, a, b, weights):
     """(sum_i L_ik / (L w)_i for every k, sum_i log (L w)_i) in one pass over the rows.
 
-    The twin of ``grid._certificate_numpy``. Sums are accumulated per block of
-    CERT_BLOCK rows and the blocks added in order: the result does not depend on the
-    number of threads.
+    The twin of ``grid._certificate_numpy``. The marginal (L w)_i comes from the
+    weighted components in log space; the components without weight, most of a
+    fitted grid, are taken in linear space where they are normal or uniform and the
+    row's log marginal is within +-LINEAR_LOG (two erfc or one exp an entry, instead of
+    two log Phi). Sums are accumulated per block of CERT_BLOCK rows and the blocks
+    added in order: the result does not depend on the number of threads.
     """
     n, k = x.size, kinds.size
     log_width, trunc_const = _constants(kinds, a, b)
+    width = np.exp(log_width)
+    weighted = np.flatnonzero(weights > 0)
+    linear = np.zeros(k, dtype=np.bool_)
+    for j in range(k):
+        linear[j] = weights[j] == 0 and (kinds[j] == NORMAL or kinds[j] == UNIFORM)
     n_blocks = (n + CERT_BLOCK - 1) // CERT_BLOCK
     ratio = np.zeros((n_blocks, k))
     loglik = np.zeros(n_blocks)
     for blk in prange(n_blocks):
         row = np.empty(k)
         for i in range(blk * CERT_BLOCK, min(n, (blk + 1) * CERT_BLOCK)):
+            xi, si = x[i], s[i]
             top = -math.inf
-            for j in range(k):
-                row[j] = _entry(kinds[j], x[i], s[i], a[j], b[j], log_width[j],
-                                trunc_const[j])
+            for j in weighted:
+                row[j] = _entry(kinds[j], xi, si, a[j], b[j], log_width[j], trunc_const[j])
                 top = max(top, row[j])
             f = 0.0
+            for j in weighted:
+                f += weights[j] * math.exp(row[j] - top)
+            log_f = math.log(f) + top
+            loglik[blk] += log_f
+            cheap = abs(log_f) <= LINEAR_LOG
+            inv_f = math.exp(-log_f) if cheap else 0.0
             for j in range(k):
-                row[j] = math.exp(row[j] - top)
-                f += weights[j] * row[j]
-            for j in range(k):
-                ratio[blk, j] += row[j] / f
-            loglik[blk] += math.log(f) + top
+                if cheap and linear[j]:
+                    ratio[blk, j] += _linear_entry(kinds[j], xi, si, a[j], b[j],
+                                                   width[j]) * inv_f
+                else:
+                    if weights[j] == 0:
+                        row[j] = _entry(kinds[j], xi, si, a[j], b[j], log_width[j],
+                                        trunc_const[j])
+                    ratio[blk, j] += math.exp(row[j] - log_f)
     total = np.zeros(k)
     ll = 0.0
     for blk in range(n_blocks):

@@ -141,17 +141,51 @@ def _fit_grid_weights(family, rows, mode, scales, tol, start=None):
 
 
 def _fit_weights(family, rows, kinds, a, b, tol, start, mode):
-    from ebfl.eb.mixture_weights import mixsqp
+    from ebfl.eb.mixture_weights import MAX_ITER, _mix_sqp
 
     template = NormalMeansPrior(np.full(len(kinds), 1 / len(kinds)), kinds, a, b, family)
-    sol = mixsqp(template.log_component_density(rows.x, rows.s), log=True, tol=tol,
-                 start=start, counts=rows.count)
-    weights = np.where(sol.weights > 0, sol.weights, 0.0)
+    lik, shift = _likelihood(template, rows.x, rows.s)
+    counts = np.ones(rows.x.size) if rows.count is None else rows.count
+    if start is not None:
+        start = np.asarray(start, dtype=float) / float(np.sum(start))
+    # mix-SQP's own core: the matrix is built here, so its input checks (a pass over an
+    # (n, K) matrix each) would only re-check it
+    weights, info = _mix_sqp(lik, counts, shift, tol, MAX_ITER, start=start, warn=4,
+                             name="mixsqp")
+    weights = np.where(weights > 0, weights, 0.0)
     g = NormalMeansPrior(weights / weights.sum(), kinds, a, b, family)
-    return g, {"converged": bool(sol.converged), "kkt": float(sol.kkt),
-               "log_likelihood_gap_bound": float(sol.log_likelihood_gap_bound),
-               "n_iter": int(sol.n_iter), "at_bound": False, "mode": float(mode),
-               "log_likelihood": float(sol.log_likelihood)}
+    return g, {"converged": bool(info["converged"]), "kkt": float(info["kkt"]),
+               "log_likelihood_gap_bound": float(info["log_likelihood_gap_bound"]),
+               "n_iter": int(info["n_iter"]), "at_bound": False, "mode": float(mode),
+               "log_likelihood": float(info["history"][-1])}
+
+
+def _likelihood(g, x, s):
+    """(lik, shift) of g's components at rows x, s: lik = exp(log density - shift), shift
+    each row's largest log density (``_grid_kernels.likelihood_matrix``; numpy below
+    its size threshold, as the log densities)."""
+    from ebfl.eb.normal_means.prior import _KERNEL_MIN
+
+    if x.size * g.n_components < _KERNEL_MIN:
+        lik, shift = _likelihood_numpy(g, x, s)
+    else:
+        from ebfl.eb.normal_means._grid_kernels import likelihood_matrix
+
+        codes = np.array([KINDS.index(kind) for kind in g.kinds], dtype=np.int64)
+        lik, shift = likelihood_matrix(np.ascontiguousarray(x, dtype=float),
+                                       np.ascontiguousarray(s, dtype=float), codes, g.a, g.b)
+    if not np.all(np.isfinite(shift)):
+        row = int(np.flatnonzero(~np.isfinite(shift))[0])
+        raise ValueError(f"observation {row} has no likelihood under any component of the "
+                         "grid (x too far from every component for double precision)")
+    return lik, shift
+
+
+def _likelihood_numpy(g, x, s):
+    """:func:`_likelihood` in numpy (the kernel's twin)."""
+    log_l = g._log_component_density_numpy(x, s)
+    shift = log_l.max(axis=1)
+    return np.exp(log_l - shift[:, None]), shift
 
 
 def _component_scales(family, g):
@@ -183,13 +217,15 @@ def _refined(family, rows, mode, scales, tol, fit):
         new_scales = np.unique(np.concatenate([scales, more]))
         if new_scales.size == scales.size:
             break
-        # Warm start: the old components keep their weights (the new ones start at a
-        # trace of mass), so mix-SQP begins at the old optimum.
+        # Warm start: the old components keep their weights and the new ones start at
+        # 0, so mix-SQP begins at the old optimum and its active set at the old support
+        # (the new columns enter as they violate; a trace of mass on every column would
+        # make every first Hessian n K^2).
         kinds, a, b = _grid_components(family, mode, new_scales)
         old = {(k, ai, bi): w for k, ai, bi, w in zip(g.kinds, g.a, g.b, g.weights,
                                                      strict=True)}
         start = np.array([old.get((k, ai, bi), 0.0) for k, ai, bi in
-                          zip(kinds, a, b, strict=True)]) + 1e-6 / len(kinds)
+                          zip(kinds, a, b, strict=True)])
         g_new, diag_new = _fit_grid_weights(family, rows, mode, new_scales, tol,
                                             start=start)
         gain = diag_new["log_likelihood"] - diag["log_likelihood"]
@@ -283,9 +319,12 @@ def certificate(g, x, s):
 def _certificate_numpy(g, x, s):
     """:func:`certificate` in numpy (the kernel's twin)."""
     log_l = g._log_component_density_numpy(x, s)
-    top = log_l.max(axis=1)
-    lik = np.exp(log_l - top[:, None])
-    f = lik @ g.weights
+    # shifted by the weighted components' largest: the marginal is theirs (a component
+    # without weight may be far larger, or its exp overflow: a ratio of inf, as it is)
+    top = log_l[:, g.weights > 0].max(axis=1)
+    with np.errstate(over="ignore"):
+        lik = np.exp(log_l - top[:, None])
+    f = lik[:, g.weights > 0] @ g.weights[g.weights > 0]
     ratio = (lik / f[:, None]).sum(axis=0)
     return max(float(ratio.max()) / x.size - 1.0, 0.0), float(np.sum(np.log(f) + top))
 
