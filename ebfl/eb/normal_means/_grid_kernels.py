@@ -307,6 +307,7 @@ def posterior_rows(x, s, kinds, a, b, log_w, mean, sd_out, second, lfsr, p_zero,
         lj = np.empty(k)
         first = np.empty(k)
         var = np.empty(k)
+        resp = np.empty(k)
         for i in range(task * _ROWS, min(n, (task + 1) * _ROWS)):
             xi, si = x[i], s[i]
             top = -math.inf
@@ -314,14 +315,20 @@ def posterior_rows(x, s, kinds, a, b, log_w, mean, sd_out, second, lfsr, p_zero,
                 lj[j] = log_w[j] + _entry(kinds[j], xi, si, a[j], b[j], log_width[j],
                                           trunc_const[j])
                 top = max(top, lj[j])
-            total = 0.0
-            for j in range(k):
-                total += math.exp(lj[j] - top)
-            lm = top + math.log(total)
+            lm = top
+            if k > 1:  # (one component: its log density is the marginal's)
+                total = 0.0
+                for j in range(k):
+                    total += math.exp(lj[j] - top)
+                lm += math.log(total)
             m1 = m2 = pn = pp = pz = 0.0
             flag = False
             for j in range(k):
                 r = math.exp(lj[j] - lm)
+                resp[j] = r
+                if r == 0.0:  # (no weight here: nothing of this piece to add)
+                    first[j] = var[j] = 0.0
+                    continue
                 mu, sd, lo, hi = _piece(kinds[j], xi, si, a[j], b[j])
                 if sd == 0.0:
                     f, v = mu, 0.0
@@ -331,8 +338,10 @@ def posterior_rows(x, s, kinds, a, b, log_w, mean, sd_out, second, lfsr, p_zero,
                         pz += r
                 elif lo == -math.inf and hi == math.inf:
                     f, v = mu, sd * sd
-                    bl = 0.5 * math.erfc(mu / sd * _SQRT1_2)
-                    ab = 0.5 * math.erfc(-mu / sd * _SQRT1_2)
+                    # one erfc: the smaller tail from it (full relative accuracy), the
+                    # larger as 1 minus it (>= 1/2, so accurate too)
+                    tail = 0.5 * math.erfc(abs(mu) / sd * _SQRT1_2)
+                    bl, ab = (tail, 1.0 - tail) if mu > 0.0 else (1.0 - tail, tail)
                 else:
                     f, v, bl, ab, bad = _truncated(mu, sd, lo, hi)
                     flag = flag or bad
@@ -343,9 +352,8 @@ def posterior_rows(x, s, kinds, a, b, log_w, mean, sd_out, second, lfsr, p_zero,
                 pp += r * ab
             tv = 0.0
             for j in range(k):
-                r = math.exp(lj[j] - lm)
                 d = first[j] - m1
-                tv += r * (var[j] + d * d)
+                tv += resp[j] * (var[j] + d * d)
             mean[i] = m1
             sd_out[i] = math.sqrt(tv)
             second[i] = m2

@@ -140,9 +140,26 @@ def _fit_grid_weights(family, rows, mode, scales, tol, start=None):
     return _fit_weights(family, rows, kinds, a, b, tol, start, mode)
 
 
+#: A cold fit (no start) on more columns than this first fits every
+#: (K // _COARSE_COLUMNS)-th column and starts from that fit, zero elsewhere.
+_COARSE_COLUMNS = 32
+
+
 def _fit_weights(family, rows, kinds, a, b, tol, start, mode):
     from ebfl.eb.mixture_weights import MAX_ITER, _mix_sqp
 
+    k = len(kinds)
+    if start is None and k > 2 * _COARSE_COLUMNS:
+        # From uniform weights every column is active, and each of mix-SQP's first
+        # Hessians costs n K^2 (a 926-atom NPMLE on 3134 cells: 6.8 s in 17 iterations).
+        # Started from a coarse grid's optimum instead, the active set is that fit's
+        # support plus the columns that violate, and the fit reaches the same certified
+        # optimum.
+        pick = np.arange(0, k, k // _COARSE_COLUMNS)
+        coarse, _ = _fit_weights(family, rows, tuple(np.array(kinds)[pick]),
+                                 np.asarray(a)[pick], np.asarray(b)[pick], tol, None, mode)
+        start = np.zeros(k)
+        start[pick] = coarse.weights
     template = NormalMeansPrior(np.full(len(kinds), 1 / len(kinds)), kinds, a, b, family)
     lik, shift = _likelihood(template, rows.x, rows.s)
     counts = np.ones(rows.x.size) if rows.count is None else rows.count

@@ -280,20 +280,19 @@ class NormalMeansPrior:
             return self.active().posterior(x, s)
         x, s = np.broadcast_arrays(np.asarray(x, float), np.asarray(s, float))
         fields = ("mean", "sd", "second_moment", "lfsr", "prob_zero", "log_marginal")
-        block = self._block_rows()
-        if x.size > block:
-            # Row blocks: the temporaries are (rows, components) arrays, a dozen of them;
-            # at n = 10^7 whole they would need tens of GB.
-            parts = [self._posterior_arrays(x[i:i + block], s[i:i + block])
-                     for i in range(0, x.size, block)]
-            arrays = [np.concatenate([p[k] for p in parts]) for k in range(len(fields))]
-        else:
+        if x.size * self.n_components >= _KERNEL_MIN:
+            # The kernel works row by row, with no (rows, components) temporaries, and
+            # its output arrays are fresh: no defensive copy.
             arrays = self._posterior_arrays(x, s)
+            return NormalMeansPosterior(**dict(zip(fields, arrays, strict=True)),
+                                        _prior=self, _data=(x, s), _fresh=True)
+        # (numpy: below the kernel's size, so the (rows, components) arrays are small)
+        arrays = self._posterior_arrays_numpy(x, s)
         return NormalMeansPosterior(**dict(zip(fields, arrays, strict=True)), _prior=self,
                                     _data=(x, s))
 
     def _block_rows(self):
-        """Rows per block of the posterior and likelihood: about 2 * 10^6 entries."""
+        """Rows per block of the log-likelihood: about 2 * 10^6 entries."""
         return max(1, 2_000_000 // self.n_components)
 
     def _posterior_arrays(self, x, s):
@@ -413,10 +412,13 @@ class NormalMeansPosterior:
     log_marginal: np.ndarray
     _prior: NormalMeansPrior = field(repr=False, default=None)
     _data: tuple = field(repr=False, default=None)
+    #: The arrays were made for this object alone (frozen in place, not copied).
+    _fresh: bool = field(repr=False, default=False)
 
     def __post_init__(self):
         for name in ("mean", "sd", "second_moment", "lfsr", "prob_zero", "log_marginal"):
-            arr = np.array(getattr(self, name), dtype=float)
+            value = getattr(self, name)
+            arr = value if self._fresh else np.array(value, dtype=float)
             arr.setflags(write=False)
             object.__setattr__(self, name, arr)
 
