@@ -17,26 +17,34 @@ ebfl.ragged  Ragged client data (flat values + offsets).
 
 from importlib.metadata import PackageNotFoundError, version
 
-from ebfl import bounds
-from ebfl.eb import (
-    BetaPrior,
-    NormalPrior,
-    beta_bernoulli_eb,
-    beta_binomial_eb,
-    ebnm,
-    gaussian_eb,
-    gaussian_eb_samples,
-    npmle_binomial,
-    npmle_normal,
-    personalized_gaussian,
-)
-from ebfl.models import BetaBernoulliPopulation, GaussianPopulation
-from ebfl.ragged import Ragged
+from ebfl._lazy import attach
 
 try:
     __version__ = version("ebfl")
 except PackageNotFoundError:  # running from a source tree without installing
     __version__ = "0+unknown"
+
+# The public names and the subpackages are imported on first use (``ebfl._lazy``).
+_NAMES = {
+    "BetaBernoulliPopulation": "ebfl.models",
+    "BetaPrior": "ebfl.eb",
+    "GaussianPopulation": "ebfl.models",
+    "NormalPrior": "ebfl.eb",
+    "Ragged": "ebfl.ragged",
+    "beta_bernoulli_eb": "ebfl.eb",
+    "beta_binomial_eb": "ebfl.eb",
+    "ebnm": "ebfl.eb",
+    "gaussian_eb": "ebfl.eb",
+    "gaussian_eb_samples": "ebfl.eb",
+    "npmle_binomial": "ebfl.eb",
+    "npmle_normal": "ebfl.eb",
+    "personalized_gaussian": "ebfl.eb",
+}
+_SUBMODULES = (
+    "bounds", "cli", "datasets", "demo", "dppfl", "eb", "federated", "fedhdp", "flower",
+    "generative", "learning", "models", "perada", "privacy", "ragged", "validation",
+)
+__getattr__, __dir__ = attach(__name__, _NAMES, _SUBMODULES)
 
 __all__ = [
     "BetaBernoulliPopulation",

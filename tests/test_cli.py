@@ -307,3 +307,72 @@ def test_fit_normal_means_writes_every_posterior_and_matches_the_library(tmp_pat
                  "--family", "unimodal"]) == 0
     text = capsys.readouterr().out
     assert "unimodal" in text and "lfsr" in text
+
+
+def _ebfl_process(code, **kwargs):
+    """``python -c code`` in a fresh interpreter (what the console script does)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", code], text=True, timeout=600, **kwargs)
+
+
+#: Makes a module uninstalled in the process (an import finder that refuses it; None in
+#: sys.modules would also fool the libraries that look there for it, like SciPy).
+_BLOCK = """import sys
+class _Uninstalled:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == {blocked!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, _Uninstalled())
+"""
+
+
+@pytest.mark.parametrize(("blocked", "argv", "extra"), [
+    ("torch", ["reproduce", "adaped", "--quick"], "learning"),
+    ("torch", ["reproduce", "fedhdp", "--quick"], "learning"),
+    ("flwr", ["flower", "simulate", "eb-gaussian", "--dataset", "simulated"], "flower"),
+])
+def test_a_missing_extra_is_one_error_line_naming_it(blocked, argv, extra):
+    """Without the optional dependency (uninstalled in a fresh interpreter), the command
+    prints one ``error:`` line that names the extra and exits 2: no traceback."""
+    done = _ebfl_process(_BLOCK.format(blocked=blocked)
+                         + f"from ebfl.cli import main\nsys.exit(main({argv!r}))",
+                         capture_output=True)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: ")
+    assert f"'ebfl[{extra}]'" in done.stderr and blocked in done.stderr
+
+
+def test_a_closed_pipe_ends_quietly():
+    """``ebfl demo --json | head``: the reader has gone before the output is written (a
+    pipe whose read end is closed first, so the write fails every time). No
+    ``error:`` line, no traceback: status 1, nothing on stderr."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = _ebfl_process("import sys\nfrom ebfl.cli import main\n"
+                             "sys.exit(main(['demo', '--json']))", stdout=write,
+                             stderr=-1)  # subprocess.PIPE
+    finally:
+        os.close(write)
+    assert done.returncode == 1
+    assert done.stderr == ""
+
+
+def test_import_and_version_do_not_load_the_solvers():
+    """``import ebfl`` and ``ebfl --version`` import neither SciPy's statistics nor Numba
+    (the public names load on first use): they answer in a fraction of a second."""
+    code = ("import sys\nimport ebfl\nfrom ebfl.cli import main\nmain(['--version'])\n"
+            "print(sorted(m for m in ('scipy.stats', 'numba', 'torch', 'ebfl.eb.gaussian')"
+            " if m in sys.modules))")
+    done = _ebfl_process(code, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]"
+    # and the names are there when used
+    done = _ebfl_process("import ebfl\nprint(ebfl.ebnm.__name__, ebfl.bounds.__name__, "
+                         "'ebnm' in dir(ebfl), ebfl.eb.npmle.__name__)", capture_output=True)
+    assert done.stdout.split() == ["ebnm", "ebfl.bounds", "True", "ebfl.eb.npmle"]

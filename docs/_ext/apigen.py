@@ -24,6 +24,7 @@ SECTIONS = [
                          "ebfl.eb.normal_means.grid", "ebfl.eb.normal_means.horseshoe",
                          "ebfl.eb.normal_means.generalized_binary",
                          "ebfl.eb.normal_means.deconvolver", "ebfl.eb.normal_means.modes",
+                         "ebfl.eb.normal_means.names",
                          "ebfl.eb.normal_means.prior", "ebfl.eb.normal_means.truncated",
                          "ebfl.eb.priors", "ebfl.eb.results", "ebfl.models", "ebfl.ragged"]),
     ("Quantization, privacy and accounting",

@@ -85,12 +85,31 @@ def _check_outputs(args):
         _check_output_folder(args.checkpoint_dir, "--checkpoint-dir")
 
 
+#: Optional dependencies, by top-level module, and the extra that installs each.
+_EXTRAS = {"torch": "learning", "h5py": "learning", "flwr": "flower", "ray": "flower"}
+
+
 def main(argv=None):
     """Entry point of the ``ebfl`` command; returns the exit status.
 
     A user's mistake prints one line ``error: ...`` on stderr and returns 2;
-    stdout stays empty.
+    stdout stays empty. So does a command whose optional dependency is missing (the
+    line names the extra that installs it). Output into a pipe whose reader has gone
+    (``ebfl demo --json | head``) ends quietly with status 1.
     """
+    try:
+        status = _run(argv)
+        sys.stdout.flush()  # here, not at exit: a closed pipe must fail where it is caught
+        return status
+    except BrokenPipeError:
+        # As Python's documentation advises: stdout to devnull, so that the
+        # interpreter's last flush does not raise (and print) the same error again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _run(argv):
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help (0), or a usage error already printed (2)
@@ -98,6 +117,15 @@ def main(argv=None):
     try:
         _check_outputs(args)
         args.func(args)
+    except BrokenPipeError:
+        raise  # (an OSError, but not the user's mistake: see main)
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").partition(".")[0]
+        if missing not in _EXTRAS:
+            raise  # a module of ours or a core dependency: a bug or a broken install
+        print(f"error: this command needs {missing}, which is not installed: "
+              f"pip install 'ebfl[{_EXTRAS[missing]}]'", file=sys.stderr)
+        return 2
     except _USER_ERRORS as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2

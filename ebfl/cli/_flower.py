@@ -6,10 +6,10 @@ from ebfl.cli._output import _emit, _print_table, _save_figure
 
 
 def _flower():
-    try:
-        from ebfl.flower import runtime as flower
-    except ImportError as exc:
-        raise ValueError(f"ebfl flower needs Flower: pip install 'ebfl[flower]' ({exc})") from None
+    # Without Flower this raises ModuleNotFoundError(name="flwr"): ``ebfl.cli.main``
+    # turns it into one error line naming the extra.
+    from ebfl.flower import runtime as flower
+
     return flower
 
 

@@ -1,54 +1,63 @@
 """Empirical-Bayes estimators: Gaussian, Beta-Bernoulli, mixture and nonparametric priors."""
 
-from ebfl.eb.beta_binomial import bernoulli_counts, beta_bernoulli_eb, beta_binomial_eb
-from ebfl.eb.discrete import (
-    DiscreteMixtureFit,
-    DiscretePosterior,
-    discrete_mixture_eb,
-    discrete_posterior,
-    expected_posterior_variance,
-    lemma1_radius,
+from ebfl._lazy import attach
+
+_NAMES = {
+    "bernoulli_counts": "ebfl.eb.beta_binomial",
+    "beta_bernoulli_eb": "ebfl.eb.beta_binomial",
+    "beta_binomial_eb": "ebfl.eb.beta_binomial",
+    "BetaBinomialEBResult": "ebfl.eb.results",
+    "BetaPosterior": "ebfl.eb.results",
+    "BetaPrior": "ebfl.eb.priors",
+    "discrete_mixture_eb": "ebfl.eb.discrete",
+    "discrete_posterior": "ebfl.eb.discrete",
+    "DiscreteMixtureFit": "ebfl.eb.discrete",
+    "DiscretePosterior": "ebfl.eb.discrete",
+    "ebnm": "ebfl.eb.normal_means",
+    "ebnm_ash": "ebfl.eb.normal_means",
+    "ebnm_deconvolver": "ebfl.eb.normal_means",
+    "ebnm_flat": "ebfl.eb.normal_means",
+    "ebnm_generalized_binary": "ebfl.eb.normal_means",
+    "ebnm_horseshoe": "ebfl.eb.normal_means",
+    "ebnm_normal": "ebfl.eb.normal_means",
+    "ebnm_normal_scale_mixture": "ebfl.eb.normal_means",
+    "ebnm_npmle": "ebfl.eb.normal_means",
+    "ebnm_point_exponential": "ebfl.eb.normal_means",
+    "ebnm_point_laplace": "ebfl.eb.normal_means",
+    "ebnm_point_mass": "ebfl.eb.normal_means",
+    "ebnm_point_normal": "ebfl.eb.normal_means",
+    "ebnm_unimodal": "ebfl.eb.normal_means",
+    "ebnm_unimodal_nonnegative": "ebfl.eb.normal_means",
+    "ebnm_unimodal_nonpositive": "ebfl.eb.normal_means",
+    "ebnm_unimodal_symmetric": "ebfl.eb.normal_means",
+    "EBNMResult": "ebfl.eb.normal_means",
+    "expected_posterior_variance": "ebfl.eb.discrete",
+    "gaussian_eb": "ebfl.eb.gaussian",
+    "gaussian_eb_samples": "ebfl.eb.gaussian",
+    "gaussian_mixture_eb": "ebfl.eb.gaussian_mixture",
+    "gaussian_mixture_posterior": "ebfl.eb.gaussian_mixture",
+    "GaussianEBResult": "ebfl.eb.results",
+    "GaussianMixtureEBResult": "ebfl.eb.gaussian_mixture",
+    "GaussianMixturePosterior": "ebfl.eb.gaussian_mixture",
+    "GaussianMixturePrior": "ebfl.eb.gaussian_mixture",
+    "lemma1_radius": "ebfl.eb.discrete",
+    "mixsqp": "ebfl.eb.mixture_weights",
+    "MixSQPResult": "ebfl.eb.mixture_weights",
+    "NormalMeansPosterior": "ebfl.eb.normal_means",
+    "NormalMeansPrior": "ebfl.eb.normal_means",
+    "NormalPosterior": "ebfl.eb.results",
+    "NormalPrior": "ebfl.eb.priors",
+    "npmle_binomial": "ebfl.eb.npmle",
+    "npmle_normal": "ebfl.eb.npmle",
+    "NPMLEResult": "ebfl.eb.npmle",
+    "personalized_gaussian": "ebfl.eb.gaussian",
+    "PersonalizedGaussianEstimate": "ebfl.eb.results",
+}
+_SUBMODULES = (
+    "beta_binomial", "discrete", "gaussian", "gaussian_mixture", "mixture_weights",
+    "normal_means", "npmle", "priors", "results",
 )
-from ebfl.eb.gaussian import gaussian_eb, gaussian_eb_samples, personalized_gaussian
-from ebfl.eb.gaussian_mixture import (
-    GaussianMixtureEBResult,
-    GaussianMixturePosterior,
-    GaussianMixturePrior,
-    gaussian_mixture_eb,
-    gaussian_mixture_posterior,
-)
-from ebfl.eb.mixture_weights import MixSQPResult, mixsqp
-from ebfl.eb.normal_means import (
-    EBNMResult,
-    NormalMeansPosterior,
-    NormalMeansPrior,
-    ebnm,
-    ebnm_ash,
-    ebnm_deconvolver,
-    ebnm_flat,
-    ebnm_generalized_binary,
-    ebnm_horseshoe,
-    ebnm_normal,
-    ebnm_normal_scale_mixture,
-    ebnm_npmle,
-    ebnm_point_exponential,
-    ebnm_point_laplace,
-    ebnm_point_mass,
-    ebnm_point_normal,
-    ebnm_unimodal,
-    ebnm_unimodal_nonnegative,
-    ebnm_unimodal_nonpositive,
-    ebnm_unimodal_symmetric,
-)
-from ebfl.eb.npmle import NPMLEResult, npmle_binomial, npmle_normal
-from ebfl.eb.priors import BetaPrior, NormalPrior
-from ebfl.eb.results import (
-    BetaBinomialEBResult,
-    BetaPosterior,
-    GaussianEBResult,
-    NormalPosterior,
-    PersonalizedGaussianEstimate,
-)
+__getattr__, __dir__ = attach(__name__, _NAMES, _SUBMODULES)
 
 __all__ = [
     "BetaBinomialEBResult",

@@ -7,19 +7,31 @@ federated empirical-Bayes protocols are in :mod:`ebfl.federated.eb` and
 :mod:`ebfl.federated.eb_normal_means` (every prior family of :func:`ebfl.ebnm`).
 """
 
-from ebfl.federated.eb import EBBetaBinomial, EBGaussian
-from ebfl.federated.eb_data import (
-    ClientCounts,
-    ClientMeans,
-    election_federation,
-    election_shares,
-    simulated_counts,
-    simulated_means,
+from ebfl._lazy import attach
+
+_NAMES = {
+    "ClientCounts": "ebfl.federated.eb_data",
+    "ClientMeans": "ebfl.federated.eb_data",
+    "EBBetaBinomial": "ebfl.federated.eb",
+    "EBGaussian": "ebfl.federated.eb",
+    "EBNormalMeans": "ebfl.federated.eb_normal_means",
+    "election_federation": "ebfl.federated.eb_data",
+    "election_shares": "ebfl.federated.eb_data",
+    "FederatedAlgorithm": "ebfl.federated.protocol",
+    "RoundContext": "ebfl.federated.protocol",
+    "run": "ebfl.federated.runtime",
+    "RunConfig": "ebfl.federated.protocol",
+    "RunResult": "ebfl.federated.runtime",
+    "sample_clients": "ebfl.federated.protocol",
+    "simulated_counts": "ebfl.federated.eb_data",
+    "simulated_means": "ebfl.federated.eb_data",
+    "stream_seed": "ebfl.federated.streams",
+}
+_SUBMODULES = (
+    "checkpoint", "eb", "eb_data", "eb_normal_means", "faults", "protocol", "runtime",
+    "streams", "tree",
 )
-from ebfl.federated.eb_normal_means import EBNormalMeans
-from ebfl.federated.protocol import FederatedAlgorithm, RoundContext, RunConfig, sample_clients
-from ebfl.federated.runtime import RunResult, run
-from ebfl.federated.streams import stream_seed
+__getattr__, __dir__ = attach(__name__, _NAMES, _SUBMODULES)
 
 __all__ = ["ClientCounts", "ClientMeans", "EBBetaBinomial", "EBGaussian", "EBNormalMeans",
            "FederatedAlgorithm", "RoundContext", "RunConfig", "RunResult",

@@ -87,7 +87,8 @@ apply_flower_env()
 try:
     import flwr  # noqa: E402, F401
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("ebfl.flower.runtime needs Flower: pip install 'ebfl[flower]'") from exc
+    raise ModuleNotFoundError("ebfl.flower.runtime needs Flower: pip install 'ebfl[flower]'",
+                              name="flwr") from exc
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402

@@ -26,20 +26,17 @@ from scipy import optimize, special
 
 from ebfl.eb.normal_means.grid import fit_grid
 from ebfl.eb.normal_means.modes import precision_mean as _precision_mean
+from ebfl.eb.normal_means.names import (
+    FAMILIES,
+    GRID_FAMILIES,
+    PARAMETRIC_FAMILIES,
+    SMOOTH_FAMILIES,
+)
 from ebfl.eb.normal_means.prior import NormalMeansPrior
 
 __all__ = ["FAMILIES", "GRID_FAMILIES", "PARAMETRIC_FAMILIES", "SMOOTH_FAMILIES",
            "fit_family"]
 
-PARAMETRIC_FAMILIES = ("normal", "point_normal", "point_laplace", "point_exponential",
-                       "horseshoe", "generalized_binary")
-GRID_FAMILIES = ("normal_scale_mixture", "ash", "unimodal", "unimodal_symmetric",
-                 "unimodal_nonnegative", "unimodal_nonpositive", "npmle")
-#: Efron's log-spline g on a grid of atoms: penalized, so neither parametric nor a
-#: mixture fitted by its KKT conditions.
-SMOOTH_FAMILIES = ("deconvolver",)
-FIXED_FAMILIES = ("point_mass", "flat")
-FAMILIES = PARAMETRIC_FAMILIES + GRID_FAMILIES + SMOOTH_FAMILIES + FIXED_FAMILIES
 
 
 # ------------------------------------------------------------------ parametric families

@@ -9,8 +9,8 @@ strategies (:mod:`ebfl.learning.torch.strategies`).
 try:
     import torch  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("ebfl.learning.torch needs torch: pip install 'ebfl[learning]' "
-                      "(on the project machines: pip install torch==2.13.0 first)") from exc
+    raise ModuleNotFoundError("ebfl.learning.torch needs torch: pip install "
+                              "'ebfl[learning]'", name="torch") from exc
 
 from ebfl.learning.torch.adapters import (
     AdapterBlock,
