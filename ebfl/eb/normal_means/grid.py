@@ -156,10 +156,13 @@ def _fit_weights(family, rows, kinds, a, b, tol, start, mode):
         # support plus the columns that violate, and the fit reaches the same certified
         # optimum.
         pick = np.arange(0, k, k // _COARSE_COLUMNS)
-        coarse, _ = _fit_weights(family, rows, tuple(np.array(kinds)[pick]),
-                                 np.asarray(a)[pick], np.asarray(b)[pick], tol, None, mode)
+        coarse, coarse_diag = _fit_weights(family, rows, tuple(np.array(kinds)[pick]),
+                                           np.asarray(a)[pick], np.asarray(b)[pick], tol,
+                                           None, mode)
         start = np.zeros(k)
         start[pick] = coarse.weights
+        g, diag = _fit_weights(family, rows, kinds, a, b, tol, start, mode)
+        return g, {**diag, "n_iter": diag["n_iter"] + coarse_diag["n_iter"]}
     template = NormalMeansPrior(np.full(len(kinds), 1 / len(kinds)), kinds, a, b, family)
     lik, shift = _likelihood(template, rows.x, rows.s)
     counts = np.ones(rows.x.size) if rows.count is None else rows.count
@@ -193,8 +196,9 @@ def _likelihood(g, x, s):
                                        np.ascontiguousarray(s, dtype=float), codes, g.a, g.b)
     if not np.all(np.isfinite(shift)):
         row = int(np.flatnonzero(~np.isfinite(shift))[0])
-        raise ValueError(f"observation {row} has no likelihood under any component of the "
-                         "grid (x too far from every component for double precision)")
+        raise ValueError(f"row {row} of the data (or of its cells) has no likelihood under "
+                         "any component of the grid (x too far from every component for "
+                         "double precision)")
     return lik, shift
 
 
