@@ -134,6 +134,19 @@ class NPMLEResult:
     def __post_init__(self):
         _freeze(self.grid, self.weights, self.posterior_mean, self.posterior_var)
 
+    def __repr__(self):
+        return (f"NPMLEResult(likelihood={self.likelihood!r}, n={self.posterior_mean.size}, "
+                f"grid={self.grid.size} points, {int(np.sum(self.weights > 0))} with weight, "
+                f"log_likelihood={self.log_likelihood:.6g}, kkt={self.kkt:.3g}, "
+                f"converged={self.converged})")
+
+    def to_frame(self):
+        """One row per observation: its posterior mean and sd under the fitted prior."""
+        import pandas as pd
+
+        return pd.DataFrame({"posterior_mean": self.posterior_mean,
+                             "posterior_sd": np.sqrt(self.posterior_var)})
+
     @property
     def prior_mean(self) -> float:
         """Mean of the fitted prior, sum_k w_k u_k."""

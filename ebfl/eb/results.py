@@ -34,6 +34,24 @@ def _freeze(*arrays):
             arr.setflags(write=False)
 
 
+def _num(value):
+    """A number for a repr or a summary: 6 significant digits, NaN and None as they are."""
+    return "None" if value is None else f"{value:.6g}"
+
+
+def _summary(title, rows):
+    """A statsmodels-like block: a title, a rule, then ``name  value`` lines."""
+    width = max(len(name) for name, _ in rows)
+    body = [f"{name:<{width}}  {value}" for name, value in rows]
+    rule = "=" * max(len(title), *(len(line) for line in body))
+    return "\n".join([title, rule, *body, rule])
+
+
+def _range(values):
+    return f"[{_num(float(np.min(values)))}, {_num(float(np.max(values)))}]" if values.size \
+        else "(none)"
+
+
 @dataclass(frozen=True)
 class BetaPosterior:
     """Per-client posterior Beta(alpha_i, beta_i) of the success probabilities.
@@ -162,6 +180,40 @@ class BetaBinomialEBResult:
         """Number of clients m."""
         return self.shrinkage.size
 
+    def __repr__(self):
+        prior = "None" if self.prior is None else \
+            f"Beta({_num(self.prior.alpha)}, {_num(self.prior.beta)})"
+        return (f"BetaBinomialEBResult(method={self.method!r}, m={self.n_clients}, "
+                f"prior={prior}, log_likelihood={_num(self.log_likelihood)})")
+
+    def summary(self):
+        """The fit in a few lines: the prior, its mean and sd, the log-likelihood and how
+        much the clients were shrunk."""
+        prior = self.prior
+        rows = [("method", self.method), ("clients m", str(self.n_clients))]
+        if prior is None:
+            rows.append(("prior", "None (the moments define no proper Beta)"))
+        else:
+            rows += [("prior", f"Beta(alpha={_num(prior.alpha)}, beta={_num(prior.beta)})"),
+                     ("prior mean, sd", f"{_num(prior.mean)}, {_num(prior.variance ** 0.5)}")]
+        rows += [("log-likelihood", _num(self.log_likelihood)),
+                 ("converged", str(self.diagnostics.get("converged", "n/a"))),
+                 ("weight on own mean", f"median {_num(float(np.median(self.shrinkage)))}, "
+                                        f"range {_range(self.shrinkage)}"),
+                 ("posterior means", _range(self.posterior.mean))]
+        if self.n_clipped:
+            rows.append(("weights clipped", str(self.n_clipped)))
+        return _summary("Beta-binomial empirical Bayes", rows)
+
+    def to_frame(self):
+        """One row per client: the posterior mean and sd, the weight on the client's own
+        mean z_i / n_i, and what the rest of the weight goes to."""
+        import pandas as pd
+
+        return pd.DataFrame({"posterior_mean": self.posterior.mean,
+                             "posterior_sd": np.sqrt(self.posterior.var),
+                             "weight_on_own_mean": self.shrinkage, "centre": self.centre})
+
 
 @dataclass(frozen=True)
 class NormalPosterior:
@@ -242,6 +294,40 @@ class GaussianEBResult:
     def n_clients(self) -> int:
         """Number of clients m."""
         return self.shrinkage.size
+
+    def __repr__(self):
+        return (f"GaussianEBResult(method={self.method!r}, m={self.n_clients}, "
+                f"prior=N(mean={_num_array(self.prior.mean)}, sd={_num(self.prior.sd)}), "
+                f"log_likelihood={_num(self.log_likelihood)})")
+
+    def summary(self):
+        """The fit in a few lines: the prior, the log-likelihood and the shrinkage."""
+        rows = [("method", self.method), ("clients m", str(self.n_clients)),
+                ("prior mean", _num_array(self.prior.mean)),
+                ("prior sd", _num(self.prior.sd)),
+                ("log-likelihood", _num(self.log_likelihood)),
+                ("converged", str(self.diagnostics.get("converged", "n/a"))),
+                ("weight on own mean", f"median {_num(float(np.median(self.shrinkage)))}, "
+                                       f"range {_range(self.shrinkage)}"),
+                ("standard errors", _range(self.s))]
+        return _summary("Gaussian empirical Bayes", rows)
+
+    def to_frame(self):
+        """One row per client (one coordinate: the posterior mean and sd; d coordinates:
+        ``posterior_mean_0`` ... ), the weight on the client's own mean and its
+        standard error."""
+        import pandas as pd
+
+        mean = self.posterior.mean
+        cols = ({"posterior_mean": mean} if mean.ndim == 1 else
+                {f"posterior_mean_{j}": mean[:, j] for j in range(mean.shape[1])})
+        return pd.DataFrame({**cols, "posterior_sd": self.posterior.sd,
+                             "weight_on_own_mean": self.shrinkage, "s": self.s})
+
+
+def _num_array(value):
+    arr = np.asarray(value, dtype=float)
+    return _num(float(arr)) if arr.ndim == 0 else "[" + ", ".join(_num(v) for v in arr) + "]"
 
 
 @dataclass(frozen=True)
