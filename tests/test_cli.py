@@ -376,3 +376,36 @@ def test_import_and_version_do_not_load_the_solvers():
     done = _ebfl_process("import ebfl\nprint(ebfl.ebnm.__name__, ebfl.bounds.__name__, "
                          "'ebnm' in dir(ebfl), ebfl.eb.npmle.__name__)", capture_output=True)
     assert done.stdout.split() == ["ebnm", "ebfl.bounds", "True", "ebfl.eb.npmle"]
+
+
+def test_fit_keeps_the_client_ids_of_the_id_column(tmp_path, capsys):
+    """``--id`` keeps the clients' names (else rows are numbered from 0), and the weight
+    on each client's own mean is the column ``weight_on_own_mean``; ``--id`` with
+    ``--client`` (whose values are the ids) is refused in one error line."""
+    path = tmp_path / "counts.csv"
+    pd.DataFrame({"team": ["a", "b", "c", "d", "e"], "wins": [3, 7, 0, 9, 4],
+                  "games": [10, 12, 5, 9, 11]}).to_csv(path, index=False)
+    out = _json(capsys, ["fit", "beta-binomial", str(path), "--successes", "wins", "--trials",
+                         "games", "--id", "team", "--output", str(tmp_path / "est.csv"),
+                         "--json"])
+    est = pd.read_csv(tmp_path / "est.csv")
+    assert list(est["client"]) == ["a", "b", "c", "d", "e"]
+    direct = beta_binomial_eb([3, 7, 0, 9, 4], [10, 12, 5, 9, 11])
+    np.testing.assert_allclose(est["weight_on_own_mean"], direct.shrinkage)
+    assert out["mean_weight_on_own_mean"] == pytest.approx(float(np.mean(direct.shrinkage)))
+    # the Gaussian fit (means and standard errors), and its NPMLE
+    gpath = tmp_path / "means.csv"
+    pd.DataFrame({"site": ["x", "y", "z", "w"], "m": [0.1, 0.5, -0.2, 0.3],
+                  "se": [0.2, 0.3, 0.25, 0.2]}).to_csv(gpath, index=False)
+    for method in ("mle", "npmle"):
+        assert main(["fit", "gaussian", str(gpath), "--mean", "m", "--se", "se", "--id", "site",
+                     "--method", method, "--output", str(tmp_path / "g.csv")]) == 0
+        assert list(pd.read_csv(tmp_path / "g.csv")["client"]) == ["x", "y", "z", "w"]
+    capsys.readouterr()
+    assert main(["fit", "beta-binomial", str(path), "--client", "team", "--value", "wins",
+                 "--id", "team"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --id")
+    assert main(["fit", "gaussian", str(gpath), "--mean", "m", "--se", "se", "--id",
+                 "nope"]) == 2
+    assert "--id: column 'nope' is not in the file" in capsys.readouterr().err

@@ -112,14 +112,28 @@ def _distinct_columns(args, options):
             seen[name] = option
 
 
+def _id_not_with_client(args):
+    if args.id is not None and args.client is not None:
+        raise ValueError("--id names the clients of the one-row-per-client format; with "
+                         "--client the ids are that column's values")
+
+
+def _row_ids(frame, args):
+    """The clients' ids: the --id column's values, or the row numbers from 0."""
+    from ebfl._tables import column
+
+    return list(column(frame, args.id, "--id")) if args.id is not None else list(frame.index)
+
+
 def _cmd_fit_beta_binomial(args):
     import pandas as pd
 
     from ebfl._tables import client_ids, numeric_column, read_table, where
     from ebfl.eb import beta_binomial_eb, npmle_binomial
 
-    _distinct_columns(args, ("successes", "trials", "client", "value"))
+    _distinct_columns(args, ("successes", "trials", "id", "client", "value"))
     frame = read_table(args.path, max_mib=args.max_size)
+    _id_not_with_client(args)
     if args.client is not None:
         if args.value is None or len(args.value) != 1:
             raise ValueError("--client needs exactly one --value column of 0/1 outcomes")
@@ -132,7 +146,7 @@ def _cmd_fit_beta_binomial(args):
         grouped = pd.Series(values, index=frame.index).groupby(ids, sort=True)
         clients, z, n = grouped.sum().index, grouped.sum().to_numpy(), grouped.size().to_numpy()
     elif args.successes and args.trials:
-        clients = frame.index
+        clients = _row_ids(frame, args)
         z = numeric_column(frame, args.successes, "--successes", count_from=0)
         n = numeric_column(frame, args.trials, "--trials", count_from=1)
         if (z > n).any():
@@ -152,7 +166,7 @@ def _cmd_fit_beta_binomial(args):
     z, n = np.asarray(z, np.int64), np.asarray(n, np.int64)  # validated by the fit
     table = {"client": list(clients), "successes": z, "trials": n, "local": z / n,
              "estimate": res.posterior.mean, "sd": res.posterior.sd, "lower": lower,
-             "upper": upper, "shrinkage": res.shrinkage}
+             "upper": upper, "weight_on_own_mean": res.shrinkage}
     summary = {
         "model": "beta-binomial", "method": res.method, "n_clients": res.n_clients,
         "prior": None if res.prior is None else {"alpha": res.prior.alpha,
@@ -161,7 +175,7 @@ def _cmd_fit_beta_binomial(args):
         "log_likelihood": res.log_likelihood, "n_clipped": res.n_clipped,
         # the MLE's state: an edge (e.g. no overdispersion) is a finding, not a failure
         **{k: res.diagnostics[k] for k in ("converged", "active_bounds") if k in res.diagnostics},
-        "mean_shrinkage": float(np.mean(res.shrinkage)), "level": args.level,
+        "mean_weight_on_own_mean": float(np.mean(res.shrinkage)), "level": args.level,
     }
     _finish_fit(args, summary, table)
 
@@ -176,8 +190,9 @@ def _cmd_fit_gaussian(args):
     from ebfl.eb import gaussian_eb, gaussian_eb_samples, npmle_normal
     from ebfl.ragged import Ragged
 
-    _distinct_columns(args, ("mean", "se", "client", "value"))
+    _distinct_columns(args, ("mean", "se", "id", "client", "value"))
     frame = read_table(args.path, max_mib=args.max_size)
+    _id_not_with_client(args)
     if args.client is not None:
         if not args.value:
             raise ValueError("--client needs at least one --value column")
@@ -195,22 +210,22 @@ def _cmd_fit_gaussian(args):
     elif args.mean and args.se:
         x = numeric_column(frame, args.mean, "--mean")
         s = numeric_column(frame, args.se, "--se", positive=True)
+        clients = _row_ids(frame, args)
         if args.method == "npmle":
             _two_clients(x.size, args)
-            _finish_npmle(args, npmle_normal(x, s), list(frame.index), {"local": x}, "gaussian")
+            _finish_npmle(args, npmle_normal(x, s), clients, {"local": x}, "gaussian")
             return
         res = gaussian_eb(x, s, method=args.method)
-        clients = list(frame.index)
     else:
         raise ValueError("give --mean and --se, or --client and --value")
     lower, upper = res.posterior.interval(args.level)
     mean = res.posterior.mean
     if mean.ndim == 1:
         table = {"client": clients, "estimate": mean, "sd": res.posterior.sd, "lower": lower,
-                 "upper": upper, "shrinkage": res.shrinkage, "se": res.s}
+                 "upper": upper, "weight_on_own_mean": res.shrinkage, "se": res.s}
     else:
-        table = {"client": clients, "sd": res.posterior.sd, "shrinkage": res.shrinkage,
-                 "se": res.s}
+        table = {"client": clients, "sd": res.posterior.sd,
+                 "weight_on_own_mean": res.shrinkage, "se": res.s}
         for k, name in enumerate(args.value):
             table.update({f"estimate_{name}": mean[:, k], f"lower_{name}": lower[:, k],
                           f"upper_{name}": upper[:, k]})
@@ -220,7 +235,8 @@ def _cmd_fit_gaussian(args):
                "log_likelihood": res.log_likelihood,
                **{k: res.diagnostics[k] for k in _GAUSSIAN_DIAGNOSTICS if k in res.diagnostics},
                "sigma_x": res.diagnostics.get("sigma_x"),
-               "mean_shrinkage": float(np.mean(res.shrinkage)), "level": args.level}
+               "mean_weight_on_own_mean": float(np.mean(res.shrinkage)),
+               "level": args.level}
     _finish_fit(args, summary, table)
 
 

@@ -224,6 +224,8 @@ def build_parser():
                     help="prior fit: maximum likelihood, restricted ML, DerSimonian-Laird, "
                          "moments; npmle = nonparametric prior on a grid (with --mean/--se)")
     for p in (fb, fg):
+        p.add_argument("--id", help="column of client ids kept in the output (one row per "
+                                    "client; default: row numbers from 0)")
         p.add_argument("--client", help="client id column (one row per observation)")
         p.add_argument("--value", action="append",
                        help="observation column (with --client; repeat for d > 1)")
