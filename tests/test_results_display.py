@@ -56,3 +56,16 @@ def test_npmle_result(counts):
     assert "\n" not in text and "array" not in text
     assert f"{int(np.sum(fit.weights > 0))} with weight" in text
     np.testing.assert_array_equal(fit.to_frame()["posterior_mean"], fit.posterior_mean)
+
+
+def test_accountant_and_privacy_spent_reprs_are_one_line():
+    """The RDP curve (a value for each of ~150 orders) is there to read, not to print."""
+    from ebfl.privacy.accounting import Accountant, DPAdaPeDAccountant
+
+    acc = DPAdaPeDAccountant(100).step(n_sampled=10, sync_gap=5, clip_mu=1.0, noise_mu=1.0,
+                                       n_rounds=50)
+    spent = acc.get_privacy_spent(1e-5)
+    assert spent.rdp.size > 100  # the curve is still there
+    for text in (repr(acc), repr(spent), repr(Accountant())):
+        assert "\n" not in text and len(text) < 200 and "array" not in text
+    assert "n_rounds=50" in repr(acc) and f"epsilon={spent.epsilon:.6g}" in repr(spent)

@@ -91,6 +91,10 @@ class Accountant:
         self.events = []
         self._cache = (None, None)
 
+    def __repr__(self):  # (the orders, ~150 of them, are there to read, not print)
+        return (f"{type(self).__name__}(accountant={self.accountant!r}, "
+                f"events={sum(n for _, n in self.events)}, orders={self.orders.size})")
+
     def compose(self, event, count=1):
         """Record ``count`` >= 1 runs of ``event`` (a dp-accounting ``DpEvent``); returns self."""
         if not isinstance(event, dp_event.DpEvent):

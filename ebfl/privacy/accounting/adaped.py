@@ -411,6 +411,12 @@ class PrivacySpent:
     accountant: str
     neighboring_relation: str
 
+    def __repr__(self):  # the RDP curve (a value per order, ~150) is there to read, not print
+        order = "None" if self.order is None else f"{self.order:.4g}"
+        return (f"PrivacySpent(epsilon={self.epsilon:.6g}, delta={self.delta:.3g}, "
+                f"order={order}, n_rounds={self.n_rounds}, accountant={self.accountant!r}, "
+                f"neighboring_relation={self.neighboring_relation!r})")
+
 
 class DPAdaPeDAccountant(Accountant):
     r"""Correct user-level accountant for DP-AdaPeD, built on dp-accounting.
@@ -566,6 +572,11 @@ class DPAdaPeDAccountant(Accountant):
     def n_rounds(self):
         """Total number of recorded rounds."""
         return sum(r.n_rounds for r in self.history)
+
+    def __repr__(self):
+        return (f"DPAdaPeDAccountant(n_clients={self.n_clients}, sampling={self.sampling!r}, "
+                f"trust={self.trust!r}, accountant={self.accountant!r}, "
+                f"n_rounds={self.n_rounds})")
 
     @property
     def event(self):
