@@ -3,7 +3,8 @@
 Each Markdown file (``README.md`` and ``docs/**/*.md``, except the generated
 ``docs/api`` and a build folder) is one test: its ```` ```python ```` blocks run
 in order, in one namespace of their own, so a page's blocks may build on each
-other but never on another page's. A block whose first line is
+other but never on another page's; the README's each run alone (a tour's block is
+copied on its own). A block whose first line is
 ``# needs the NAME data`` (a dataset folder of the data home) runs in a test of
 its own, in a fresh namespace (it must be self-contained), and skips, naming the
 dataset, when the data home lacks it. Tracebacks point at the Markdown file and
@@ -71,8 +72,13 @@ def test_pages_are_collected():
 
 @pytest.mark.parametrize(("page", "blocks"), PLAIN)
 def test_python_blocks_run(page, blocks):
+    """A docs page's blocks share one namespace; the README's tour is read (and copied)
+    block by block, so each of its blocks runs alone, in a fresh namespace."""
+    alone = page.name == "README.md"
     namespace = {"__name__": "__docs__"}
     for line, code in blocks:
+        if alone:
+            namespace = {"__name__": "__docs__"}
         _run(page, line, code, namespace)
 
 
