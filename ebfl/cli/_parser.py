@@ -54,16 +54,32 @@ def _add_max_size(p):
 
 
 def _add_json(parser):
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object instead of a table")
 
 
-def _neural_arguments(parser, *, plot):
+def _add_seed(parser, what):
+    parser.add_argument("--seed", type=_integer(0), default=0,
+                        help=f"random seed, an integer >= 0, of {what} (default 0)")
+
+
+_SEEDS = "the run (with --seeds N: the first of seed, seed+1, ...)"
+
+
+def _examples(parser, *lines):
+    """End ``parser``'s help with example command lines (kept as written)."""
+    parser.epilog = "example" + ("s" if len(lines) > 1 else "") + ":\n" + "\n".join(
+        "  " + line for line in lines)
+
+
+def _neural_arguments(parser, *, plot, seeds):
     """Options shared by the neural experiments: dataset, seed, quick mode, figure, JSON."""
     parser.add_argument("--dataset", default="mnist",
-                        choices=["mnist", "femnist", "fashion-mnist", "hapt"])
+                        choices=["mnist", "femnist", "fashion-mnist", "hapt"],
+                        help="the clients' data (default mnist)")
     parser.add_argument("--femnist-root", metavar="DIR",
                         help="LEAF FEMNIST directory with train/ and test/ (default: data home)")
-    parser.add_argument("--seed", type=_integer(0), default=0)
+    _add_seed(parser, _SEEDS if seeds else "the run")
     parser.add_argument("--quick", action="store_true", help="10 rounds, one evaluation")
     parser.add_argument("--plot", metavar="DIR", help=f"save {plot} there")
     _device_argument(parser)
@@ -78,9 +94,12 @@ def _device_argument(parser):
 
 def _privacy_arguments(parser, *, noise_default, clip_help):
     parser.add_argument("--noise", type=_positive, action="append",
-                        help=f"noise multiplier sigma/C (repeat; default {noise_default})")
-    parser.add_argument("--clip", type=_positive, default=1.0, help=f"{clip_help} (default 1)")
-    parser.add_argument("--delta", type=_open_unit, default=1e-5)
+                        help=f"noise multiplier sigma/C > 0 (repeat; default {noise_default})")
+    parser.add_argument("--clip", type=_positive, default=1.0,
+                        help=f"{clip_help}, clip norm > 0 (default 1)")
+    parser.add_argument("--delta", type=_open_unit, default=1e-5,
+                        help="delta in (0, 1) at which each run's (epsilon, delta) is "
+                             "reported (default 1e-5)")
 
 
 def _table1_protocol_arguments(parser):
@@ -93,9 +112,24 @@ def _table1_protocol_arguments(parser):
                              "paper's grid 0.2 0.15 0.125 0.1 0.075 0.05")
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's formatter, but a description or epilog with line breaks (the
+    examples) is printed as written; one-line texts are wrapped as usual."""
+
+    def _fill_text(self, text, width, indent):
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with a usage error as one ``error: ...`` line and exit status 2, like
-    every other user mistake (argparse would print the usage block first)."""
+    every other user mistake (argparse would print the usage block first). Its
+    subparsers are ``_Parser`` too (argparse's default ``parser_class``)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
@@ -122,18 +156,24 @@ def _job_arguments(p):
     from ebfl.eb.normal_means import FAMILIES
     from ebfl.flower.jobs import ALGORITHMS, DATASETS
 
-    p.add_argument("algorithm", choices=ALGORITHMS, help="the algorithm or EB protocol")
+    p.add_argument("algorithm", choices=ALGORITHMS, help="the algorithm or EB protocol to run")
     p.add_argument("--dataset", choices=DATASETS,
                    help="digits (learning; bundled with scikit-learn), simulated or "
-                        "elections (eb-*)")
+                        "elections (eb-*) (default: digits for learning, simulated for eb-*)")
     p.add_argument("--clients", type=_integer(1),
-                   help="clients (default 6; elections: every county, or the first N)")
-    p.add_argument("--rounds", type=_integer(1), default=3, help="rounds (default 3)")
-    p.add_argument("--clients-per-round", type=_integer(1), help="K (default: all)")
-    p.add_argument("--local-steps", type=_integer(1), default=5, help="tau (default 5)")
-    p.add_argument("--batch-size", type=_integer(1), default=10, help="default 10")
-    p.add_argument("--eval-every", type=_integer(1), default=1, help="default 1")
-    p.add_argument("--lr", type=_positive, default=0.1, help="learning rate (default 0.1)")
+                   help="number of clients, >= 1 (default 6; elections: every county, or the "
+                        "first N)")
+    p.add_argument("--rounds", type=_integer(1), default=3,
+                   help="federated rounds, >= 1 (default 3)")
+    p.add_argument("--clients-per-round", type=_integer(1),
+                   help="K, clients sampled per round, >= 1 (default: all)")
+    p.add_argument("--local-steps", type=_integer(1), default=5,
+                   help="tau, local steps per round, >= 1 (default 5)")
+    p.add_argument("--batch-size", type=_integer(1), default=10,
+                   help="local minibatch size, >= 1 (default 10)")
+    p.add_argument("--eval-every", type=_integer(1), default=1,
+                   help="evaluate every this many rounds, >= 1 (default 1)")
+    p.add_argument("--lr", type=_positive, default=0.1, help="learning rate > 0 (default 0.1)")
     p.add_argument("--epsilon", type=_positive,
                    help="local privacy of the eb-* protocols (eb-normal-means: (epsilon, "
                         "--delta)); dp-pfl: each device's (epsilon, 1e-3) (default: no "
@@ -145,22 +185,23 @@ def _job_arguments(p):
                         "(default 1e-5)")
     p.add_argument("--inner", type=_integer(1),
                    help="dp-pfl: K, global iterations (rounds) per Omega-step (default 10)")
-    p.add_argument("--seed", type=_integer(0), default=0)
+    _add_seed(p, "the job: data split, initialization, client sampling and noise")
     p.add_argument("--clip", type=_positive,
                    help="clip norm (dp-adaped, dp-fedem; fedhdp: the initial S, default 1)")
     p.add_argument("--noise", type=_nonnegative,
                    help="noise std (dp-adaped, dp-fedem; default 0.1); fedhdp: the private "
                         "group's noise multiplier")
     p.add_argument("--opt-out", type=_unit,
-                   help="fedhdp, fedhdp-point: fraction of non-private clients (default 0.5)")
+                   help="fedhdp, fedhdp-point: fraction of non-private clients, in [0, 1] "
+                        "(default 0.5)")
     p.add_argument("--gamma2", type=_nonnegative,
                    help="fedhdp-point: privacy-noise variance of the private average "
                         "(default 1)")
     p.add_argument("--ratio", type=_unit,
-                   help="fedhdp, fedhdp-point: the private clients' weight ratio r; dp-pfl: "
-                        "the budget split epsilon2/epsilon1")
+                   help="in [0, 1]; fedhdp, fedhdp-point: the private clients' weight ratio r; "
+                        "dp-pfl: the budget split epsilon2/epsilon1 (default: per algorithm)")
     p.add_argument("--lam", type=_nonnegative,
-                   help="fedhdp, fedhdp-point, dp-pfl: lambda")
+                   help="fedhdp, fedhdp-point, dp-pfl: lambda >= 0 (default: per algorithm)")
 
 
 def build_parser():
@@ -174,35 +215,54 @@ def build_parser():
     bounds = sub.add_parser("bounds", help="closed-form MSEs and bounds").add_subparsers(
         dest="model", required=True)
     g = bounds.add_parser("gaussian", help="Theorem 1 and the local/global/oracle MSEs")
-    g.add_argument("--m", type=_integer(2), required=True, help="number of clients")
-    g.add_argument("--n", type=_integer(1), required=True, help="samples per client")
-    g.add_argument("--sigma-theta", type=_real, required=True)
-    g.add_argument("--sigma-x", type=_positive, required=True)
-    g.add_argument("--d", type=_integer(1), default=1, help="dimension (default 1)")
-    g.add_argument("--k-bits", type=_integer(1), help="Theorem 2: k-bit stochastic quantizer")
-    g.add_argument("--epsilon", type=_positive, help="Theorem 2: Gaussian LDP mechanism epsilon")
-    g.add_argument("--delta", type=_open_unit, help="Theorem 2: Gaussian LDP mechanism delta")
-    g.add_argument("--r", type=_positive, help="Theorem 2: |mu| <= r per coordinate (sets b)")
+    g.add_argument("--m", type=_integer(2), required=True, help="number of clients, >= 2")
+    g.add_argument("--n", type=_integer(1), required=True, help="samples per client, >= 1")
+    g.add_argument("--sigma-theta", type=_real, required=True,
+                   help="sigma_theta >= 0, sd of the client means theta_i around the "
+                        "global mean (the prior's sd)")
+    g.add_argument("--sigma-x", type=_positive, required=True,
+                   help="sigma_x > 0, sd of one sample around its client's mean")
+    g.add_argument("--d", type=_integer(1), default=1, help="dimension d, >= 1 (default 1)")
+    g.add_argument("--k-bits", type=_integer(1),
+                   help="Theorem 2: k-bit stochastic quantizer, k >= 1 (needs --r)")
+    g.add_argument("--epsilon", type=_positive,
+                   help="Theorem 2: Gaussian LDP mechanism epsilon > 0 (needs --delta, --r)")
+    g.add_argument("--delta", type=_open_unit,
+                   help="Theorem 2: Gaussian LDP mechanism delta in (0, 1)")
+    g.add_argument("--r", type=_positive,
+                   help="Theorem 2: |mu| <= r per coordinate, r > 0 (sets b)")
     _add_json(g)
     g.set_defaults(func=_cmd_bounds_gaussian)
+    _examples(g,
+              "ebfl bounds gaussian --m 100 --n 10 --sigma-theta 1 --sigma-x 2",
+              "ebfl bounds gaussian --m 100 --n 10 --sigma-theta 1 --sigma-x 2 --epsilon 1 "
+              "--delta 1e-5 --r 1")
     b = bounds.add_parser("beta", help="known Beta prior: posterior and local MSE")
-    b.add_argument("--alpha", type=_real, required=True)
-    b.add_argument("--beta", type=_real, required=True)
-    b.add_argument("--n", type=_integer(1), required=True, help="trials per client")
+    b.add_argument("--alpha", type=_real, required=True,
+                   help="alpha > 0 of the Beta(alpha, beta) prior of the success rates")
+    b.add_argument("--beta", type=_real, required=True,
+                   help="beta > 0 of the Beta(alpha, beta) prior")
+    b.add_argument("--n", type=_integer(1), required=True, help="trials per client, >= 1")
     _add_json(b)
     b.set_defaults(func=_cmd_bounds_beta)
+    _examples(b,
+              "ebfl bounds beta --alpha 2 --beta 5 --n 14")
     fh = bounds.add_parser("fedhdp", help="FedHDP point estimation: optimal r, lambdas and MSEs "
                            "(Lemma 1, Lemma 2, Theorem 3)")
-    fh.add_argument("--n-clients", type=_integer(2), required=True, help="N, number of clients")
+    fh.add_argument("--n-clients", type=_integer(2), required=True,
+                    help="N, number of clients, >= 2")
     fh.add_argument("--rho", type=_real, required=True,
-                    help="fraction of clients that opt out of privacy (rho * N whole)")
+                    help="rho in [0, 1], fraction of clients that opt out of privacy (rho * N "
+                         "whole)")
     fh.add_argument("--alpha2", type=_positive, required=True,
-                    help="alpha^2, variance of a client's local estimate")
+                    help="alpha^2 > 0, variance of a client's local estimate")
     fh.add_argument("--tau2", type=_real, required=True, help="tau^2 >= 0, heterogeneity")
     fh.add_argument("--gamma2", type=_real, required=True,
                     help="gamma^2 >= 0, privacy-noise variance of the private clients' mean")
     _add_json(fh)
     fh.set_defaults(func=_cmd_bounds_fedhdp)
+    _examples(fh,
+              "ebfl bounds fedhdp --n-clients 100 --rho 0.1 --alpha2 1 --tau2 0.5 --gamma2 2")
 
     fit = sub.add_parser("fit", help="empirical Bayes on your own CSV").add_subparsers(
         dest="model", required=True)
@@ -213,7 +273,7 @@ def build_parser():
     fb.add_argument("--method", default="mle",
                     choices=["mle", "moments", "loo_printed", "loo_proof", "loo_corrected",
                              "npmle"],
-                    help="prior fit; npmle = nonparametric prior on a grid")
+                    help="prior fit; npmle = nonparametric prior on a grid (default mle)")
     fg = fit.add_parser("gaussian", help="client means (Gaussian prior)")
     fg.add_argument("path", help="CSV file")
     fg.add_argument("--mean", help="column of client means (one row per client)")
@@ -222,27 +282,35 @@ def build_parser():
                     help="known noise sd (raw samples; else pooled)")
     fg.add_argument("--method", default="mle", choices=["mle", "reml", "dl", "moments", "npmle"],
                     help="prior fit: maximum likelihood, restricted ML, DerSimonian-Laird, "
-                         "moments; npmle = nonparametric prior on a grid (with --mean/--se)")
+                         "moments; npmle = nonparametric prior on a grid (with --mean/--se) "
+                         "(default mle)")
     for p in (fb, fg):
         p.add_argument("--id", help="column of client ids kept in the output (one row per "
                                     "client; default: row numbers from 0)")
         p.add_argument("--client", help="client id column (one row per observation)")
         p.add_argument("--value", action="append",
                        help="observation column (with --client; repeat for d > 1)")
-        p.add_argument("--level", type=_open_unit, default=0.95, help="credible level")
+        p.add_argument("--level", type=_open_unit, default=0.95,
+                       help="credible level in (0, 1) (default 0.95)")
         p.add_argument("--output", help="write per-client estimates to this CSV")
         _add_max_size(p)
         _add_json(p)
     fb.set_defaults(func=_cmd_fit_beta_binomial)
+    _examples(fb,
+              "ebfl fit beta-binomial counts.csv --successes wins --trials games --output "
+              "posterior.csv",
+              "ebfl fit beta-binomial outcomes.csv --client county --value republican_win "
+              "--method loo_printed")
     fg.set_defaults(func=_cmd_fit_gaussian)
+    _examples(fg,
+              "ebfl fit gaussian means.csv --mean mean --se se --method reml",
+              "ebfl fit gaussian samples.csv --client id --value x --json")
     from ebfl.eb.normal_means import FAMILIES as NORMAL_MEANS_FAMILIES
 
     fn = fit.add_parser(
         "normal-means", help="estimates and standard errors under a prior family (ebnm)",
         description="Empirical Bayes normal means: x_i ~ N(theta_i, s_i^2), theta_i ~ g, g "
-                    "from a prior family, fitted by maximum marginal likelihood. Example: "
-                    "ebfl fit normal-means effects.csv --x beta --s se --family point_laplace "
-                    "--output posterior.csv")
+                    "from a prior family, fitted by maximum marginal likelihood.")
     fn.add_argument("path", help="CSV file, one row per observation")
     fn.add_argument("--x", required=True, help="column of estimates x_i")
     fn.add_argument("--s", required=True, help="column of their standard errors s_i (> 0)")
@@ -255,63 +323,95 @@ def build_parser():
     _add_max_size(fn)
     _add_json(fn)
     fn.set_defaults(func=_cmd_fit_normal_means)
+    _examples(fn,
+              "ebfl fit normal-means effects.csv --x beta --s se --family point_laplace "
+              "--output posterior.csv",
+              "ebfl fit normal-means effects.csv --x beta --s se --family unimodal --mode "
+              "estimate --json")
 
     pb = sub.add_parser("private-bernoulli",
                         help="paper's vs corrected private Bernoulli EB across epsilon")
-    pb.add_argument("--alpha", type=_real, default=2.0)
-    pb.add_argument("--beta", type=_real, default=2.0)
-    pb.add_argument("--clients", type=_integer(1), default=10_000)
-    pb.add_argument("--n", type=_integer(1), default=14)
+    pb.add_argument("--alpha", type=_real, default=2.0,
+                    help="alpha > 0 of the Beta(alpha, beta) population of success rates "
+                         "(default 2)")
+    pb.add_argument("--beta", type=_real, default=2.0,
+                    help="beta > 0 of the Beta population (default 2)")
+    pb.add_argument("--clients", type=_integer(1), default=10_000,
+                    help="number of simulated clients, >= 3 (default 10000)")
+    pb.add_argument("--n", type=_integer(1), default=14,
+                    help="Bernoulli trials per client, >= 2 (default 14)")
     pb.add_argument("--epsilon", type=_positive, action="append",
-                    help="repeat; default: a grid")
-    pb.add_argument("--seed", type=_integer(0), default=0)
+                    help="LDP level epsilon > 0 (repeat; default: the grid 0.25 0.5 1 2 3 "
+                         "5 8 12 20 50)")
+    _add_seed(pb, "the simulated population and its private messages")
     pb.add_argument("--plot", metavar="DIR", help="save private_bernoulli.png there")
     _add_json(pb)
     pb.set_defaults(func=_cmd_private_bernoulli)
+    _examples(pb,
+              "ebfl private-bernoulli --clients 1000 --epsilon 1 --epsilon 5")
 
     acc = sub.add_parser("accounting", help="privacy accounting").add_subparsers(
         dest="algorithm", required=True)
     ad = acc.add_parser("dp-adaped", help="Theorem 7 epsilon beside a correct accountant")
-    ad.add_argument("--m", type=_integer(1), required=True, help="number of clients")
-    ad.add_argument("--k", type=_integer(1), required=True, help="clients sampled per round")
+    ad.add_argument("--m", type=_integer(1), required=True, help="m, number of clients, >= 1")
+    ad.add_argument("--k", type=_integer(1), required=True,
+                    help="K, clients sampled per round, >= 1")
     ad.add_argument("--iterations", type=_integer(1), required=True,
-                    help="T local iterations in all")
+                    help="T local iterations in all, >= 1")
     ad.add_argument("--sync-gap", type=_integer(1), required=True,
-                    help="tau, iterations per round")
+                    help="tau, iterations per round, >= 1")
     ad.add_argument("--clip", type=_positive, required=True,
-                    help="C1, clip norm of the mu update")
-    ad.add_argument("--noise", type=_positive, required=True, help="sigma_q1, noise sd on mu")
+                    help="C1 > 0, clip norm of the mu update")
+    ad.add_argument("--noise", type=_positive, required=True, help="sigma_q1 > 0, noise sd on mu")
     ad.add_argument("--clip-psi", type=_positive,
-                    help="C2 (omit for the concatenated variant)")
-    ad.add_argument("--noise-psi", type=_positive, help="sigma_q2")
-    ad.add_argument("--delta", type=_open_unit, default=1e-5)
+                    help="C2 > 0, clip norm of the psi update (omit for the concatenated variant)")
+    ad.add_argument("--noise-psi", type=_positive, help="sigma_q2 > 0, noise sd on psi")
+    ad.add_argument("--delta", type=_open_unit, default=1e-5,
+                    help="delta in (0, 1) at which the user-level epsilon is computed "
+                         "(default 1e-5)")
     ad.add_argument("--sampling", default="without_replacement",
-                    choices=["without_replacement", "poisson"])
-    ad.add_argument("--accountant", default="rdp", choices=["rdp", "pld"])
-    ad.add_argument("--trust", default="aggregator", choices=["aggregator", "local"])
+                    choices=["without_replacement", "poisson"],
+                    help="K fixed clients per round (Algorithm 5), or Poisson with rate K/m "
+                         "(default without_replacement)")
+    ad.add_argument("--accountant", default="rdp", choices=["rdp", "pld"],
+                    help="dp-accounting's RDP or PLD accountant (default rdp; pld needs "
+                         "--sampling poisson unless K = m)")
+    ad.add_argument("--trust", default="aggregator", choices=["aggregator", "local"],
+                    help="aggregator: the adversary sees only the sum of the sampled "
+                         "clients; local: the server sees each client's update (default "
+                         "aggregator)")
     _add_json(ad)
     ad.set_defaults(func=_cmd_accounting_dp_adaped)
+    _examples(ad,
+              "ebfl accounting dp-adaped --m 100 --k 10 --iterations 1000 --sync-gap 10 --clip "
+              "1 --noise 1 --clip-psi 1 --noise-psi 1",
+              "ebfl accounting dp-adaped --m 100 --k 10 --iterations 1000 --sync-gap 10 --clip "
+              "1 --noise 1 --sampling poisson --accountant pld")
     af = acc.add_parser("fedhdp", help="DP-FedAvg / FedHDP privacy group: epsilon by RDP and PLD")
     af.add_argument("--sampling-rate", type=_positive, required=True,
                     help="q in (0, 1], the probability that a client takes part in a round")
     af.add_argument("--noise", type=_positive, required=True,
-                    help="z, the noise multiplier (noise sd over the clip norm)")
-    af.add_argument("--rounds", type=_integer(1), required=True, help="T rounds")
-    af.add_argument("--delta", type=_open_unit, required=True)
+                    help="z > 0, the noise multiplier (noise sd over the clip norm)")
+    af.add_argument("--rounds", type=_integer(1), required=True, help="T rounds, >= 1")
+    af.add_argument("--delta", type=_open_unit, required=True,
+                    help="delta in (0, 1) at which the client-level epsilon is computed")
     af.add_argument("--accountant", default="both", choices=["rdp", "pld", "both"],
                     help="RDP (TensorFlow Privacy's orders, improved conversion), PLD, or "
                          "both (default)")
     _add_json(af)
     af.set_defaults(func=_cmd_accounting_fedhdp)
+    _examples(af,
+              "ebfl accounting fedhdp --sampling-rate 0.1 --noise 1.1 --rounds 500 --delta 1e-5")
     dp = acc.add_parser("dp-pfl", help="DP-PFL: Theorem 5's noise and the epsilon it delivers "
                         "(RDP, PLD, Corollary 4)")
     dp.add_argument("--epsilon", type=_positive, default=8.0,
-                    help="end-to-end target epsilon of a device (default 8)")
-    dp.add_argument("--delta", type=_open_unit, default=1e-3, help="default 1e-3")
+                    help="end-to-end target epsilon > 0 of a device (default 8)")
+    dp.add_argument("--delta", type=_open_unit, default=1e-3,
+                    help="delta in (0, 1) of the device's target (default 1e-3)")
     dp.add_argument("--inner", type=_integer(1), default=2000,
-                    help="K, global iterations per Omega-step (default 2000)")
+                    help="K >= 1, global iterations per Omega-step (default 2000)")
     dp.add_argument("--outer", type=_integer(1), default=10,
-                    help="H, Omega-steps (default 10); every one of the K H iterations "
+                    help="H >= 1, Omega-steps (default 10); every one of the K H iterations "
                          "is a release")
     dp.add_argument("--drop", type=_unit, default=0.2,
                     help="drop probability in [0, 1) (default 0.2, Figure 4's optimum)")
@@ -322,6 +422,8 @@ def build_parser():
                     help="r = epsilon2/epsilon1 > 0, the budget split (default 1)")
     _add_json(dp)
     dp.set_defaults(func=_cmd_accounting_dp_pfl)
+    _examples(dp,
+              "ebfl accounting dp-pfl --epsilon 4 --delta 1e-3 --json")
 
     val = sub.add_parser("validate", help="Monte Carlo checks of the paper's theorems")
     names = val.add_argument("names", nargs="*", metavar="NAME",
@@ -330,62 +432,77 @@ def build_parser():
     # modules are imported, which takes seconds that no other command should pay.
     names.check_names = _Deferred(_check_names)
     val.add_argument("--reps", type=_integer(2),
-                     help="replicates per check (default: per check)")
+                     help="replicates per check, >= 2 (default: per check)")
     val.add_argument("--quick", action="store_true", help="fewer replicates")
-    val.add_argument("--seed", type=_integer(0), default=0)
+    _add_seed(val, "the Monte Carlo replicates")
     val.add_argument("--plot", metavar="DIR", help="save sweep figures (MC vs formula) there")
     _add_json(val)
     val.set_defaults(func=_cmd_validate)
+    _examples(val,
+              "ebfl validate --quick",
+              "ebfl validate --quick --json --seed 1")
 
     rep = sub.add_parser("reproduce", help="the papers' experiments").add_subparsers(
         dest="experiment", required=True)
     est = rep.add_parser("estimation", help="E1 (Bernoulli) and E8 (private Gaussian)")
     est.add_argument("--quick", action="store_true", help="fewer runs (same m)")
-    est.add_argument("--seed", type=_integer(0), default=0)
+    _add_seed(est, "the simulations (E1 and E8 get independent streams)")
     est.add_argument("--plot", metavar="DIR", help="save the E8 figure there")
     _add_json(est)
     est.set_defaults(func=_cmd_reproduce_estimation)
+    _examples(est,
+              "ebfl reproduce estimation --quick --plot figures")
 
     el = rep.add_parser("election", help="county elections: personalized vs local (E2)")
     el.add_argument("--data", metavar="PATH",
                     help="local countypres_2000-2020.csv[.gz|.xz] (default: the data home)")
     el.add_argument("--no-verify", action="store_true", help="skip the sha256 check of --data")
     el.add_argument("--epsilon", type=_positive, action="append",
-                    help="LDP level of the private variants (repeat; default 1 and 5)")
-    el.add_argument("--seed", type=_integer(0), default=0)
+                    help="LDP level epsilon > 0 of the private variants (repeat; default 1 "
+                         "and 5)")
+    _add_seed(el, "the folds and the privacy noise")
     el.add_argument("--plot", metavar="DIR", help="save the shrinkage and per-fold figures")
     _add_json(el)
     el.set_defaults(func=_cmd_election)
+    _examples(el,
+              "ebfl reproduce election --epsilon 1 --epsilon 5 --plot figures")
 
     reg = rep.add_parser("regression", help="E3: personalized linear regression")
     reg.add_argument("--quick", action="store_true", help="m = 1000, one run, fewer rounds")
-    reg.add_argument("--seed", type=_integer(0), default=0)
+    _add_seed(reg, "the simulated clients and the training")
     reg.add_argument("--plot", metavar="DIR", help="save the E3 figure there")
     _add_json(reg)
     reg.set_defaults(func=_cmd_reproduce_regression)
+    _examples(reg,
+              "ebfl reproduce regression --quick")
 
     ada = rep.add_parser("adaped", help="Table 1: AdaPeD vs personalized-FL baselines (torch)")
-    _neural_arguments(ada, plot="the accuracy-per-round figure")
-    ada.add_argument("--methods", nargs="+", metavar="NAME", help="subset of the methods")
+    _neural_arguments(ada, plot="the accuracy-per-round figure", seeds=True)
+    ada.add_argument("--methods", nargs="+", metavar="NAME",
+                     help="subset of the methods (default: all)")
     ada.add_argument("--seeds", type=_integer(1), default=1,
-                     help="runs (seeds seed, seed+1, ...)")
+                     help="runs, >= 1 (seeds seed, seed+1, ...; default 1)")
     ada.add_argument("--samples-per-client", type=_integer(2, 70_000), metavar="N",
                      help="training images kept per client, drawn from its classes (mnist, "
                           "fashion-mnist; default: all, about 1,100)")
     _table1_protocol_arguments(ada)
     ada.set_defaults(func=_cmd_reproduce_adaped)
+    _examples(ada,
+              "ebfl reproduce adaped --quick --dataset mnist --methods AdaPeD FedAvg")
 
     aps = rep.add_parser("adaped-protocol",
                          help="Table 1 over training images per client (and tuned rates), "
                               "and how close each comes to the paper")
-    aps.add_argument("--dataset", default="mnist", choices=["mnist", "fashion-mnist"])
+    aps.add_argument("--dataset", default="mnist", choices=["mnist", "fashion-mnist"],
+                     help="the clients' data (default mnist)")
     aps.add_argument("--sizes", type=_size, nargs="+", default=[50, 100, 200, 500, None],
                      metavar="N", help="training images per client, or all (default: 50 100 "
                                        "200 500 all)")
     aps.add_argument("--methods", nargs="+", metavar="NAME",
                      help="default: AdaPeD FedAvg FedAvg+FT pFedMe QuPeD-FP Local")
-    aps.add_argument("--seed", type=_integer(0), default=0)
-    aps.add_argument("--seeds", type=_integer(1), default=1, help="runs per size")
+    _add_seed(aps, _SEEDS)
+    aps.add_argument("--seeds", type=_integer(1), default=1,
+                     help="runs per size, >= 1 (default 1)")
     _table1_protocol_arguments(aps)
     aps.add_argument("--quick", action="store_true", help="10 rounds per run")
     aps.add_argument("--checkpoint-dir", metavar="DIR",
@@ -394,6 +511,8 @@ def build_parser():
     _device_argument(aps)
     _add_json(aps)
     aps.set_defaults(func=_cmd_reproduce_adaped_protocol)
+    _examples(aps,
+              "ebfl reproduce adaped-protocol --quick --sizes 50 100 --checkpoint-dir runs")
 
     fh = rep.add_parser("fedhdp", help="FedHDP Table 3 and the r-sweeps of Tables 8-9 (torch)")
     fh.add_argument("--dataset", default="mnist",
@@ -402,20 +521,20 @@ def build_parser():
                     help="non-IID MNIST (2,000 one-digit clients) or its skewed variant; "
                          "fashion-mnist: a stand-in for the paper's FMNIST (TFF's EMNIST "
                          "digits) with its Table 7 settings; synthetic*: the same structure "
-                         "on random images, no download")
+                         "on random images, no download (default mnist)")
     fh.add_argument("--sweep", action="store_true",
                     help="Tables 8-9: the baselines and FedHDP at every r (default: Table 3)")
     fh.add_argument("--ratio", type=_unit, action="append", metavar="R",
-                    help="r of the sweep (repeat; default: the paper's grid)")
+                    help="r in [0, 1] of the sweep (repeat; default: the paper's grid)")
     fh.add_argument("--lam", type=_nonnegative, default=0.005,
-                    help="lambda_p = lambda_np (default 0.005)")
-    fh.add_argument("--rounds", type=_integer(1), help="override the paper's 500 rounds")
+                    help="lambda_p = lambda_np >= 0 (default 0.005)")
+    fh.add_argument("--rounds", type=_integer(1), help="rounds, >= 1 (default: the paper's 500)")
     fh.add_argument("--denominator", choices=["realized", "expected"], default="realized",
                     help="realized: Algorithm 2 as printed; expected: the variant the "
-                         "accountant's epsilon is a proof for")
-    fh.add_argument("--seed", type=_integer(0), default=0)
+                         "accountant's epsilon is a proof for (default realized)")
+    _add_seed(fh, _SEEDS)
     fh.add_argument("--seeds", type=_integer(1), default=1,
-                    help="runs (seeds seed, seed+1, ...)")
+                    help="runs, >= 1 (seeds seed, seed+1, ...; default 1)")
     fh.add_argument("--checkpoint-dir", metavar="DIR",
                     help="one checkpoint per run there: an interrupted run resumes")
     fh.add_argument("--quick", action="store_true",
@@ -424,6 +543,9 @@ def build_parser():
     _device_argument(fh)
     _add_json(fh)
     fh.set_defaults(func=_cmd_reproduce_fedhdp)
+    _examples(fh,
+              "ebfl reproduce fedhdp --quick --dataset synthetic",
+              "ebfl reproduce fedhdp --quick --dataset synthetic --sweep --ratio 0.1 --ratio 0.5")
 
     pa = rep.add_parser("perada", help="PerAda Tables 1, 2, 4 and Figures 4, 7 at CPU scale "
                                        "(adapters, distillation, OOD tests, DP; torch)")
@@ -436,16 +558,16 @@ def build_parser():
                     help="run only these parts (repeat; default: all)")
     pa.add_argument("--arch", default="small", choices=["small", "resnet18"],
                     help="small: the CPU-scale backbone; resnet18: the paper's (needs "
-                         "--backbone-weights)")
+                         "--backbone-weights) (default small)")
     pa.add_argument("--backbone-weights", metavar="FILE",
                     help="torchvision-format ResNet-18 ImageNet state_dict (.pth) for --arch "
                          "resnet18")
     pa.add_argument("--cache-dir", metavar="DIR",
                     help="where the pretrained backbone is cached (default: DATA_HOME/pretrained)")
-    pa.add_argument("--rounds", type=_integer(1), help="override the protocol's rounds")
-    pa.add_argument("--seed", type=_integer(0), default=0)
+    pa.add_argument("--rounds", type=_integer(1), help="rounds, >= 1 (default: the protocol's)")
+    _add_seed(pa, _SEEDS)
     pa.add_argument("--seeds", type=_integer(1), default=1,
-                    help="runs (seeds seed, seed+1, ...)")
+                    help="runs, >= 1 (seeds seed, seed+1, ...; default 1)")
     pa.add_argument("--checkpoint-dir", metavar="DIR",
                     help="one result file per finished run there: an interrupted run resumes")
     pa.add_argument("--quick", action="store_true",
@@ -454,13 +576,15 @@ def build_parser():
     _device_argument(pa)
     _add_json(pa)
     pa.set_defaults(func=_cmd_reproduce_perada)
+    _examples(pa,
+              "ebfl reproduce perada --quick --dataset synthetic")
 
     dpf = rep.add_parser("dp-pfl", help="DP-PFL Figures 2-5 on 30 smartphone users, with "
                                         "fixed-Omega baselines")
     dpf.add_argument("--reps", type=_integer(1),
-                     help="repetitions: random splits and seeds (default 10, the paper's)")
+                     help="repetitions, >= 1: random splits and seeds (default 10, the paper's)")
     dpf.add_argument("--jobs", type=_integer(1), default=2,
-                     help="fits run side by side on this many threads (default 2)")
+                     help="fits run side by side on this many threads, >= 1 (default 2)")
     dpf.add_argument("--checkpoint-dir", metavar="DIR",
                      help="one result file per fit there: an interrupted run resumes")
     dpf.add_argument("--quick", action="store_true",
@@ -469,23 +593,29 @@ def build_parser():
     dpf.add_argument("--plot", metavar="DIR", help="save Figures 2-5 there")
     _add_json(dpf)
     dpf.set_defaults(func=_cmd_reproduce_dp_pfl)
+    _examples(dpf,
+              "ebfl reproduce dp-pfl --quick")
 
     dpa = rep.add_parser("dp-adaped", help="Figures 1-3: DP-AdaPeD accuracy against epsilon")
-    _neural_arguments(dpa, plot="the accuracy-vs-epsilon figure")
+    _neural_arguments(dpa, plot="the accuracy-vs-epsilon figure", seeds=False)
     _privacy_arguments(dpa, noise_default="0.5 1 2 4", clip_help="C1 = C2")
     dpa.add_argument("--concatenate", action="store_true", help="one clip on [h; k] (E6/E7)")
     dpa.add_argument("--fine-tune", action="store_true", help="Algorithm 6 (E6)")
     dpa.set_defaults(func=_cmd_reproduce_dp_adaped)
+    _examples(dpa,
+              "ebfl reproduce dp-adaped --quick --noise 1 --noise 4")
 
     e7 = rep.add_parser("adaped-fedem",
                         help="Figure 3: AdaPeD vs FedEM, non-private and DP, full participation")
-    _neural_arguments(e7, plot="the accuracy-vs-epsilon figure")
+    _neural_arguments(e7, plot="the accuracy-vs-epsilon figure", seeds=True)
     _privacy_arguments(e7, noise_default="1 4 16", clip_help="C")
     e7.add_argument("--non-private", action="store_true",
                     help="only the non-private pair (the paper's 99.04 vs 98.90 on MNIST)")
     e7.add_argument("--seeds", type=_integer(1), default=1,
-                    help="runs (seeds seed, seed+1, ...)")
+                    help="runs, >= 1 (seeds seed, seed+1, ...; default 1)")
     e7.set_defaults(func=_cmd_reproduce_adaped_fedem)
+    _examples(e7,
+              "ebfl reproduce adaped-fedem --quick --non-private")
 
     hapt = rep.add_parser("hapt", help="personalized logistic regression, 30 smartphone users")
     hapt.add_argument("--positive", default="SITTING",
@@ -499,6 +629,8 @@ def build_parser():
     hapt.add_argument("--plot", metavar="DIR", help="save the accuracy figure there")
     _add_json(hapt)
     hapt.set_defaults(func=_cmd_hapt)
+    _examples(hapt,
+              "ebfl reproduce hapt --quick --download")
 
     fl = sub.add_parser("flower", help="federated runs on Flower (needs ebfl[flower])"
                         ).add_subparsers(dest="action", required=True)
@@ -507,11 +639,15 @@ def build_parser():
     fs.add_argument("--compare", action="store_true",
                     help="also run in process; report max |difference| of the final parameters")
     fs.add_argument("--failures", default="", metavar="R:C,...",
-                    help="clients that crash: round:client pairs, 0-based (e.g. 1:0,2:3)")
+                    help="clients that crash: round:client pairs, 0-based (e.g. 1:0,2:3; default: "
+                         "none)")
     fs.add_argument("--verbose", action="store_true", help="Flower's and Ray's logs")
     fs.add_argument("--plot", metavar="DIR", help="save the metric-per-round figure there")
     _add_json(fs)
     fs.set_defaults(func=_cmd_flower_simulate)
+    _examples(fs,
+              "ebfl flower simulate adaped --dataset digits --clients 6 --rounds 3 --compare",
+              "ebfl flower simulate eb-normal-means --family ash --clients 6 --rounds 2")
     fa = fl.add_parser("app", help="write a deployable Flower App for a job")
     fa.add_argument("directory", help="folder to write the app to (new or empty)")
     _job_arguments(fa)
@@ -520,10 +656,17 @@ def build_parser():
     fa.add_argument("--overwrite", action="store_true", help="replace an existing app")
     _add_json(fa)
     fa.set_defaults(func=_cmd_flower_app)
+    _examples(fa,
+              "ebfl flower app my-app fedavg --rounds 5")
 
     demo = sub.add_parser("demo", help="simulate the paper's settings, compare with theory")
-    demo.add_argument("--clients", type=_integer(2), default=10_000)
-    demo.add_argument("--seed", type=_integer(0), default=0)
+    demo.add_argument("--clients", type=_integer(2), default=10_000,
+                      help="simulated clients in each of the two settings (Gaussian and "
+                           "Beta-Bernoulli), >= 3 (default 10000)")
+    _add_seed(demo, "the simulated clients")
     _add_json(demo)
     demo.set_defaults(func=_cmd_demo)
+    _examples(demo,
+              "ebfl demo --clients 1000",
+              "ebfl demo --json")
     return parser
