@@ -409,3 +409,21 @@ def test_fit_keeps_the_client_ids_of_the_id_column(tmp_path, capsys):
     assert main(["fit", "gaussian", str(gpath), "--mean", "m", "--se", "se", "--id",
                  "nope"]) == 2
     assert "--id: column 'nope' is not in the file" in capsys.readouterr().err
+
+
+def test_progress_bars_in_a_terminal_only_and_quiet_silences_them(monkeypatch, capsys):
+    """A long command shows tqdm bars on stderr where stderr is a terminal, none in a
+    log or a pipe, and none with ``--quiet``; stdout holds the result either way."""
+    import sys
+
+    argv = ["validate", "thm1", "--reps", "20", "--seed", "1", "--json"]
+    assert main(argv) == 0  # stderr captured: not a terminal
+    first = capsys.readouterr()
+    assert first.err == ""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(argv) == 0
+    shown = capsys.readouterr()
+    assert "thm1:" in shown.err and "%|" in shown.err and "/20 [" in shown.err  # a tqdm bar
+    assert json.loads(shown.out) == json.loads(first.out)  # the same result
+    assert main([*argv, "--quiet"]) == 0
+    assert capsys.readouterr().err == ""

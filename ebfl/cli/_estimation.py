@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ebfl.cli._output import _emit, _print_table
+from ebfl.cli._output import _emit, _print_table, _progress
 
 
 def _cmd_bounds_gaussian(args):
@@ -362,12 +362,12 @@ def _cmd_validate(args):
     from ebfl.validation.sweeps import plot_sweeps
 
     report = validate(args.names or None, n_reps=args.reps, quick=args.quick, rng=args.seed,
-                      progress=not args.json)
+                      progress=_progress(args))
     payload = {"quick": args.quick, "seed": args.seed, "counts": report.counts(),
                "results": report.to_dicts()}
     if args.plot:
         payload["figures"] = plot_sweeps(args.plot, n_reps=args.reps, quick=args.quick,
-                                         rng=args.seed, progress=not args.json)
+                                         rng=args.seed, progress=_progress(args))
 
     def render(p):
         rows = [{"check": r["name"], "row": r["label"], "kind": r["kind"],
@@ -390,7 +390,7 @@ def _cmd_election(args):
     from ebfl.datasets import election_matrix, load_county_returns
     from ebfl.generative.election import election_experiment, plot_election
 
-    returns = load_county_returns(args.data, verify=not args.no_verify, progress=not args.json)
+    returns = load_county_returns(args.data, verify=not args.no_verify, progress=_progress(args))
     matrix = election_matrix(returns)
     payload = election_experiment(matrix, epsilons=tuple(args.epsilon or (1.0, 5.0)),
                                   rng=args.seed)

@@ -25,6 +25,12 @@ def _fmt(value):
     return str(value)
 
 
+def _progress(args):
+    """Progress bars (tqdm, on stderr) for a long command: shown where stderr is a
+    terminal, never in a log or a pipe, and not with ``--quiet``."""
+    return sys.stderr.isatty() and not getattr(args, "quiet", False)
+
+
 def _emit(args, payload, render):
     if args.json:
         json.dump(payload, sys.stdout, default=_json_default)

@@ -669,4 +669,10 @@ def build_parser():
     _examples(demo,
               "ebfl demo --clients 1000",
               "ebfl demo --json")
+    # The long commands show progress bars on stderr when it is a terminal; --quiet
+    # silences them (a log or a pipe never gets them).
+    for long_running in (val, *rep.choices.values()):
+        long_running.add_argument("--quiet", action="store_true",
+                                  help="no progress bars (by default they are shown on "
+                                       "stderr when it is a terminal)")
     return parser

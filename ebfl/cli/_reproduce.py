@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ebfl.cli._output import _emit, _nan_to_none, _print_table, _round, _save_figure
+from ebfl.cli._output import _emit, _nan_to_none, _print_table, _progress, _round, _save_figure
 
 
 def _cmd_reproduce_estimation(args):
     from ebfl.generative.estimation import reproduce_estimation
 
-    payload = reproduce_estimation(quick=args.quick, rng=args.seed, progress=not args.json,
+    payload = reproduce_estimation(quick=args.quick, rng=args.seed, progress=_progress(args),
                                    plot_dir=args.plot)
 
     def render(p):
@@ -43,7 +43,7 @@ def _cmd_reproduce_regression(args):
 
     kwargs = (dict(m=1000, runs=1, em_rounds=100, gd_rounds=200) if args.quick
               else dict(m=10_000, runs=3, em_rounds=300, gd_rounds=1000))
-    payload = e3_regression(rng=args.seed, progress=not args.json, **kwargs)
+    payload = e3_regression(rng=args.seed, progress=_progress(args), **kwargs)
     payload["quick"] = args.quick
     _save_figure(args, plot_e3, payload, "e3_regression.png")
     payload.pop("curves")
@@ -79,7 +79,7 @@ def _cmd_reproduce_adaped(args):
 
     payload = table1(args.dataset, methods=tuple(args.methods or METHODS),
                      seeds=tuple(range(args.seed, args.seed + args.seeds)), quick=args.quick,
-                     femnist_root=args.femnist_root, progress=not args.json, device=args.device,
+                     femnist_root=args.femnist_root, progress=_progress(args), device=args.device,
                      classes_per_client=args.classes_per_client,
                      samples_per_client=args.samples_per_client, lr_grid=_lr_grid(args))
     _save_figure(args, plot_table1, payload, f"table1_{args.dataset}.png")
@@ -127,7 +127,7 @@ def _cmd_reproduce_adaped_protocol(args):
                               lr_grid=_lr_grid(args),
                               classes_per_client=args.classes_per_client,
                               dataset=args.dataset, quick=args.quick,
-                              checkpoint_dir=args.checkpoint_dir, progress=not args.json,
+                              checkpoint_dir=args.checkpoint_dir, progress=_progress(args),
                               device=args.device)
     _save_figure(args, plot_protocol_search, payload, f"table1_protocol_{args.dataset}.png")
 
@@ -198,7 +198,7 @@ def _cmd_reproduce_fedhdp(args):
                                seeds=tuple(range(args.seed, args.seed + args.seeds)),
                                quick=args.quick, n_rounds=args.rounds,
                                denominator=args.denominator, checkpoint_dir=args.checkpoint_dir,
-                               progress=not args.json, device=args.device)
+                               progress=_progress(args), device=args.device)
     if table == "sweep":
         _save_figure(args, plot_sweep, payload, f"fedhdp_sweep_{args.dataset}.png")
     payload = _nan_to_none(payload)
@@ -247,7 +247,7 @@ def _cmd_reproduce_perada(args):
                                seeds=tuple(range(args.seed, args.seed + args.seeds)),
                                n_rounds=args.rounds, checkpoint_dir=args.checkpoint_dir,
                                arch=args.arch, backbone_weights=args.backbone_weights,
-                               cache_dir=args.cache_dir, progress=not args.json,
+                               cache_dir=args.cache_dir, progress=_progress(args),
                                device=args.device)
     _save_figure(args, plot_perada, payload, f"perada_{args.dataset}.png")
     _emit(args, _nan_to_none(payload), _render_perada)
@@ -302,7 +302,7 @@ def _cmd_reproduce_dp_pfl(args):
 
     payload = reproduce_dppfl(quick=args.quick, n_reps=args.reps,
                               checkpoint_dir=args.checkpoint_dir, jobs=args.jobs,
-                              progress=not args.json)
+                              progress=_progress(args))
     _save_figure(args, plot_dppfl, payload, "dppfl_figures.png")
     _emit(args, _nan_to_none(payload), _render_dp_pfl)
 
@@ -355,7 +355,7 @@ def _cmd_reproduce_dp_adaped(args):
     payload = dp_sweep(args.dataset, noise_multipliers=tuple(args.noise or (0.5, 1.0, 2.0, 4.0)),
                        clip=args.clip, delta=args.delta, concatenate=args.concatenate,
                        fine_tune=args.fine_tune, seed=args.seed, quick=args.quick,
-                       femnist_root=args.femnist_root, progress=not args.json,
+                       femnist_root=args.femnist_root, progress=_progress(args),
                        device=args.device)
     _save_figure(args, plot_dp_sweep, payload, f"dp_adaped_{args.dataset}.png")
 
@@ -377,7 +377,7 @@ def _cmd_reproduce_adaped_fedem(args):
                                delta=args.delta, seeds=tuple(range(args.seed,
                                                                    args.seed + args.seeds)),
                                quick=args.quick, femnist_root=args.femnist_root,
-                               progress=not args.json, device=args.device)
+                               progress=_progress(args), device=args.device)
     if zs:
         _save_figure(args, plot_fedem_comparison, payload, f"adaped_fedem_{args.dataset}.png")
 
@@ -409,9 +409,9 @@ def _cmd_hapt(args):
 
     check_choice(args.positive, "--positive", set(ACTIVITIES.values()))  # before the slow load
     windows = hapt_windows(load_hapt_raw(args.data, download=args.download,
-                                         progress=not args.json))
+                                         progress=_progress(args)))
     payload = hapt_logistic(positive=args.positive, quick=args.quick, windows=windows,
-                            progress=not args.json)
+                            progress=_progress(args))
     _save_figure(args, plot_hapt, payload, "hapt_logistic.png")
     payload.pop("curves")
 
