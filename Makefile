@@ -2,12 +2,13 @@
 #   make run    the main job (installs everything first)
 #   make test   the test suite (installs everything first)
 #   make docs   the documentation site, docs/_build/html
+#   make notebooks  re-execute notebooks/*.ipynb and store them with their outputs
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test docs bench lint clean
+.PHONY: run test docs notebooks bench lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +27,11 @@ test: $(STAMP)
 docs: $(STAMP)
 	$(VENV)/bin/sphinx-build -b html -W --keep-going -q docs docs/_build/html
 
+# Each notebook in a fresh kernel from notebooks/, stored with its outputs; the ones
+# that read a dataset need it in the data home (EBFL_DATA).
+notebooks: $(STAMP)
+	$(PY) notebooks/execute.py
+
 bench: $(STAMP)
 	$(PY) benchmarks/bench_beta_bernoulli.py
 	$(PY) benchmarks/bench_npmle.py --large
@@ -38,7 +44,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_dppfl.py
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check ebfl tests benchmarks
+	$(VENV)/bin/ruff check ebfl tests benchmarks docs/_ext docs/figures
 
 clean:
 	rm -rf $(VENV)

@@ -5,7 +5,8 @@ The repository keeps them in its top-level ``data/`` (``data/manifests/*.json``,
 data, ``ebfl/_data/`` (``pyproject.toml`` maps ``data/`` there). :data:`DATA` is
 that folder of the installed package when it exists, else the source tree's
 ``data/`` (an editable install or a checkout on ``sys.path``, where nothing is
-copied and an edited table is read at once).
+copied and an edited table is read at once). Beside them, where downloads and
+caches go: :func:`user_cache`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["DATA", "data_file", "paper_numbers"]
+__all__ = ["DATA", "data_file", "import_pooch", "paper_numbers", "user_cache"]
 
 
 def _data_root() -> Path:
@@ -49,3 +50,24 @@ def paper_numbers(name):
     import pandas as pd
 
     return pd.read_csv(data_file("paper_numbers", f"{name}.csv"))
+
+
+def import_pooch():
+    """The ``pooch`` module, imported without its progress-bar warning.
+
+    pooch imports ``tqdm.auto`` when it is imported; in a Jupyter kernel without
+    ipywidgets that warns (``TqdmWarning: IProgress not found``) and falls back to
+    the text progress bar, which is the bar ebfl asks for anyway. The warning says
+    nothing about ebfl's data, so it is silenced at that import only.
+    """
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        import pooch
+    return pooch
+
+
+def user_cache() -> Path:
+    """ebfl's per-user cache folder (pooch's ``os_cache``: the platform's convention)."""
+    return Path(import_pooch().os_cache("ebfl"))

@@ -1,16 +1,17 @@
-"""Closed-form MSEs and bounds of the paper (Theorems 1-4, eqs. (46)-(47)).
+r"""Closed-form MSEs and bounds of the paper (Theorems 1-4, eqs. (46)-(47)).
 
 Plain functions of the model parameters. All Gaussian values are the total
 over d coordinates (pass ``d=1`` for per-coordinate values). Where the paper
 writes "<=" but the formula is exact (Theorem 1, the known-Beta MSEs, errata
-[!3] in docs/errata.md) the docstring says so; tests check them by Monte Carlo.
+[!3] on the errata page) the docstring says so; tests check them by Monte Carlo.
 
 Accepted ranges (outside them ``ValueError`` names the argument): standard
-deviations (sigma_theta, sigma_x, sigma_q) 0 or in [1e-100, 1e100]; counts
-m, n, d and k_bits integers up to 2^53; alpha, beta, epsilon finite and > 0
-(epsilon in [1e-150, 1e150] as for the mechanisms). The formulas are written
-so that no intermediate value leaves float64 in these ranges; a result that
-itself overflows (e.g. d sigma_x^2 / n beyond 1.8e308) raises ``ValueError``.
+deviations (:math:`\sigma_\theta, \sigma_x, \sigma_q`) 0 or in
+:math:`[10^{-100}, 10^{100}]`; counts m, n, d and k_bits integers up to
+:math:`2^{53}`; :math:`\alpha, \beta, \epsilon` finite and > 0 (:math:`\epsilon` in
+:math:`[10^{-150}, 10^{150}]` as for the mechanisms). The formulas are written so that
+no intermediate value leaves float64 in these ranges; a result that itself overflows
+(e.g. :math:`d \sigma_x^2 / n` beyond 1.8e308) raises ``ValueError``.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def _gauss_iv(m, n, sigma_theta, sigma_x, d):
 
 
 def gaussian_weight(m, n, sigma_theta, sigma_x, sigma_q=0.0):
-    r"""Weight a on the local mean in Theorems 1 and 2.
+    r"""Weight :math:`a` on the local mean in Theorems 1 and 2.
 
     .. math:: a = \frac{\sigma_\theta^2 + \sigma_q^2/(m-1)}
                        {\sigma_\theta^2 + \sigma_q^2/(m-1) + \sigma_x^2/n}
@@ -102,12 +103,15 @@ def _weight(m, n, sigma_theta, sigma_x, sigma_q):
 
 
 def theorem2_mse(m, n, sigma_theta, sigma_x, sigma_q, d=1):
-    r"""Theorem 2: risk of a x_i + (1-a) mean_l q(x_l) for a mechanism of variance sigma_q^2.
+    r"""Theorem 2: risk of :math:`a x_i + (1-a) \frac1m \sum_l q(x_l)` for a mechanism q.
 
-    .. math:: \frac{d\sigma_x^2}{n}\left(\frac{1-a}{m} + a\right)
+    For a mechanism of per-coordinate variance :math:`\sigma_q^2`:
 
-    Exact when the mechanism's per-coordinate variance equals sigma_q^2 for
-    every input (e.g. additive Gaussian noise); an upper bound otherwise.
+    .. math:: \frac{d\sigma_x^2}{n}\left(\frac{1-a}{m} + a\right),
+
+    with :math:`a` of :func:`gaussian_weight`. Exact when the mechanism's per-coordinate
+    variance equals :math:`\sigma_q^2` for every input (e.g. additive Gaussian noise);
+    an upper bound otherwise.
     """
     m, n, sigma_theta, sigma_x, d = _gauss_iv(m, n, sigma_theta, sigma_x, d)
     sigma_q = check_standard_deviation(sigma_q, "sigma_q", zero_ok=True)
@@ -120,10 +124,12 @@ def _theorem2(m, n, sigma_theta, sigma_x, sigma_q, d):
 
 
 def theorem1_mse(m, n, sigma_theta, sigma_x, d=1):
-    r"""Theorem 1: risk of the personalized estimator a x_i + (1 - a) mu_hat.
+    r"""Theorem 1: risk of the personalized estimator :math:`a x_i + (1 - a) \hat\mu`.
 
-    d (sigma_x^2/n) ((1 - a)/m + a). The paper states "<=", but the value is
-    exact (errata [!3]); it also equals the lower bound (47).
+    .. math:: \frac{d\sigma_x^2}{n}\left(\frac{1-a}{m} + a\right),
+
+    with :math:`a` of :func:`gaussian_weight` (:math:`\sigma_q = 0`). The paper states
+    "<=", but the value is exact (errata [!3]); it also equals the lower bound (47).
 
     Examples
     --------
@@ -134,7 +140,7 @@ def theorem1_mse(m, n, sigma_theta, sigma_x, d=1):
 
 
 def gaussian_local_mse(n, sigma_x, d=1):
-    """Risk of the local mean xbar_i: d sigma_x^2 / n (exact)."""
+    r"""Risk of the local mean :math:`\bar x_i`: :math:`d \sigma_x^2 / n` (exact)."""
     n = _count(n, "n", 1)
     sigma_x = check_standard_deviation(sigma_x, "sigma_x", zero_ok=False)
     d = _count(d, "d", 1)
@@ -142,17 +148,21 @@ def gaussian_local_mse(n, sigma_x, d=1):
 
 
 def gaussian_global_mse(m, n, sigma_theta, sigma_x, d=1):
-    """Risk of the global mean mu_hat alone: d((m-1)sigma_theta^2/m + sigma_x^2/(mn)) (exact)."""
+    r"""Risk of the global mean :math:`\hat\mu` alone (exact).
+
+    .. math:: d\left(\frac{m-1}{m}\sigma_\theta^2 + \frac{\sigma_x^2}{mn}\right)
+    """
     m, n, sigma_theta, sigma_x, d = _gauss_iv(m, n, sigma_theta, sigma_x, d)
     return _finite(d * ((m - 1) / m * sigma_theta**2 + sigma_x**2 / m / n),
                    "the global-mean MSE")
 
 
 def lower_bound_known_prior(n, sigma_theta, sigma_x, d=1):
-    r"""Van Trees bound (46): d sigma_theta^2 sigma_x^2 / (n sigma_theta^2 + sigma_x^2).
+    r"""Van Trees bound (46): the Bayes risk with the prior fully known.
 
-    The Bayes risk with the prior fully known; attained by the oracle that
-    knows mu (:func:`gaussian_oracle_mse`).
+    .. math:: \frac{d\,\sigma_\theta^2 \sigma_x^2}{n\sigma_\theta^2 + \sigma_x^2}
+
+    Attained by the oracle that knows :math:`\mu` (:func:`gaussian_oracle_mse`).
     """
     n = _count(n, "n", 1)
     sigma_theta = check_standard_deviation(sigma_theta, "sigma_theta", zero_ok=True)
@@ -164,16 +174,22 @@ def lower_bound_known_prior(n, sigma_theta, sigma_x, d=1):
 
 
 def gaussian_oracle_mse(n, sigma_theta, sigma_x, d=1):
-    """Risk of a x_i + (1 - a) mu with the true mu: d a sigma_x^2/n, equal to (46) (exact)."""
+    r"""Risk of :math:`a x_i + (1 - a) \mu` with the true :math:`\mu` (exact).
+
+    :math:`d\,a \sigma_x^2 / n`, equal to the bound (46)
+    (:func:`lower_bound_known_prior`).
+    """
     return lower_bound_known_prior(n, sigma_theta, sigma_x, d)
 
 
 def lower_bound_estimated_mean(m, n, sigma_theta, sigma_x, d=1):
-    r"""Bound (47): d (sigma_theta^2 sigma_x^2 + sigma_x^4/(mn)) / (n sigma_theta^2 + sigma_x^2).
+    r"""Bound (47): the paper's claimed minimax bound for estimators that do not know :math:`\mu`.
 
-    The paper's claimed minimax bound for estimators that do not know mu. It
-    equals the Theorem 1 value; the paper's derivation of it is flawed (errata
-    [!19]), so treat it as a claim. The known-mu oracle legitimately beats it.
+    .. math:: \frac{d\,\big(\sigma_\theta^2 \sigma_x^2 + \sigma_x^4/(mn)\big)}
+                   {n\sigma_\theta^2 + \sigma_x^2}
+
+    It equals the Theorem 1 value; the paper's derivation of it is flawed (errata
+    [!19]), so treat it as a claim. The known-:math:`\mu` oracle legitimately beats it.
     """
     m, n, sigma_theta, sigma_x, d = _gauss_iv(m, n, sigma_theta, sigma_x, d)
     # d sigma_x^2 (sigma_theta^2 + sigma_x^2/(mn)) / (n sigma_theta^2 + sigma_x^2): no sigma^4.
@@ -183,16 +199,17 @@ def lower_bound_estimated_mean(m, n, sigma_theta, sigma_x, d=1):
 
 @dataclass(frozen=True)
 class GaussianMSE:
-    """All Gaussian-model risks for one setting (totals over d coordinates).
+    r"""All Gaussian-model risks for one setting (totals over d coordinates).
 
     Attributes
     ----------
     weight : float
-        a of Theorems 1/2.
+        :math:`a` of Theorems 1/2.
     personalized : float
-        Theorem 1 (sigma_q = 0) or Theorem 2 value.
+        Theorem 1 (:math:`\sigma_q = 0`) or Theorem 2 value.
     local, global_only, oracle : float
-        Risks of xbar_i, of mu_hat alone, of the known-mu posterior mean.
+        Risks of :math:`\bar x_i`, of :math:`\hat\mu` alone, of the known-:math:`\mu`
+        posterior mean.
     lower_known_prior, lower_estimated_mean : float
         Bounds (46) and (47).
     """
@@ -263,7 +280,9 @@ def _beta_var_factor(alpha, beta):
 
 
 def beta_local_mse(alpha, beta, n):
-    r"""Risk of z_i/n under a Beta(alpha, beta) population: E[p(1-p)]/n (exact).
+    r"""Risk of :math:`z_i/n` under a :math:`\mathrm{Beta}(\alpha, \beta)` population (exact).
+
+    It is :math:`E[p(1-p)]/n`:
 
     .. math:: \frac{\alpha\beta}{n(\alpha+\beta)(\alpha+\beta+1)}
 
@@ -292,12 +311,13 @@ def beta_posterior_mse(alpha, beta, n):
 
 @dataclass(frozen=True)
 class BetaMSE:
-    """Known-Beta-prior risks (Section 2.2 of the paper).
+    r"""Known-Beta-prior risks (Section 2.2 of the paper).
 
     Attributes
     ----------
     weight : float
-        a = n / (alpha + beta + n), the posterior mean's weight on z/n.
+        :math:`a = n / (\alpha + \beta + n)`, the posterior mean's weight on
+        :math:`z/n`.
     posterior, local : float
         Risks of the posterior mean and of z/n; posterior = weight * local.
     """
@@ -332,16 +352,18 @@ def theorem3_rhs(mean_a2, mean_one_minus_a2, m, n, alpha, beta):
     Parameters
     ----------
     mean_a2, mean_one_minus_a2 : float
-        E[a_hat^2] and E[(1 - a_hat)^2], each in [0, 1] (estimated by Monte Carlo).
+        :math:`E[\hat a^2]` and :math:`E[(1 - \hat a)^2]`, each in [0, 1] (estimated
+        by Monte Carlo).
     m, n : int
-        Clients (>= 2) and trials per client.
+        Clients (:math:`m \ge 2`) and trials per client.
     alpha, beta : float
         The true Beta prior.
 
     Notes
     -----
-    The bound holds with probability >= 1 - 1/(mn) over the event
-    ``|mu - mu_hat_i| <= c``, ``|sigma^2 - sigma_hat_i^2| <= c``, c^2 = 3 log(4 m^2 n)/(m-1).
+    The bound holds with probability :math:`\ge 1 - 1/(mn)` over the event
+    :math:`|\mu - \hat\mu_i| \le c`, :math:`|\sigma^2 - \hat\sigma_i^2| \le c`, with
+    :math:`c^2 = 3 \log(4 m^2 n)/(m-1)`.
     """
     mean_a2 = check_probability(mean_a2, "mean_a2")
     mean_one_minus_a2 = check_probability(mean_one_minus_a2, "mean_one_minus_a2")
@@ -389,10 +411,10 @@ def _paper_gaussian(m, n, sigma_theta, sigma_x, epsilon, delta, r, d=1):
 
 
 def quantizer_sigma_q(m, n, sigma_theta, sigma_x, k_bits, r):
-    """sigma_q = b/(2^k - 1) of the k-bit quantizer with the paper's range b (Theorem 2.1).
+    r""":math:`\sigma_q = b/(2^k - 1)` of the k-bit quantizer, b the paper's range (Theorem 2.1).
 
-    Computed as b 2^-k / (1 - 2^-k), so any k_bits up to 2^53 works (the
-    quantizer object itself stops at 52 bits).
+    Computed as :math:`b\, 2^{-k} / (1 - 2^{-k})`, so any k_bits up to :math:`2^{53}`
+    works (the quantizer object itself stops at 52 bits).
 
     Examples
     --------
@@ -405,22 +427,22 @@ def quantizer_sigma_q(m, n, sigma_theta, sigma_x, k_bits, r):
 
 
 def gaussian_mechanism_sigma_q(m, n, sigma_theta, sigma_x, epsilon, delta, r):
-    """sigma_q = (b/epsilon) sqrt(8 log(2/delta)), the paper's Gaussian mechanism (Theorem 2.2).
+    r""":math:`\sigma_q = \frac{b}{\epsilon}\sqrt{8 \log(2/\delta)}`: the paper's Gaussian noise.
 
-    The paper's calibration, used on purpose: it does not always deliver
-    (epsilon, delta)-LDP (see :func:`gaussian_mechanism_true_delta`).
+    Theorem 2.2. The paper's calibration, used on purpose: it does not always deliver
+    :math:`(\epsilon, \delta)`-LDP (see :func:`gaussian_mechanism_true_delta`).
     """
     return _paper_gaussian(m, n, sigma_theta, sigma_x, epsilon, delta, r).sigma
 
 
 def gaussian_mechanism_true_delta(m, n, sigma_theta, sigma_x, epsilon, delta, r, d=1):
-    r"""The delta the paper's Gaussian mechanism really gives at ``epsilon`` for a d-vector.
+    r"""The :math:`\delta` the paper's Gaussian mechanism really gives at ``epsilon``, d-vectors.
 
-    With sigma = (b/epsilon) sqrt(8 log(2/delta)) per coordinate and L2
-    sensitivity 2b sqrt(d), the release is (epsilon, delta')-LDP with delta'
-    from the analytic Gaussian formula (Balle & Wang 2018, Theorem 8;
+    With :math:`\sigma = \frac{b}{\epsilon}\sqrt{8 \log(2/\delta)}` per coordinate and
+    L2 sensitivity :math:`2b\sqrt d`, the release is :math:`(\epsilon, \delta')`-LDP with
+    :math:`\delta'` from the analytic Gaussian formula (Balle & Wang 2018, Theorem 8;
     :func:`ebfl.privacy.mechanisms.analytic_gaussian_delta`), and no smaller
-    delta. The paper's claim holds when delta' <= delta.
+    :math:`\delta`. The paper's claim holds when :math:`\delta' \le \delta`.
 
     Examples
     --------
@@ -433,12 +455,13 @@ def gaussian_mechanism_true_delta(m, n, sigma_theta, sigma_x, epsilon, delta, r,
 
 
 def theorem2_quantizer_mse(m, n, sigma_theta, sigma_x, k_bits, r, d=1):
-    r"""Theorem 2, part 1: the k-bit quantizer on [-b, b], b the paper's clipping range.
+    r"""Theorem 2, part 1: the k-bit quantizer on :math:`[-b, b]`, b the paper's clipping range.
 
     b comes from :func:`~ebfl.privacy.paper_clip_range`.
 
-    An upper bound (the quantizer's variance is at most b^2/(2^k-1)^2), claimed
-    with probability >= 1 - 2/(mn) over the clipping event (optimistic, errata [!4]).
+    An upper bound (the quantizer's variance is at most :math:`b^2/(2^k-1)^2`), claimed
+    with probability :math:`\ge 1 - 2/(mn)` over the clipping event (optimistic, errata
+    [!4]).
 
     Examples
     --------
@@ -451,12 +474,12 @@ def theorem2_quantizer_mse(m, n, sigma_theta, sigma_x, k_bits, r, d=1):
 
 
 def theorem2_gaussian_mse(m, n, sigma_theta, sigma_x, epsilon, delta, r, d=1):
-    r"""Theorem 2, part 2: the paper's Gaussian mechanism on [-b, b] (its own calibration).
+    r"""Theorem 2, part 2: the paper's Gaussian mechanism on :math:`[-b, b]` (its own calibration).
 
     Exact up to the (rare) clipping, since the noise variance does not depend
-    on the input. The paper claims (epsilon, delta)-LDP for epsilon in (0, 1);
-    for d > 1 or large epsilon its sigma gives only the delta of
-    :func:`gaussian_mechanism_true_delta`.
+    on the input. The paper claims :math:`(\epsilon, \delta)`-LDP for
+    :math:`\epsilon \in (0, 1)`; for :math:`d > 1` or large :math:`\epsilon` its
+    :math:`\sigma` gives only the :math:`\delta` of :func:`gaussian_mechanism_true_delta`.
 
     Examples
     --------
@@ -477,8 +500,9 @@ def theorem4_rhs(mean_a2, mean_one_minus_a2, m, n, alpha, beta, epsilon):
 
     Notes
     -----
-    As epsilon -> infinity the last term tends to log(4m^2 n)/(3(m-1)), 9 times
-    smaller than Theorem 3's non-private 3 log(4m^2 n)/(m-1) (errata [!5]).
+    As :math:`\epsilon \to \infty` the last term tends to :math:`\log(4m^2 n)/(3(m-1))`,
+    9 times smaller than Theorem 3's non-private :math:`3 \log(4m^2 n)/(m-1)` (errata
+    [!5]).
     """
     from ebfl.privacy.mechanisms import EPSILON_RANGE
 

@@ -71,12 +71,16 @@ def _scale_iv(value, name, *, allow_zero):
 
 @dataclass(frozen=True)
 class GaussianPopulation:
-    """theta_i ~ N(mean, sigma_theta^2 I_d), X_ij | theta_i ~ N(theta_i, sigma_x^2 I_d).
+    r"""The Gaussian model: :math:`\theta_i \sim N(\mu, \sigma_\theta^2 I_d)`, Gaussian data.
+
+    .. math:: \theta_i \sim N(\mu, \sigma_\theta^2 I_d), \qquad
+              X_{ij} \mid \theta_i \sim N(\theta_i, \sigma_x^2 I_d).
 
     Parameters
     ----------
     mean : float or array_like of shape (d,)
-        Population mean mu, each ``|mu_j| <= 1e300``; a scalar gives 1-D clients.
+        Population mean :math:`\mu`, each :math:`|\mu_j| \le 10^{300}`; a scalar gives
+        1-D clients.
     sigma_theta : float
         Population standard deviation, in [0, 1e300].
     sigma_x : float
@@ -132,7 +136,9 @@ class GaussianPopulation:
         return ClientSample(theta, Ragged.from_counts(values, counts))
 
     def sample_sufficient(self, n_clients, n, *, rng=None):
-        """Draw theta_i and the local means xbar_i ~ N(theta_i, sigma_x^2/n_i I_d) directly.
+        r"""Draw :math:`\theta_i` and the local means :math:`\bar x_i` directly.
+
+        :math:`\bar x_i \mid \theta_i \sim N(\theta_i, \sigma_x^2/n_i\, I_d)`.
 
         Returns
         -------
@@ -151,7 +157,10 @@ class GaussianPopulation:
 
 @dataclass(frozen=True)
 class BetaBernoulliPopulation:
-    """p_i ~ Beta(alpha, beta), X_ij | p_i ~ Bernoulli(p_i).
+    r"""The Beta-Bernoulli model: :math:`p_i \sim \mathrm{Beta}(\alpha, \beta)`, Bernoulli data.
+
+    .. math:: p_i \sim \mathrm{Beta}(\alpha, \beta), \qquad
+              X_{ij} \mid p_i \sim \mathrm{Bernoulli}(p_i).
 
     Parameters
     ----------
@@ -185,7 +194,9 @@ class BetaBernoulliPopulation:
         return ClientSample(p, Ragged.from_counts(values, counts))
 
     def sample_sufficient(self, n_clients, n, *, rng=None):
-        """Draw p_i and the success counts z_i ~ Binomial(n_i, p_i) directly.
+        r"""Draw :math:`p_i` and the success counts :math:`z_i` directly.
+
+        :math:`z_i \mid p_i \sim \mathrm{Binomial}(n_i, p_i)`.
 
         Returns
         -------

@@ -14,6 +14,9 @@
   one worker's spinning thread takes the core the other worker needs. Four
   Numba-heavy test files took 43-52 s with spinning and 15-17 s without
   (``pytest -n 2``, 2 cores, measured twice each, alternating).
+* matplotlib draws with Agg unless ``MPLBACKEND`` says otherwise: the results'
+  ``plot()`` methods make pyplot figures, and a test run on a desktop must open no
+  window.
 """
 
 import json
@@ -26,6 +29,8 @@ import pytest
 
 # Before any OpenMP runtime is loaded (Numba's pool, torch's): it reads this at load.
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+# Before pyplot is first imported: it picks its backend then.
+os.environ.setdefault("MPLBACKEND", "Agg")
 
 _SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 if "EBFL_DATA" not in os.environ and _SHARED.is_dir():

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from ebfl.generative.adaped import load_clients, table1  # noqa: E402
+from ebfl.generative.adaped import QUICK_ROUNDS, load_clients, table1  # noqa: E402
 from tests.conftest import requires_data  # noqa: E402
 
 needs_mnist = requires_data("mnist")
@@ -51,7 +51,7 @@ def test_cli_quick_runs_and_prints_the_papers_numbers(tmp_path, capsys):
     assert set(out["results"]) == {"AdaPeD", "FedAvg", "FedEM"}
     assert out["paper"] == {"AdaPeD": [98.53, 0.11], "FedAvg": [92.93, 0.09]}
     s = out["settings"]
-    assert s["clients"] == 50 and s["sampled_per_round"] == 5 and s["rounds"] == 10
+    assert s["clients"] == 50 and s["sampled_per_round"] == 5 and s["rounds"] == QUICK_ROUNDS
     for r in out["results"].values():
         assert 0 <= r["mean"] <= 100 and len(r["per_seed"]) == 1
     assert (tmp_path / "table1_mnist.png").exists()

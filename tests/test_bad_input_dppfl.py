@@ -611,16 +611,17 @@ def _cli_error(capsys, argv):
 @pytest.mark.parametrize("argv, fragments", [
     (["--epsilon", "1e-300"], ["--epsilon must lie in [", "got 1e-300"]),
     (["--epsilon", "1e-320"], ["--epsilon must lie in ["]),
-    (["--inner", "100000000000000"], ["--inner * --outer must be at most 1e+06"]),
-    (["--outer", "100000000000000000000"], ["--outer"]),
-    (["--inner", "1000", "--outer", "1001"], ["--inner * --outer"]),
+    (["--omega-every", "100000000000000"], ["--omega-every * --omega-steps must be at most 1e+06"]),
+    (["--omega-steps", "100000000000000000000"], ["--omega-steps"]),
+    (["--omega-every", "1000", "--omega-steps", "1001"], ["--omega-every * --omega-steps"]),
     (["--ratio", "1e-30"], ["--ratio=1e-30 admits no epsilon"]),
     (["--ratio", "1e300"], ["--ratio"]),
     (["--ratio", "inf"], ["--ratio"]),
-    (["--q", "0"], ["--q"]), (["--q", "nan"], ["--q"]),
+    (["--sampling-rate", "0"], ["--sampling-rate"]),
+    (["--sampling-rate", "nan"], ["--sampling-rate"]),
     (["--drop", "0.5", "--epsilon", "1e-9"], ["--epsilon"]),
     (["--delta", "1e-400"], ["--delta"]),
-    (["--inner", "2.5"], ["--inner"]), (["--epsilon", "x"], ["--epsilon"]),
+    (["--omega-every", "2.5"], ["--omega-every"]), (["--epsilon", "x"], ["--epsilon"]),
 ])
 def test_cli_dp_pfl_refuses_bad_options_by_name(argv, fragments, capsys):
     start = time.perf_counter()

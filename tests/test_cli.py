@@ -20,28 +20,31 @@ def _json(capsys, argv):
 
 
 def test_bounds_gaussian_json(capsys):
-    out = _json(capsys, ["bounds", "gaussian", "--m", "10000", "--n", "15", "--sigma-theta",
-                         "0.1", "--sigma-x", "0.5", "--json"])
+    out = _json(capsys, ["bounds", "gaussian", "--clients", "10000", "--samples-per-client",
+                         "15", "--sigma-theta", "0.1", "--sigma-x", "0.5", "--json"])
     assert out["theorem1"] == pytest.approx(0.0062510, abs=5e-8)
     assert out["weight"] == pytest.approx(0.375)
     assert out["local"] == pytest.approx(0.0166667, abs=5e-8)
     assert out["global_only"] == pytest.approx(B.gaussian_global_mse(10_000, 15, 0.1, 0.5))
     assert out["oracle"] == pytest.approx(B.gaussian_oracle_mse(15, 0.1, 0.5))
-    d3 = _json(capsys, ["bounds", "gaussian", "--m", "10000", "--n", "15", "--sigma-theta",
-                        "0.1", "--sigma-x", "0.5", "--d", "3", "--json"])
+    d3 = _json(capsys, ["bounds", "gaussian", "--clients", "10000", "--samples-per-client",
+                        "15", "--sigma-theta", "0.1", "--sigma-x", "0.5", "--d", "3", "--json"])
     assert d3["theorem1"] == pytest.approx(3 * out["theorem1"])
 
 
 def test_bounds_beta_json_and_table(capsys):
-    out = _json(capsys, ["bounds", "beta", "--alpha", "2", "--beta", "2", "--n", "14", "--json"])
+    out = _json(capsys, ["bounds", "beta", "--alpha", "2", "--beta", "2", "--samples-per-client",
+                         "14", "--json"])
     assert out["posterior"] == pytest.approx(0.0111111, abs=5e-8)
     assert out["local"] == pytest.approx(0.0142857, abs=5e-8)
-    assert main(["bounds", "beta", "--alpha", "2", "--beta", "2", "--n", "14"]) == 0
+    assert main(["bounds", "beta", "--alpha", "2", "--beta", "2", "--samples-per-client",
+                 "14"]) == 0
     assert "posterior" in capsys.readouterr().out
 
 
 def test_bad_arguments_give_clear_error(capsys):
-    assert main(["bounds", "beta", "--alpha", "-1", "--beta", "2", "--n", "14"]) == 2
+    assert main(["bounds", "beta", "--alpha", "-1", "--beta", "2", "--samples-per-client",
+                 "14"]) == 2
     assert "alpha" in capsys.readouterr().err
 
 
@@ -148,8 +151,8 @@ def test_fit_refuses_missing_client_ids(tmp_path, capsys):
 
 
 def test_bounds_gaussian_quantized_and_private(capsys):
-    base = ["bounds", "gaussian", "--m", "10000", "--n", "15", "--sigma-theta", "0.1",
-            "--sigma-x", "0.5", "--r", "1", "--json"]
+    base = ["bounds", "gaussian", "--clients", "10000", "--samples-per-client", "15",
+            "--sigma-theta", "0.1", "--sigma-x", "0.5", "--r", "1", "--json"]
     q = _json(capsys, base + ["--k-bits", "1"])
     assert q["theorem2"] == pytest.approx(0.0064131, abs=5e-8)
     assert q["b"] == pytest.approx(2.0531, abs=5e-5) and q["mechanism"] == "quantizer"
@@ -173,9 +176,9 @@ def test_private_bernoulli_figure(tmp_path, capsys):
 def test_accounting_dp_adaped(capsys):
     from ebfl.privacy import dp_adaped_epsilon
 
-    argv = ["accounting", "dp-adaped", "--m", "66", "--k", "22", "--iterations", "2400",
-            "--sync-gap", "10", "--clip", "1", "--noise", "5", "--clip-psi", "1",
-            "--noise-psi", "5", "--json"]
+    argv = ["accounting", "dp-adaped", "--clients", "66", "--clients-per-round", "22",
+            "--rounds", "240", "--local-steps", "10", "--clip", "1", "--noise", "5",
+            "--clip-psi", "1", "--noise-psi", "5", "--json"]
     out = _json(capsys, argv)
     direct = dp_adaped_epsilon(1e-5, n_clients=66, n_sampled=22, n_iterations=2400, sync_gap=10,
                                clip_mu=1.0, noise_mu=5.0, clip_psi=1.0, noise_psi=5.0)
@@ -237,6 +240,8 @@ def test_reproduce_estimation_quick(tmp_path, capsys):
     assert out["E8"]["clipped_run_fraction"] == 0.0
     for r in rows:
         assert abs(r["mse"]["mean"] - r["formula"]) <= 4 * r["mse"]["se"], r["epsilon"]
+    # a quick run says what it is: here only fewer replicates, so still the paper's setting
+    assert "fewer Monte Carlo replicates" in out["quick_note"]
 
 
 def test_reproduce_regression_quick(tmp_path, capsys):
@@ -249,6 +254,10 @@ def test_reproduce_regression_quick(tmp_path, capsys):
         assert min(mse.values()) == mse["personalized (known prior)"]
         assert row["paper"]["vs_local"][0] in (8.0, 9.2)
     assert (tmp_path / "e3_regression.png").exists()
+    # a quick run at reduced scale says its numbers are not the paper's, in both outputs
+    assert "not comparable with the paper's" in out["quick_note"]
+    assert main(["reproduce", "regression", "--quick", "--quiet"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith(out["quick_note"])
 
 
 def test_missing_dataset_is_a_clear_error_not_a_traceback(tmp_path, monkeypatch, capsys):

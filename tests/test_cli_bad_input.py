@@ -88,8 +88,11 @@ def inputs(tmp_path_factory):
 BB = "fit beta-binomial {d}/values.csv"
 GA = "fit gaussian {d}/values.csv"
 NM = "fit normal-means {d}/values.csv"
-BOUNDS = "bounds gaussian --m 100 --n 15 --sigma-theta 0.1 --sigma-x 0.5"
-ACC = "accounting dp-adaped --m 66 --k 22 --iterations 2400 --sync-gap 10 --clip 1 --noise 5"
+BOUNDS = "bounds gaussian --clients 100 --samples-per-client 15 --sigma-theta 0.1 --sigma-x 0.5"
+ACC = ("accounting dp-adaped --clients 66 --clients-per-round 22 --rounds 240 --local-steps 10 "
+       "--clip 1 --noise 5")
+#: The same setting in the former spellings (deprecated aliases): --iterations T = 240 x 10.
+ACC_OLD = "accounting dp-adaped --m 66 --k 22 --iterations 2400 --sync-gap 10 --clip 1 --noise 5"
 
 # name: (argv, {d} standing for the folder of inputs; fragments the error line must contain)
 CASES = {
@@ -190,19 +193,19 @@ CASES = {
     "output-is-folder": (BB + " --successes ok --trials n --output {d}/folder",
                          ["--output", "folder"]),
     # --- bounds
-    "bounds-m": ("bounds gaussian --m 1 --n 15 --sigma-theta 0.1 --sigma-x 0.5", ["--m"]),
-    "bounds-m-text": ("bounds gaussian --m ten --n 15 --sigma-theta 0.1 --sigma-x 0.5", ["--m"]),
-    "bounds-m-float": ("bounds gaussian --m 1e3 --n 15 --sigma-theta 0.1 --sigma-x 0.5",
-                       ["--m"]),
-    "bounds-n": ("bounds gaussian --m 100 --n 0 --sigma-theta 0.1 --sigma-x 0.5", ["--n"]),
+    "bounds-m": (BOUNDS.replace("--clients 100", "--clients 1"), ["--clients"]),
+    "bounds-m-text": (BOUNDS.replace("--clients 100", "--clients ten"), ["--clients"]),
+    "bounds-m-float": (BOUNDS.replace("--clients 100", "--clients 1e3"), ["--clients"]),
+    "bounds-m-old": (BOUNDS.replace("--clients 100", "--m 1"), ["--clients"]),
+    "bounds-n": (BOUNDS.replace("--samples-per-client 15", "--samples-per-client 0"),
+                 ["--samples-per-client"]),
     "bounds-d": (BOUNDS + " --d 0", ["--d"]),
-    "bounds-sigma-x": ("bounds gaussian --m 100 --n 15 --sigma-theta 0.1 --sigma-x 0",
-                       ["--sigma-x"]),
-    "bounds-sigma-theta": ("bounds gaussian --m 100 --n 15 --sigma-theta -1 --sigma-x 0.5",
+    "bounds-sigma-x": (BOUNDS.replace("--sigma-x 0.5", "--sigma-x 0"), ["--sigma-x"]),
+    "bounds-sigma-theta": (BOUNDS.replace("--sigma-theta 0.1", "--sigma-theta -1"),
                            ["sigma_theta"]),
-    "bounds-sigma-theta-nan": ("bounds gaussian --m 100 --n 15 --sigma-theta nan --sigma-x 1",
+    "bounds-sigma-theta-nan": (BOUNDS.replace("--sigma-theta 0.1", "--sigma-theta nan"),
                                ["--sigma-theta"]),
-    "bounds-overflow-float": ("bounds gaussian --m 100 --n 15 --sigma-theta 1e400 --sigma-x 1",
+    "bounds-overflow-float": (BOUNDS.replace("--sigma-theta 0.1", "--sigma-theta 1e400"),
                               ["--sigma-theta"]),
     "bounds-k-bits": (BOUNDS + " --k-bits 0 --r 1", ["--k-bits"]),
     "bounds-no-r": (BOUNDS + " --epsilon 1 --delta 0.1", ["--r"]),
@@ -212,18 +215,22 @@ CASES = {
     "bounds-epsilon": (BOUNDS + " --epsilon 0 --delta 0.1 --r 1", ["--epsilon"]),
     "bounds-delta": (BOUNDS + " --epsilon 1 --delta 1 --r 1", ["--delta"]),
     "bounds-r": (BOUNDS + " --epsilon 1 --delta 0.1 --r -1", ["--r"]),
-    "bounds-overflow": ("bounds gaussian --m 10 --n 100000000000000000000000000000000000000000000"
-                        " --sigma-theta 1e300 --sigma-x 1e-300", []),
-    "bounds-missing-option": ("bounds gaussian --m 10", ["--n", "--sigma-theta"]),
-    "beta-alpha": ("bounds beta --alpha -1 --beta 2 --n 14", ["alpha"]),
-    "beta-beta-nan": ("bounds beta --alpha 1 --beta nan --n 14", ["--beta"]),
-    "beta-n": ("bounds beta --alpha 1 --beta 2 --n -3", ["--n"]),
+    "bounds-overflow": ("bounds gaussian --clients 10 --samples-per-client "
+                        "100000000000000000000000000000000000000000000 --sigma-theta 1e300 "
+                        "--sigma-x 1e-300", []),
+    "bounds-missing-option": ("bounds gaussian --clients 10",
+                              ["--samples-per-client", "--sigma-theta"]),
+    "bounds-missing-option-old": ("bounds gaussian --m 10", ["--samples-per-client"]),
+    "beta-alpha": ("bounds beta --alpha -1 --beta 2 --samples-per-client 14", ["alpha"]),
+    "beta-beta-nan": ("bounds beta --alpha 1 --beta nan --samples-per-client 14", ["--beta"]),
+    "beta-n": ("bounds beta --alpha 1 --beta 2 --samples-per-client -3",
+               ["--samples-per-client"]),
     # --- accounting
-    "acc-k-above-m": ("accounting dp-adaped --m 66 --k 100 --iterations 2400 --sync-gap 10 "
-                      "--clip 1 --noise 5", []),
-    "acc-iterations": (ACC.replace("2400", "0"), ["--iterations"]),
-    "acc-not-multiple": (ACC.replace("2400", "5"), ["sync_gap"]),
-    "acc-sync-gap": (ACC.replace("--sync-gap 10", "--sync-gap -2"), ["--sync-gap"]),
+    "acc-k-above-m": (ACC.replace("--clients-per-round 22", "--clients-per-round 100"), []),
+    "acc-rounds": (ACC.replace("--rounds 240", "--rounds 0"), ["--rounds"]),
+    "acc-not-multiple": (ACC_OLD.replace("2400", "5"),
+                         ["--iterations 5 is not a multiple of --local-steps 10"]),
+    "acc-local-steps": (ACC.replace("--local-steps 10", "--local-steps -2"), ["--local-steps"]),
     "acc-clip": (ACC.replace("--clip 1", "--clip 0"), ["--clip"]),
     "acc-noise-nan": (ACC.replace("--noise 5", "--noise nan"), ["--noise"]),
     "acc-psi-alone": (ACC + " --clip-psi 1", ["clip_psi"]),
@@ -237,7 +244,7 @@ CASES = {
     "pb-clients": ("private-bernoulli --clients 0", ["--clients"]),
     "pb-clients-text": ("private-bernoulli --clients many", ["--clients"]),
     "pb-clients-huge": ("private-bernoulli --clients 100000000000000000000000", []),
-    "pb-n": ("private-bernoulli --clients 100 --n 0", ["--n"]),
+    "pb-n": ("private-bernoulli --clients 100 --samples-per-client 0", ["--samples-per-client"]),
     **{f"pb-epsilon-{v}": (f"private-bernoulli --clients 100 --epsilon {v}", ["--epsilon"])
        for v in ("0", "-1", "nan", "inf")},
     "pb-alpha": ("private-bernoulli --clients 100 --alpha -1", ["alpha"]),
@@ -274,13 +281,13 @@ CASES = {
     "dp-pfl-reps": ("reproduce dp-pfl --quick --reps 0", ["--reps"]),
     "dp-pfl-jobs": ("reproduce dp-pfl --quick --jobs x", ["--jobs"]),
     "dp-pfl-plot": ("reproduce dp-pfl --quick --plot {d}/plain.txt", ["--plot"]),
-    "acc-dp-pfl-q": ("accounting dp-pfl --q 1.5", ["--q"]),
+    "acc-dp-pfl-q": ("accounting dp-pfl --sampling-rate 1.5", ["--sampling-rate"]),
     "acc-dp-pfl-drop": ("accounting dp-pfl --drop 1", ["--drop"]),
     "acc-dp-pfl-delta": ("accounting dp-pfl --delta 0", ["--delta"]),
     "acc-dp-pfl-epsilon-tiny": ("accounting dp-pfl --epsilon 1e-300", ["--epsilon must lie in"]),
-    "acc-dp-pfl-inner-huge": ("accounting dp-pfl --inner 100000000000000",
-                              ["--inner * --outer must be at most"]),
-    "flower-dp-pfl-inner": ("flower simulate dp-pfl --inner 0", ["--inner"]),
+    "acc-dp-pfl-inner-huge": ("accounting dp-pfl --omega-every 100000000000000",
+                              ["--omega-every * --omega-steps must be at most"]),
+    "flower-dp-pfl-inner": ("flower simulate dp-pfl --omega-every 0", ["--omega-every"]),
     "fedem-seeds": ("reproduce adaped-fedem --quick --seeds -1", ["--seeds"]),
     "fedem-delta": ("reproduce adaped-fedem --quick --delta 2", ["--delta"]),
     # --- election --data

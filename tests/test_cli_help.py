@@ -102,3 +102,36 @@ def test_help_prints_the_examples(path, parser, capsys):
     out = capsys.readouterr().out
     for line in _examples(parser):
         assert line in out
+
+
+_QUICK = [(path, a.help) for path, parser in _LEAVES for a in _arguments(parser)
+          if "--quick" in a.option_strings]
+
+
+@pytest.mark.parametrize(("path", "text"), _QUICK, ids=[" ".join(p) for p, _ in _QUICK])
+def test_every_quick_mode_states_its_time_and_what_it_is(path, text):
+    import re
+
+    # a measured wall time within the 2 minutes a quick run may take
+    took = re.search(r"(\d+) s[^()]*, measured on 2 idle cores", text)
+    assert took and int(took.group(1)) <= 120, text
+    assert ("not comparable with the paper's" in text
+            or "the paper's setting with wider Monte Carlo errors" in text), text
+
+
+def test_quick_help_matches_the_quick_settings():
+    pytest.importorskip("torch")
+    from ebfl.fedhdp.experiment import QUICK as FEDHDP
+    from ebfl.generative.adaped import QUICK_ROUNDS, QUICK_ROUNDS_ALL_CLIENTS
+    from ebfl.perada.experiment import QUICK as PERADA
+    from ebfl.perada.experiment import QUICK_METHODS
+
+    helps = {" ".join(path[2:]): text for path, text in _QUICK}
+    for name in ("adaped", "adaped-protocol", "dp-adaped"):
+        assert f"{QUICK_ROUNDS} rounds" in helps[name]
+    assert f"{QUICK_ROUNDS_ALL_CLIENTS} rounds of every client" in helps["adaped-fedem"]
+    assert (f"{PERADA.n_clients} clients, {PERADA.n_rounds} rounds, {len(QUICK_METHODS)} "
+            "methods") in helps["perada"]
+    assert (f"{FEDHDP['n_clients']} clients, {FEDHDP['rounds']} rounds of "
+            f"{FEDHDP['local_epochs']} local epochs, q = {FEDHDP['sampling_rate']}"
+            ) in helps["fedhdp"]

@@ -106,3 +106,43 @@ def test_no_citation_of_material_outside_the_project():
             if _OUTSIDE.search(line):
                 hits.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:120]}")
     assert hits == []
+
+
+def _html_pages(out):
+    return sorted(path for path in out.rglob("*.html")
+                  if not {"_static", "_sources", "_images"} & set(path.relative_to(out).parts))
+
+
+# The left sidebar's navigation block (docs/_templates/sidebar-nav-site.html).
+_SIDEBAR_NAV = re.compile(r'<nav class="bd-docs-nav bd-links[^"]*"[^>]*>(.*?)</nav>', re.S)
+
+
+def test_every_page_has_a_left_navigation(built_site):
+    # The theme's section navigation alone is empty on the landing page and on the
+    # top-level pages without children; the template shows the whole site there.
+    proc, out = built_site
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    empty = []
+    for page in _html_pages(out):
+        nav = _SIDEBAR_NAV.search(page.read_text(encoding="utf-8"))
+        if nav is None or 'href="' not in nav.group(1):
+            empty.append(str(page.relative_to(out)))
+    assert empty == []
+
+
+@IMPORTS_FLOWER
+def test_api_index_summarizes_every_module(built_site):
+    bs4 = pytest.importorskip("bs4", reason="the docs extra is not installed")
+    proc, out = built_site
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    soup = bs4.BeautifulSoup((out / "api" / "index.html").read_text(encoding="utf-8"),
+                             "html.parser")
+    summaries = {}
+    for row in soup.select("table.autosummary tr"):
+        cells = row.find_all("td")
+        if len(cells) == 2:
+            summaries[cells[0].get_text(strip=True)] = cells[1].get_text(" ", strip=True)
+    modules = [module for _, pages in _apigen().plan() for module, _ in pages]
+    assert [m for m in modules if not summaries.get(m)] == []
+    # The first line whole, not cut at the period of an abbreviation ("eqs. (46)").
+    assert summaries["ebfl.bounds"].endswith("(Theorems 1-4, eqs. (46)-(47)).")

@@ -480,8 +480,8 @@ def test_cli_default_is_the_paper_setting(paper_report, capsys):
     assert out.count("\n") == 1
     payload = json.loads(out)
     assert payload == json.loads(json.dumps(paper_report))
-    assert main(["accounting", "dp-pfl", "--drop", "0", "--q", "1", "--inner", "100",
-                 "--outer", "2"]) == 0
+    assert main(["accounting", "dp-pfl", "--drop", "0", "--sampling-rate", "1", "--omega-every",
+                 "100", "--omega-steps", "2"]) == 0
     text = capsys.readouterr().out
     sigma1 = math.sqrt(2 * math.log(1250) * 2 * 200) / 8   # Theorem 5, p = q = r = 1
     assert "sigma1" in text and f"{sigma1:.7g}" in text
@@ -490,10 +490,11 @@ def test_cli_default_is_the_paper_setting(paper_report, capsys):
 
 @pytest.mark.parametrize("extra, fragment", [
     (["--delta", "1.5"], "--delta"), (["--delta", "0"], "--delta"),
-    (["--q", "0"], "--q"), (["--q", "1.5"], "--q must lie in (0, 1]"),
+    (["--sampling-rate", "0"], "--sampling-rate"),
+    (["--sampling-rate", "1.5"], "--sampling-rate must lie in (0, 1]"),
     (["--drop", "1"], "--drop must lie in [0, 1)"), (["--drop", "-0.1"], "--drop"),
-    (["--ratio", "0"], "--ratio"), (["--inner", "0"], "--inner"),
-    (["--outer", "2.5"], "--outer"), (["--epsilon", "-1"], "--epsilon"),
+    (["--ratio", "0"], "--ratio"), (["--omega-every", "0"], "--omega-every"),
+    (["--omega-steps", "2.5"], "--omega-steps"), (["--epsilon", "-1"], "--epsilon"),
     (["--epsilon", "nan"], "--epsilon"),
 ])
 @pytest.mark.parametrize("json_flag", [[], ["--json"]])

@@ -522,7 +522,7 @@ def test_inputs_are_not_mutated():
 
 # --------------------------------------------------------- ebfl bounds fedhdp
 
-FEDHDP = ["bounds", "fedhdp", "--n-clients", "20", "--rho", "0.05", "--alpha2", "1",
+FEDHDP = ["bounds", "fedhdp", "--clients", "20", "--opt-out", "0.05", "--alpha2", "1",
           "--tau2", "1", "--gamma2", "0.5"]
 
 
@@ -544,14 +544,14 @@ def test_cli_bounds_fedhdp_json_and_table(capsys):
 
 
 def test_cli_bounds_fedhdp_json_has_no_nan_or_infinity(capsys):
-    out = _json(capsys, ["bounds", "fedhdp", "--n-clients", "10", "--rho", "1", "--alpha2", "1",
+    out = _json(capsys, ["bounds", "fedhdp", "--clients", "10", "--opt-out", "1", "--alpha2", "1",
                          "--tau2", "0", "--gamma2", "0.5", "--json"])
     assert out["lambda_nonprivate"] == "inf" and out["mse_private"] is None
 
 
 @pytest.mark.parametrize("change, fragment", [
-    (("--rho", "0.33"), "whole number"), (("--rho", "2"), "rho"),
-    (("--n-clients", "1"), "--n-clients"), (("--alpha2", "0"), "--alpha2"),
+    (("--opt-out", "0.33"), "whole number"), (("--opt-out", "2"), "rho"),
+    (("--clients", "1"), "--clients"), (("--alpha2", "0"), "--alpha2"),
     (("--tau2", "-1"), "tau2"), (("--gamma2", "nan"), "--gamma2"),
     (("--gamma2", "x"), "--gamma2"), (("--tau2", "1e400"), "--tau2"),
 ])

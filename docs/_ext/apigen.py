@@ -137,8 +137,11 @@ def _module_page(module: str, rows) -> str:
                   "   :toctree: objects", "   :nosignatures:", ""]
         lines += [f"   {name}" for name in own] + [""]
     if shared:
-        lines += ["Also exported here", "-" * 18, ""]
-        lines += [f"- :py:obj:`{name} <{full}>`" for name, full in shared] + [""]
+        # Summaries as in "Contents"; "~" shows the short name, the link goes to the
+        # object's one page under the module that documents it.
+        lines += ["Also exported here", "-" * 18, "", ".. autosummary::", "   :nosignatures:",
+                  ""]
+        lines += [f"   ~{full}" for _, full in shared] + [""]
     return "\n".join(lines)
 
 
@@ -146,13 +149,23 @@ def write_pages(outdir: Path) -> list[Path]:
     """Write ``index.rst`` and one page per module into ``outdir``."""
     outdir.mkdir(parents=True, exist_ok=True)
     written = []
+    sections = plan()
     index = ["API reference", "=============", "",
-             "Everything a module lists in ``__all__``, grouped by area. The top-level",
-             "``ebfl`` namespace re-exports the most used estimators and models:", ""]
-    top = exported("ebfl")
-    index += [f"``{', '.join(name for name, _ in top)}``", ""]
-    for title, pages in plan():
-        index += [title, "-" * len(title), "", ".. toctree::", "   :maxdepth: 1", ""]
+             "Everything a module lists in ``__all__``, grouped by area, each module with the",
+             "first line of its docstring. The top-level ``ebfl`` namespace re-exports the",
+             "most used estimators and models:", "",
+             ".. autosummary::", "   :nosignatures:", ""]
+    # The top-level names link to the one page of each object (ebfl itself has none).
+    homes = {_key(name, getattr(importlib.import_module(module), name)): full
+             for _, pages in sections for module, rows in pages for name, full in rows}
+    index += [f"   ~{homes[_key(name, obj)]}" for name, obj in exported("ebfl")] + [""]
+    for title, pages in sections:
+        # The toctree (hidden) makes the sidebar and the page order; the table, with
+        # one summary per module, is what the reader sees.
+        index += [title, "-" * len(title), "", ".. toctree::", "   :hidden:",
+                  "   :maxdepth: 1", ""]
+        index += [f"   {module}" for module, _ in pages]
+        index += ["", ".. autosummary::", "   :nosignatures:", ""]
         for module, rows in pages:
             path = outdir / f"{module}.rst"
             text = _module_page(module, rows)
@@ -257,17 +270,32 @@ def _missing_reference(app, env, node, contnode):
             candidates.append(f"{defining}.{target}")
             if cls:
                 candidates.append(f"{defining}.{cls}.{target}")
+    names = [name for candidate in candidates
+             for name in (_documented_name(candidate, homes), candidate) if name]
+    # A summary line in an autosummary table of an API page (the index, a module's
+    # "Also exported here") is parsed without the module of the object it summarizes:
+    # there a plain name may stand for the one documented object of that name.
+    if page.startswith("api/") and "." not in target:
+        if not hasattr(app.env, "_ebfl_short_names"):
+            short = {}
+            for full in set(homes.values()):
+                short.setdefault(full.rpartition(".")[2], set()).add(full)
+            app.env._ebfl_short_names = short
+        matches = app.env._ebfl_short_names.get(target, ())
+        if len(matches) == 1:
+            names.extend(matches)
     domain = env.get_domain("py")
-    for candidate in candidates:
+    for name in names:
         # "obj" matches any object type: autosummary documents module constants as
         # attributes, which a :data: role alone does not find.
-        for name in (_documented_name(candidate, homes), candidate):
-            if name:
-                found = domain.resolve_xref(env, node["refdoc"], app.builder, "obj", name,
-                                            node, contnode)
-                if found is not None:
-                    return found
+        found = domain.resolve_xref(env, node["refdoc"], app.builder, "obj", name,
+                                    node, contnode)
+        if found is not None:
+            return found
     return None
+
+
+_sphinx_summary = None  # sphinx.ext.autosummary.extract_summary, replaced in setup()
 
 
 def _public_bases(app, name, obj, options, bases):
@@ -283,7 +311,28 @@ def _public_bases(app, name, obj, options, bases):
     bases[:] = out
 
 
+def _summary_line(doc, settings):
+    """The summary of an autosummary table row: the docstring's first line when it is
+    the whole first paragraph and a sentence (numpydoc's summary line), else Sphinx's
+    first sentence. Sphinx cuts at the first period followed by a space, which would
+    leave "(Theorems 1-4, eqs." of "(Theorems 1-4, eqs. (46)-(47))."."""
+    lines = [line.strip() for line in doc]
+    start = next((i for i, line in enumerate(lines) if line), None)
+    if start is not None:
+        first = lines[start]
+        if (first.endswith(".") and not first.startswith("..")
+                and (start + 1 == len(lines) or not lines[start + 1])):
+            return first
+    return _sphinx_summary(doc, settings)
+
+
 def setup(app):
+    global _sphinx_summary
+    from sphinx.ext import autosummary
+
+    if autosummary.extract_summary is not _summary_line:
+        _sphinx_summary = autosummary.extract_summary
+        autosummary.extract_summary = _summary_line
     write_pages(Path(app.srcdir) / "api")
     app.connect("missing-reference", _missing_reference)
     app.connect("autodoc-process-bases", _public_bases)

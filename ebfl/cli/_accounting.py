@@ -17,8 +17,9 @@ def _cmd_accounting_dp_adaped(args):
         theorem7_rdp,
     )
 
-    mech = {"n_clients": args.m, "n_sampled": args.k, "n_iterations": args.iterations,
-            "sync_gap": args.sync_gap, "clip_mu": args.clip, "noise_mu": args.noise,
+    mech = {"n_clients": args.clients, "n_sampled": args.clients_per_round,
+            "n_iterations": args.rounds * args.local_steps, "sync_gap": args.local_steps,
+            "clip_mu": args.clip, "noise_mu": args.noise,
             "clip_psi": args.clip_psi, "noise_psi": args.noise_psi}
     orders = np.asarray(DEFAULT_ORDERS)
     rdp = theorem7_rdp(orders, **mech)
@@ -82,18 +83,19 @@ def _cmd_accounting_fedhdp(args):
 def _cmd_accounting_dp_pfl(args):
     from ebfl.dppfl.accounting import dppfl_privacy_report
 
-    if args.q > 1:
-        raise ValueError(f"--q must lie in (0, 1] (q = n_iter/n_t), got {args.q:g}")
+    if args.sampling_rate > 1:
+        raise ValueError(f"--sampling-rate must lie in (0, 1] (q = n_iter/n_t), got "
+                         f"{args.sampling_rate:g}")
     if args.drop >= 1:
         raise ValueError("--drop must lie in [0, 1): at 1 no device ever takes part")
     try:
-        payload = dppfl_privacy_report(args.epsilon, args.delta, inner=args.inner,
-                                       outer=args.outer, drop_probability=args.drop,
-                                       sampling_rate=args.q, ratio=args.ratio)
+        payload = dppfl_privacy_report(args.epsilon, args.delta, inner=args.omega_every,
+                                       outer=args.omega_steps, drop_probability=args.drop,
+                                       sampling_rate=args.sampling_rate, ratio=args.ratio)
     except ValueError as exc:  # the report names its arguments: name the options instead
-        options = {"epsilon": "--epsilon", "delta": "--delta", "inner": "--inner",
-                   "outer": "--outer", "drop_probability": "--drop", "sampling_rate": "--q",
-                   "ratio": "--ratio"}
+        options = {"epsilon": "--epsilon", "delta": "--delta", "inner": "--omega-every",
+                   "outer": "--omega-steps", "drop_probability": "--drop",
+                   "sampling_rate": "--sampling-rate", "ratio": "--ratio"}
         raise ValueError(re.sub(rf"\b({'|'.join(options)})(?=( must|=| \* ))",
                                 lambda m: options[m[1]], str(exc))) from exc
 

@@ -20,7 +20,7 @@ def _cmd_bounds_gaussian(args):
     )
     from ebfl.privacy.mechanisms import paper_clip_range
 
-    setting = (args.m, args.n, args.sigma_theta, args.sigma_x)
+    setting = (args.clients, args.samples_per_client, args.sigma_theta, args.sigma_x)
     extra = {}
     if args.k_bits is not None and args.epsilon is not None:
         raise ValueError("give either --k-bits (quantizer) or --epsilon/--delta (privacy)")
@@ -61,7 +61,7 @@ def _cmd_bounds_gaussian(args):
 def _cmd_bounds_beta(args):
     from ebfl.bounds import beta_bounds
 
-    b = beta_bounds(args.alpha, args.beta, args.n)
+    b = beta_bounds(args.alpha, args.beta, args.samples_per_client)
     payload = {"model": "beta-bernoulli", **b.as_dict()}
 
     def render(p):
@@ -74,7 +74,7 @@ def _cmd_bounds_beta(args):
 def _cmd_bounds_fedhdp(args):
     from ebfl.fedhdp import fedhdp_bounds
 
-    b = fedhdp_bounds(args.n_clients, args.rho, args.alpha2, args.tau2, args.gamma2)
+    b = fedhdp_bounds(args.clients, args.opt_out, args.alpha2, args.tau2, args.gamma2)
     # JSON has no NaN or infinity: null for a group with no client, "inf" for lambda = inf.
     payload = {"model": "fedhdp-point-estimation", **{
         k: (None if isinstance(v, float) and math.isnan(v) else "inf" if v == math.inf else v)
@@ -333,7 +333,8 @@ def _cmd_private_bernoulli(args):
 
     sweep = private_bernoulli_sweep(args.epsilon or DEFAULT_EPSILONS, alpha=args.alpha,
                                     beta=args.beta,
-                                    n_clients=args.clients, n=args.n, rng=args.seed)
+                                    n_clients=args.clients, n=args.samples_per_client,
+                                    rng=args.seed)
     if args.plot:
         Path(args.plot).mkdir(parents=True, exist_ok=True)
         sweep["figure"] = str(plot_private_bernoulli(sweep, Path(args.plot) /
@@ -383,7 +384,7 @@ def _cmd_validate(args):
             print(f"* {name}: {flag}")
         for path in p.get("figures", []):
             print("saved", path)
-    _emit(args, payload, render)
+    _emit(args, payload, render, quick="replicates")
 
 
 def _cmd_election(args):

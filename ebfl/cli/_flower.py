@@ -19,7 +19,7 @@ def _job_settings(args):
             "local-steps": args.local_steps, "batch-size": args.batch_size, "lr": args.lr,
             "eval-every": args.eval_every, "epsilon": args.epsilon, "clip": args.clip,
             "noise": args.noise, "opt-out": args.opt_out, "gamma2": args.gamma2,
-            "ratio": args.ratio, "lambda": args.lam, "inner": args.inner,
+            "ratio": args.ratio, "lambda": args.lam, "inner": args.omega_every,
             "family": args.family, "delta": args.delta}
 
 

@@ -31,12 +31,31 @@ def _progress(args):
     return sys.stderr.isatty() and not getattr(args, "quiet", False)
 
 
-def _emit(args, payload, render):
+#: What a ``--quick`` run is, said beside its results (``quick_note`` in ``--json``). The
+#: reproductions shrink the experiment, so their numbers answer "does it run", not "does it
+#: reproduce"; ``validate`` and ``reproduce estimation`` only take fewer replicates.
+QUICK_NOTES = {
+    "scale": "quick mode: a pipeline check at reduced scale (fewer rounds, clients or "
+             "images); its numbers are not comparable with the paper's. Run without --quick "
+             "for the reproduction.",
+    "replicates": "quick mode: fewer Monte Carlo replicates, so wider standard errors; run "
+                  "without --quick for the full count.",
+}
+
+
+def _emit(args, payload, render, *, quick=None):
+    """Print ``payload`` as JSON (``--json``) or through ``render``; a ``--quick`` run
+    says what it is (``quick``: a key of :data:`QUICK_NOTES`, default "scale")."""
+    note = QUICK_NOTES[quick or "scale"] if getattr(args, "quick", False) else None
+    if note is not None and isinstance(payload, dict):
+        payload = {**payload, "quick_note": note}
     if args.json:
         json.dump(payload, sys.stdout, default=_json_default)
         sys.stdout.write("\n")
     else:
         render(payload)
+        if note is not None:
+            print(f"\n{note}")
 
 
 def _save_figure(args, plot, payload, name):

@@ -35,7 +35,7 @@ def _cmd_reproduce_estimation(args):
                       "paper's delta holds"])
         for path in p["figures"]:
             print("saved", path)
-    _emit(args, payload, render)
+    _emit(args, payload, render, quick="replicates")
 
 
 def _cmd_reproduce_regression(args):

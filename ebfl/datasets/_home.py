@@ -28,7 +28,7 @@ import os
 import zlib
 from pathlib import Path
 
-from ebfl._paths import data_file
+from ebfl._paths import data_file, import_pooch, user_cache
 
 __all__ = ["content_sha256", "data_home", "dataset_file", "dataset_path", "fetch", "manifest",
            "sha256"]
@@ -53,9 +53,7 @@ def data_home() -> Path:
     env = os.environ.get("EBFL_DATA")
     if env:
         return Path(env).expanduser()
-    import pooch
-
-    return Path(pooch.os_cache("ebfl"))
+    return user_cache()
 
 
 def manifest(name) -> dict:
@@ -64,10 +62,12 @@ def manifest(name) -> dict:
 
 
 def sha256(path) -> str:
-    """Hex sha256 of a file."""
-    import pooch
-
-    return pooch.file_hash(str(path), alg="sha256")
+    """Hex sha256 of a file, read in blocks (no need for pooch's downloader)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def fetch(url, sha256_hex, directory, fname, *, progress=False, timeout=60):
@@ -90,8 +90,7 @@ def fetch(url, sha256_hex, directory, fname, *, progress=False, timeout=60):
     -------
     pathlib.Path
     """
-    import pooch
-
+    pooch = import_pooch()
     downloader = pooch.HTTPDownloader(progressbar=progress, timeout=timeout)
     logger = pooch.get_logger()
     level = logger.level

@@ -23,7 +23,14 @@ import zipfile
 
 import numpy as np
 
-from ebfl.datasets._home import CORRUPTED_FILE_ERRORS, data_home, existing_file, manifest, sha256
+from ebfl.datasets._home import (
+    CORRUPTED_FILE_ERRORS,
+    data_home,
+    existing_file,
+    import_pooch,
+    manifest,
+    sha256,
+)
 
 __all__ = ["UCI_ZIP", "fetch_uci_hapt", "read_uci_hapt_zip"]
 
@@ -143,8 +150,7 @@ def fetch_uci_hapt(*, url=None, progress=False, timeout=120):
     digest : str
         sha256 of the zip, to record or compare with others' copies.
     """
-    import pooch
-
+    pooch = import_pooch()
     info = manifest("uci_hapt_raw")
     directory = data_home() / info["directory"]
     path = directory / UCI_ZIP

@@ -37,7 +37,13 @@ from urllib.parse import urlparse
 import numpy as np
 
 from ebfl._validation import as_generator, check_choice, check_int_scalar
-from ebfl.datasets._home import CORRUPTED_FILE_ERRORS, data_home, manifest, sha256
+from ebfl.datasets._home import (
+    CORRUPTED_FILE_ERRORS,
+    data_home,
+    import_pooch,
+    manifest,
+    sha256,
+)
 
 __all__ = ["FEMNIST_CLASSES", "FemnistClients", "LeafFemnist", "femnist_clients",
            "fetch_leaf_femnist", "load_leaf_femnist"]
@@ -398,8 +404,7 @@ def fetch_leaf_femnist(url=None, *, sha256_hex=None, progress=False, timeout=300
         No ``url``; a checksum mismatch; not an archive, member paths leaving
         the target folder, or no ``train/*.json`` in it.
     """
-    import pooch
-
+    pooch = import_pooch()
     info = manifest("leaf_femnist")
     directory = data_home() / info["directory"]
     root = directory / "data"

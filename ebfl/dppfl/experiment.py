@@ -401,10 +401,15 @@ _COLORS = {"non_private": "C0", "private": "C1", "per_iteration": "C2", "correct
 
 
 def plot_dppfl(result, path):
-    """Figures 2-5 in one image: our curves, the paper's Figure 4 minimum as a marker."""
+    """Figures 2-5 in one image: our curves, the paper's Figure 4 minimum as a marker.
+
+    Figures 3-5 share one legend, below them: inside their axes every corner can
+    hold a curve (chance at small epsilon, the non-private line along the bottom,
+    the per-iteration curve falling between them).
+    """
     from ebfl._plotting import subplots
 
-    fig, axes = subplots(2, 3, figsize=(15, 8.5))
+    fig, axes = subplots(2, 3, figsize=(15, 9))
     for ax, entry in zip(axes[0], result["figure2"], strict=True):
         for key, style in (("non_private", "-"), ("private", "--")):
             ax.plot(entry[key]["iteration"], entry[key]["primal"], style, color=_COLORS[key],
@@ -427,9 +432,7 @@ def plot_dppfl(result, path):
     paper = result.get("paper")
     if paper:
         axes[1][1].plot([paper["figure4_argmin_drop"]], [paper["figure4_min_error"]], "k*",
-                        markersize=12, label="paper: private minimum")
-    for ax in axes[1][:2]:
-        ax.legend()
+                        markersize=12, label="paper: Figure 4's private minimum")
     ax = axes[1][2]
     f5 = result["figure5"]
     for key, style in (("private", "s--"), ("per_iteration", "^:"), ("corrected", "d-.")):
@@ -443,7 +446,12 @@ def plot_dppfl(result, path):
     ax.set_xlabel("epsilon (delta = 1e-3)")
     ax.set_ylabel("test error")
     ax.set_title(f"Figure 5: tau={f5['tau']:g}, drop={f5['drop']:g}")
-    ax.legend()
-    fig.tight_layout()
+    handles = {}
+    for panel in axes[1]:
+        for handle, label in zip(*panel.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles),
+               fontsize=9, frameon=False)
     fig.savefig(path, dpi=110)
     return path

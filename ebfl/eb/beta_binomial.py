@@ -1,9 +1,9 @@
-"""Beta-Bernoulli (beta-binomial) empirical Bayes: Section 2.2, eq. (6) and Theorem 3.
+r"""Beta-Bernoulli (beta-binomial) empirical Bayes: Section 2.2, eq. (6) and Theorem 3.
 
-Client ``i`` has ``z_i`` successes in ``n_i`` Bernoulli trials with success
-probability ``p_i ~ Beta(alpha, beta)``. Every method returns the posterior
-Beta(alpha_i + z_i, beta_i + n_i - z_i); the methods differ in how the prior
-(or the per-client leave-one-out prior) is obtained.
+Client ``i`` has :math:`z_i` successes in :math:`n_i` Bernoulli trials with success
+probability :math:`p_i \sim \mathrm{Beta}(\alpha, \beta)`. Every method returns the
+posterior :math:`\mathrm{Beta}(\alpha_i + z_i, \beta_i + n_i - z_i)`; the methods differ
+in how the prior (or the per-client leave-one-out prior) is obtained.
 """
 
 from __future__ import annotations
@@ -138,28 +138,29 @@ def beta_binomial_eb(successes, trials, *, method="mle", prior=None, fix_prior=F
     Parameters
     ----------
     successes : array_like of int, shape (m,)
-        Successes z_i, with 0 <= z_i <= n_i.
+        Successes :math:`z_i`, with :math:`0 \le z_i \le n_i`.
     trials : array_like of int, shape (m,)
-        Trials n_i >= 1 (clients may differ).
+        Trials :math:`n_i \ge 1` (clients may differ).
     method : {"mle", "moments", "loo_printed", "loo_proof", "loo_corrected"}, default="mle"
         How the prior is learned:
 
-        - ``"mle"``: maximum beta-binomial marginal likelihood over (alpha, beta),
+        - ``"mle"``: maximum beta-binomial marginal likelihood over :math:`(\alpha, \beta)`,
           by a projected Newton ascent from several starts, keeping the best
           (see Notes).
         - ``"moments"``: moment matching on all clients with the sampling-noise
           correction of ``"loo_corrected"``.
         - ``"loo_printed"``: the paper's eq. (6) exactly as printed: leave-one-out
-          mean mu_i, variance (1/(m-2)) sum_{l != i} (x_l - mu_l)^2 (centred on
-          mu_l, as printed) and a_i = n_i / (mu_i(1-mu_i)/sigma_i^2 - 1 + n_i).
-        - ``"loo_proof"``: the proof's variant: centred on mu_i and without
-          the "-1", a_i = n_i / (mu_i(1-mu_i)/sigma_i^2 + n_i).
-        - ``"loo_corrected"``: centred on mu_i, and the variance of the local
-          means minus their binomial noise, mean_l x_l(1-x_l)/(n_l-1), so that it
-          estimates Var(p); needs every n_i >= 2.
+          mean :math:`\mu_i`, variance :math:`\sigma_i^2 = \frac{1}{m-2} \sum_{l \ne i}
+          (x_l - \mu_l)^2` (centred on :math:`\mu_l`, as printed) and
+          :math:`a_i = n_i / \big(\mu_i(1-\mu_i)/\sigma_i^2 - 1 + n_i\big)`.
+        - ``"loo_proof"``: the proof's variant: centred on :math:`\mu_i` and without
+          the "-1", :math:`a_i = n_i / \big(\mu_i(1-\mu_i)/\sigma_i^2 + n_i\big)`.
+        - ``"loo_corrected"``: centred on :math:`\mu_i`, and the variance of the local
+          means minus their binomial noise, :math:`\operatorname{mean}_l x_l(1-x_l)/(n_l-1)`,
+          so that it estimates :math:`\operatorname{Var}(p)`; needs every :math:`n_i \ge 2`.
 
         The leave-one-out methods estimate client i's prior without its own data
-        (the server sends (mu_i, sigma_i^2) to client i) and need m >= 3.
+        (the server sends :math:`(\mu_i, \sigma_i^2)` to client i) and need :math:`m \ge 3`.
     prior : BetaPrior, optional
         With ``fix_prior=True``, the known prior; otherwise the
         first starting point of ``"mle"``.
@@ -172,47 +173,54 @@ def beta_binomial_eb(successes, trials, *, method="mle", prior=None, fix_prior=F
 
     Notes
     -----
-    With a known Beta(alpha, beta) prior the posterior mean is
-    (alpha + z_i) / (alpha + beta + n_i) = a x_i + (1 - a) alpha/(alpha+beta), with
-    a = n_i/(alpha + beta + n_i), and its Bayes risk is
-    alpha beta / ((alpha+beta)(alpha+beta+1)(alpha+beta+n)).
+    With a known :math:`\mathrm{Beta}(\alpha, \beta)` prior the posterior mean is
 
-    The printed eq. (6) estimates Var(x_l) = sigma^2 + E[p(1-p)]/n rather than
-    sigma^2, so its weight leans towards the local mean.
-    Leave-one-out weights outside [0, 1] are clipped to [0, 1] and counted in
+    .. math:: \frac{\alpha + z_i}{\alpha + \beta + n_i} = a x_i + (1 - a)
+              \frac{\alpha}{\alpha + \beta}, \qquad a = \frac{n_i}{\alpha + \beta + n_i},
+
+    with :math:`x_i = z_i / n_i`, and its Bayes risk is
+    :math:`\frac{\alpha \beta}{(\alpha+\beta)(\alpha+\beta+1)(\alpha+\beta+n)}`.
+
+    The printed eq. (6) estimates :math:`\operatorname{Var}(x_l) = \sigma^2 +
+    E[p(1-p)]/n` rather than :math:`\sigma^2`, so its weight leans towards the local
+    mean. Leave-one-out weights outside [0, 1] are clipped to [0, 1] and counted in
     ``n_clipped``; a corrected variance below 0 is floored at 0 (weight 0),
     counted in ``diagnostics["n_variance_floored"]``.
 
     **The MLE.** The log-likelihood is maximized over the prior mean
-    alpha/(alpha+beta) in [1e-15, 1 - 1e-15] and the concentration alpha + beta
-    in [1e-8, 1e12], in the coordinates (logit mean, log(1 + 1/(alpha+beta))),
-    where alpha + beta -> inf is an edge rather than a flat plateau. Each start
-    (``prior`` if given, the corrected moments, the pooled mean with the
-    Pearson overdispersion estimate, and the pooled mean with alpha + beta = 1,
-    100, 1e4) runs a Newton ascent with eigenvalue-modified Hessians, bounded
-    steps, a backtracking line search and the box's edges as constraints. The
-    log-likelihood is computed as sums of log1p terms that stay accurate for
-    any alpha, beta (no differences of log-gamma functions). ``diagnostics``:
+    :math:`\alpha/(\alpha+\beta) \in [10^{-15}, 1 - 10^{-15}]` and the concentration
+    :math:`\alpha + \beta \in [10^{-8}, 10^{12}]`, in the coordinates
+    :math:`\big(\operatorname{logit} \frac{\alpha}{\alpha+\beta}, \log(1 +
+    \frac{1}{\alpha+\beta})\big)`, where :math:`\alpha + \beta \to \infty` is an edge
+    rather than a flat plateau. Each start (``prior`` if given, the corrected moments,
+    the pooled mean with the Pearson overdispersion estimate, and the pooled mean with
+    :math:`\alpha + \beta = 1, 100, 10^4`) runs a Newton ascent with eigenvalue-modified
+    Hessians, bounded steps, a backtracking line search and the box's edges as
+    constraints. The log-likelihood is computed as sums of log1p terms that stay
+    accurate for any :math:`\alpha, \beta` (no differences of log-gamma functions).
+    ``diagnostics``:
 
     - ``converged``: the returned point is a local maximum in the box (the
       gradient pushes out of the box on active edges, a Newton step gains
-      < 1e-14 sum(n) elsewhere, no direction of positive curvature). A
+      :math:`< 10^{-14} \sum_i n_i` elsewhere, no direction of positive curvature). A
       ``RuntimeWarning`` is issued when it is False.
     - ``at_bound`` and ``active_bounds``: the edges the fit sits on.
       ``"concentration_upper"``: no overdispersion detected; the likelihood's
-      supremum is the binomial limit alpha + beta -> inf (one p for all
-      clients). The fitted prior Beta(1e12 mean, 1e12 (1 - mean)) is that limit
-      to within sum(n)/2e12 in log-likelihood, and every posterior mean is the
-      pooled mean (complete pooling). ``"concentration_lower"``: alpha, beta
-      -> 0, point masses at 0 and 1 (only possible when every client has 0 or
-      n_i successes); the posterior means are then z_i/n_i.
+      supremum is the binomial limit :math:`\alpha + \beta \to \infty` (one p for all
+      clients). The fitted prior :math:`\mathrm{Beta}(10^{12} \bar p, 10^{12} (1 -
+      \bar p))`, :math:`\bar p` the prior mean, is that limit to within
+      :math:`\sum_i n_i / (2 \cdot 10^{12})` in log-likelihood, and every posterior mean
+      is the pooled mean (complete pooling). ``"concentration_lower"``:
+      :math:`\alpha, \beta \to 0`, point masses at 0 and 1 (only possible when every
+      client has 0 or :math:`n_i` successes); the posterior means are then
+      :math:`z_i/n_i`.
       ``"mean_lower"`` (``"mean_upper"``): no success (no failure) at all; the
       prior is a point mass at 0 (1).
     - ``start``, ``start_from``, ``n_iter``, ``predicted_gain``: the start
-      (alpha, beta) and its label, the iterations and the last predicted gain
+      :math:`(\alpha, \beta)` and its label, the iterations and the last predicted gain
       of the run that gave the fit; ``starts``: (label, log-likelihood,
       converged) of every run; ``n_iter_total``; ``n_distinct_counts``: distinct
-      (n_i, z_i) pairs, on which the likelihood is computed.
+      :math:`(n_i, z_i)` pairs, on which the likelihood is computed.
 
     References
     ----------

@@ -281,6 +281,42 @@ class DiscreteMixtureFit:
     history: list
     privacy: dict | None = None
 
+    def plot(self, xbar, path=None, *, coordinate=0):
+        """The last prior's atoms over the client means, and the estimates' shrinkage.
+
+        Left: a histogram of xbar (shares per bin) with a stem at every atom (its
+        proportion). Right: the estimates against xbar, with the identity line and
+        the prior mean.
+
+        Parameters
+        ----------
+        xbar : array_like of shape (m,) or (m, d)
+            The client means this fit was run on (a fit keeps no copy of them).
+        path : str or path-like, optional
+            Also save the figure there (PNG unless the suffix names another format).
+        coordinate : int, default=0
+            The coordinate drawn, for d > 1.
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+            Two axes, on a pyplot figure (``plt.show()`` shows it).
+
+        Examples
+        --------
+        >>> rng = np.random.default_rng(0)
+        >>> xbar = rng.choice([-4.0, 4.0], size=200) + rng.normal(0, 0.5, size=200)
+        >>> fit = discrete_mixture_eb(xbar, 4, sigma_x=1.0, n_atoms=2, rng=1)
+        >>> fig = fit.plot(xbar)
+        >>> len(fig.axes)
+        2
+        >>> import matplotlib.pyplot as plt
+        >>> plt.close(fig)
+        """
+        from ebfl.eb._plots import plot_discrete
+
+        return plot_discrete(self, xbar, coordinate, path)
+
 
 def _clip_to_ball(points, radius):
     norms = np.linalg.norm(points, axis=1)

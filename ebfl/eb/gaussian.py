@@ -1,7 +1,8 @@
-"""Gaussian empirical Bayes: Theorems 1 and 2 of the paper.
+r"""Gaussian empirical Bayes: Theorems 1 and 2 of the paper.
 
-Client ``i`` has parameter theta_i ~ N(mu, sigma_theta^2 I_d) and reports a mean
-x_i ~ N(theta_i, s_i^2 I_d), with s_i = sigma_x / sqrt(n_i) for n_i samples.
+Client ``i`` has parameter :math:`\theta_i \sim N(\mu, \sigma_\theta^2 I_d)` and reports
+a mean :math:`x_i \sim N(\theta_i, s_i^2 I_d)`, with :math:`s_i = \sigma_x / \sqrt{n_i}`
+for :math:`n_i` samples.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ GRID_FLOOR = 1e-3
 def personalized_gaussian(xbar, n, *, sigma_theta, sigma_x, shared=None, sigma_q=0.0):
     r"""The paper's personalized Gaussian estimator, Theorem 1 and equation (4) of Theorem 2.
 
-    theta_hat_i = a xbar_i + (1 - a) mu_hat, with mu_hat the plain average of what
-    the clients shared and
+    :math:`\hat\theta_i = a \bar x_i + (1 - a) \hat\mu`, with :math:`\hat\mu` the plain
+    average of what the clients shared and
 
     .. math:: a = \frac{\sigma_\theta^2 + \sigma_q^2/(m-1)}
                        {\sigma_\theta^2 + \sigma_q^2/(m-1) + \sigma_x^2/n}.
@@ -65,11 +66,11 @@ def personalized_gaussian(xbar, n, *, sigma_theta, sigma_x, shared=None, sigma_q
     sigma_x : float
         Known data standard deviation, > 0.
     shared : array_like, optional
-        What the clients sent to the server, q(xbar_i), same shape as ``xbar``;
+        What the clients sent to the server, :math:`q(\bar x_i)`, same shape as ``xbar``;
         defaults to ``xbar`` itself (Theorem 1).
     sigma_q : float, default=0
         Per-coordinate standard deviation of the sharing mechanism q, so that
-        ``E|q(x) - x|^2 <= d sigma_q^2`` (Theorem 2).
+        :math:`E\lVert q(x) - x\rVert^2 \le d \sigma_q^2` (Theorem 2).
 
     Returns
     -------
@@ -77,9 +78,9 @@ def personalized_gaussian(xbar, n, *, sigma_theta, sigma_x, shared=None, sigma_q
 
     Notes
     -----
-    The per-coordinate Bayes risk is (sigma_x^2/n)((1 - a)/m + a) (see
-    :func:`ebfl.bounds.theorem2_mse`), exact when the mechanism's variance is
-    sigma_q^2 for every input (Theorems 1 and 2).
+    The per-coordinate Bayes risk is :math:`\frac{\sigma_x^2}{n}\big(\frac{1 - a}{m} + a\big)`
+    (see :func:`ebfl.bounds.theorem2_mse`), exact when the mechanism's variance is
+    :math:`\sigma_q^2` for every input (Theorems 1 and 2).
 
     Examples
     --------
@@ -115,10 +116,12 @@ def personalized_gaussian(xbar, n, *, sigma_theta, sigma_x, shared=None, sigma_q
 def gaussian_eb(x, s, *, method="mle", prior_mean=None, prior_sd=None):
     r"""Empirical-Bayes (normal-means) estimates under a Gaussian population prior.
 
-    Model: theta_i ~ N(mu, sigma_theta^2 I_d), x_i | theta_i ~ N(theta_i, s_i^2 I_d).
-    Unknown prior parameters are learned from all clients; the posterior of
-    every client is N(mu + a_i (x_i - mu), a_i s_i^2 I_d) with
-    a_i = sigma_theta^2 / (sigma_theta^2 + s_i^2).
+    Model: :math:`\theta_i \sim N(\mu, \sigma_\theta^2 I_d)`,
+    :math:`x_i \mid \theta_i \sim N(\theta_i, s_i^2 I_d)`. Unknown prior parameters are
+    learned from all clients; the posterior of every client is
+
+    .. math:: \theta_i \mid x_i \sim N\big(\mu + a_i (x_i - \mu),\ a_i s_i^2 I_d\big),
+              \qquad a_i = \frac{\sigma_\theta^2}{\sigma_\theta^2 + s_i^2}.
 
     Parameters
     ----------
@@ -126,44 +129,49 @@ def gaussian_eb(x, s, *, method="mle", prior_mean=None, prior_sd=None):
         Client means, in [-1e150, 1e150].
     s : float or array_like, shape (m,)
         Standard errors of the client means (per coordinate), in [1e-150, 1e150]
-        (so that s_i^2 is a normal float); with n_i samples of noise sd sigma_x,
-        s_i = sigma_x / sqrt(n_i).
+        (so that :math:`s_i^2` is a normal float); with :math:`n_i` samples of noise sd
+        :math:`\sigma_x`, :math:`s_i = \sigma_x / \sqrt{n_i}`.
     method : {"mle", "reml", "dl", "moments"}, default="mle"
-        How an unknown sigma_theta is fitted:
+        How an unknown :math:`\sigma_\theta` is fitted:
 
         - ``"mle"``: maximum marginal likelihood (as R's ebnm does for its
           normal prior and metafor's ``rma(method="ML")``), globally over
-          sigma_theta^2 >= 0 (see Notes).
+          :math:`\sigma_\theta^2 \ge 0` (see Notes).
         - ``"reml"``: restricted maximum likelihood (metafor's default
           ``"REML"``): the likelihood with mu integrated out under a flat
           prior, which removes the downward bias of the ML variance.
         - ``"dl"``: the DerSimonian-Laird moment estimator (metafor's ``"DL"``),
-          sigma_theta^2 = max(0, (Q - d(m-1)) / (d (sum w - sum w^2 / sum w)))
-          with w_i = 1/s_i^2 and ``Q = sum_i w_i |x_i - xbar_w|^2``, xbar_w the
-          w-weighted mean. For d > 1 the coordinates are pooled: Q sums over
-          them and its expectation is d(m-1) + d sigma_theta^2 (sum w - sum w^2/sum w).
-        - ``"moments"``: ``sigma_theta^2 = max(0, sum_i |x_i - xbar|^2 / (d (m-1))
-          - mean_i s_i^2)`` with xbar the plain mean (unbiased for equal s_i).
+          :math:`\hat\sigma_\theta^2 = \max\big(0, \frac{Q - d(m-1)}{d\,(\sum_i w_i
+          - \sum_i w_i^2 / \sum_i w_i)}\big)` with :math:`w_i = 1/s_i^2` and
+          :math:`Q = \sum_i w_i \lVert x_i - \bar x_w\rVert^2`, :math:`\bar x_w` the
+          w-weighted mean. For :math:`d > 1` the coordinates are pooled: Q sums over
+          them and its expectation is :math:`d(m-1) + d \sigma_\theta^2 (\sum_i w_i
+          - \sum_i w_i^2 / \sum_i w_i)`.
+        - ``"moments"``: :math:`\hat\sigma_\theta^2 = \max\big(0, \frac{1}{d(m-1)}
+          \sum_i \lVert x_i - \bar x\rVert^2 - \frac1m \sum_i s_i^2\big)` with
+          :math:`\bar x` the plain mean (unbiased for equal :math:`s_i`).
     prior_mean : float or array_like of shape (d,), optional
-        Known mu. If None, mu is estimated by the precision-weighted mean
-        sum_i w_i x_i / sum_i w_i, w_i = 1/(sigma_theta^2 + s_i^2) (its MLE, and
-        the mean metafor reports for every method), or by the plain mean for
-        ``method="moments"``. When given, ``"moments"`` divides by d m instead of
-        d(m-1), ``"dl"`` uses sigma_theta^2 = max(0, (Q_0 - d m) / (d sum w)) with
-        ``Q_0 = sum_i w_i |x_i - mu|^2``, and ``"reml"`` is the same as ``"mle"``
-        (there is no mean to integrate out).
+        Known :math:`\mu`. If None, :math:`\mu` is estimated by the precision-weighted
+        mean :math:`\sum_i w_i x_i / \sum_i w_i`, :math:`w_i = 1/(\sigma_\theta^2 + s_i^2)`
+        (its MLE, and the mean metafor reports for every method), or by the plain mean
+        for ``method="moments"``. When given, ``"moments"`` divides by :math:`dm`
+        instead of :math:`d(m-1)`, ``"dl"`` uses :math:`\hat\sigma_\theta^2 = \max(0,
+        (Q_0 - dm) / (d \sum_i w_i))` with :math:`Q_0 = \sum_i w_i \lVert x_i -
+        \mu\rVert^2`, and ``"reml"`` is the same as ``"mle"`` (there is no mean to
+        integrate out).
     prior_sd : float, optional
-        Known sigma_theta, in [0, 1e150]. If None, it is estimated by ``method``.
+        Known :math:`\sigma_\theta`, in [0, 1e150]. If None, it is estimated by
+        ``method``.
 
     Returns
     -------
     GaussianEBResult
         ``log_likelihood`` is always the marginal log-likelihood
-        sum_i log N(x_i; mu, (sigma_theta^2 + s_i^2) I_d) at the fitted prior.
-        ``diagnostics`` holds, for ``"mle"`` and ``"reml"``: ``converged``,
-        ``at_zero`` (sigma_theta = 0), ``at_upper`` (the search's upper end,
+        :math:`\sum_i \log N(x_i; \mu, (\sigma_\theta^2 + s_i^2) I_d)` at the fitted
+        prior. ``diagnostics`` holds, for ``"mle"`` and ``"reml"``: ``converged``,
+        ``at_zero`` (:math:`\sigma_\theta = 0`), ``at_upper`` (the search's upper end,
         never expected) and ``n_local_maxima`` (of the profile over
-        sigma_theta^2 >= 0, the boundary 0 included); for ``"reml"`` also
+        :math:`\sigma_\theta^2 \ge 0`, the boundary 0 included); for ``"reml"`` also
         ``restricted_log_likelihood`` (see Notes); for ``"dl"``
         ``q_statistic`` (Q, or Q_0) and ``variance_floored``; for
         ``"moments"`` ``variance_floored``.
@@ -171,19 +179,21 @@ def gaussian_eb(x, s, *, method="mle", prior_mean=None, prior_sd=None):
     Warns
     -----
     RuntimeWarning
-        If the maximization over sigma_theta did not converge (``"mle"``, ``"reml"``).
+        If the maximization over :math:`\sigma_\theta` did not converge (``"mle"``,
+        ``"reml"``).
 
     Notes
     -----
-    Global maximization: with unequal s_i the profile log-likelihood of
-    sigma_theta^2 can have several local maxima (a few precise, tightly
+    Global maximization: with unequal :math:`s_i` the profile log-likelihood of
+    :math:`\sigma_\theta^2` can have several local maxima (a few precise, tightly
     clustered clients beside imprecise, distant ones). It is scanned on a
-    log-spaced grid (8 points per decade) from 1e-3 min_i s_i^2 up to a bound
-    beyond which it provably decreases, every sign change of its slope is
+    log-spaced grid (8 points per decade) from :math:`10^{-3} \min_i s_i^2` up to a
+    bound beyond which it provably decreases, every sign change of its slope is
     refined by Brent's root finder, and the best of these maxima and
-    sigma_theta^2 = 0 is kept. Clients with equal s_i are pooled first (exact;
-    done when it at least halves their number), so each evaluation costs
-    O(d x number of distinct s_i), in one parallel Numba pass for all grid points.
+    :math:`\sigma_\theta^2 = 0` is kept. Clients with equal :math:`s_i` are pooled
+    first (exact; done when it at least halves their number), so each evaluation
+    costs :math:`O(d \times \text{number of distinct } s_i)`, in one parallel Numba
+    pass for all grid points.
 
     Restricted log-likelihood (``"reml"``), in metafor's convention, summed over
     the d coordinates (each with its own mean):
@@ -196,7 +206,7 @@ def gaussian_eb(x, s, *, method="mle", prior_mean=None, prior_sd=None):
     ``logLik`` (-12.2024). With ``prior_mean`` given it equals ``log_likelihood``.
 
     With ``prior_sd`` known and equal s_i this is exactly the Theorem 1
-    estimator (mu_hat is then the plain average, its MLE). With both prior
+    estimator (:math:`\hat\mu` is then the plain average, its MLE). With both prior
     parameters known it is the oracle posterior mean, whose risk is the
     lower bound (46).
 
@@ -265,15 +275,15 @@ def gaussian_eb_samples(data, *, sigma_x=None, **kwargs):
 
     Computes every client's mean (Numba kernel, one pass) and, when
     ``sigma_x`` is unknown, the pooled within-client estimate
-    ``sigma_x^2 = sum_i sum_j |X_ij - xbar_i|^2 / (d sum_i (n_i - 1))``; then calls
-    :func:`gaussian_eb` with s_i = sigma_x / sqrt(n_i).
+    :math:`\hat\sigma_x^2 = \sum_i \sum_j \lVert X_{ij} - \bar x_i\rVert^2 / (d \sum_i
+    (n_i - 1))`; then calls :func:`gaussian_eb` with :math:`s_i = \sigma_x / \sqrt{n_i}`.
 
     Parameters
     ----------
     data : Ragged
         Samples of m clients, values of shape (N,) or (N, d).
     sigma_x : float, optional
-        Known data standard deviation, > 0, such that every sigma_x / sqrt(n_i)
+        Known data standard deviation, > 0, such that every :math:`\sigma_x / \sqrt{n_i}`
         lies in [1e-150, 1e150]. If None it is estimated, which needs at
         least one client with two or more samples.
     **kwargs

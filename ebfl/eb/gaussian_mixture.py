@@ -318,6 +318,42 @@ class GaussianMixtureEBResult:
         """Number of clients m."""
         return self.s.size
 
+    def plot(self, x, path=None, *, coordinate=0):
+        """The fitted mixture prior over the client means, and their shrinkage.
+
+        Left: a histogram of x with the prior's density (point-mass components as
+        stems of their weight, the histogram then in shares per bin). Right: the
+        posterior means against x, with the identity line and the prior mean.
+
+        Parameters
+        ----------
+        x : array_like of shape (m,) or (m, d)
+            The client means this result was fitted to (a result keeps no copy);
+            means that do not give the result's posterior means are refused.
+        path : str or path-like, optional
+            Also save the figure there (PNG unless the suffix names another format).
+        coordinate : int, default=0
+            The coordinate drawn, for d > 1.
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+            Two axes, on a pyplot figure (``plt.show()`` shows it).
+
+        Examples
+        --------
+        >>> x = np.random.default_rng(0).choice([-3.0, 3.0], 200) + 0.7
+        >>> fit = gaussian_mixture_eb(x, 1.0, 2, rng=0)
+        >>> fig = fit.plot(x)
+        >>> len(fig.axes)
+        2
+        >>> import matplotlib.pyplot as plt
+        >>> plt.close(fig)
+        """
+        from ebfl.eb._plots import plot_gaussian_mixture
+
+        return plot_gaussian_mixture(self, x, coordinate, path)
+
 
 # --------------------------------------------------------------------------- public API
 

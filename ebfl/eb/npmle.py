@@ -147,6 +147,45 @@ class NPMLEResult:
         return pd.DataFrame({"posterior_mean": self.posterior_mean,
                              "posterior_sd": np.sqrt(self.posterior_var)})
 
+    def plot(self, x, trials=None, path=None):
+        """The fitted grid prior's atoms over the observations, and their shrinkage.
+
+        Left: a histogram of the observations (shares per bin) with a stem at every
+        grid point of positive weight (its mass). Right: the posterior means against
+        the observations, with the identity line (no shrinkage) and the prior mean.
+
+        Parameters
+        ----------
+        x : array_like of shape (n,)
+            What this result was fitted to (a result keeps no copy of it): the
+            observations x of :func:`npmle_normal`, or the successes of
+            :func:`npmle_binomial`, whose observations are successes / trials.
+        trials : array_like of int, shape (n,), optional
+            The trials of a binomial fit; refused for a normal one.
+        path : str or path-like, optional
+            Also save the figure there (PNG unless the suffix names another format).
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+            Two axes, on a pyplot figure (``plt.show()`` shows it; ``plt.close(fig)``
+            frees it).
+
+        Examples
+        --------
+        >>> rng = np.random.default_rng(0)
+        >>> x = rng.choice([-2.0, 2.0], 300) + rng.normal(size=300)
+        >>> fit = npmle_normal(x, 1.0, n_grid=50)
+        >>> fig = fit.plot(x)
+        >>> len(fig.axes)
+        2
+        >>> import matplotlib.pyplot as plt
+        >>> plt.close(fig)
+        """
+        from ebfl.eb._plots import plot_npmle
+
+        return plot_npmle(self, x, trials, path)
+
     @property
     def prior_mean(self) -> float:
         """Mean of the fitted prior, sum_k w_k u_k."""
@@ -184,7 +223,7 @@ class NPMLEResult:
 
 def npmle_normal(x, s, *, grid=None, n_grid=300, bins=None, bin_error=BIN_ERROR, tol=1e-8,
                  max_iter=MAX_ITER):
-    r"""NPMLE of the prior of theta_i from x_i ~ N(theta_i, s_i^2), s_i known.
+    r"""NPMLE of the prior of :math:`\theta_i` from :math:`x_i \sim N(\theta_i, s_i^2)`, known s.
 
     Parameters
     ----------
@@ -310,7 +349,9 @@ def npmle_normal(x, s, *, grid=None, n_grid=300, bins=None, bin_error=BIN_ERROR,
 
 def npmle_binomial(successes, trials, *, grid=None, n_grid=300, tol=1e-8,
                    max_iter=MAX_ITER):
-    r"""NPMLE of the prior of p_i from z_i ~ Binomial(n_i, p_i) (Bernoulli clients).
+    r"""NPMLE of the prior of :math:`p_i` from :math:`z_i \sim \mathrm{Binomial}(n_i, p_i)`.
+
+    The clients are Bernoulli: :math:`z_i` successes in :math:`n_i` trials.
 
     The nonparametric counterpart of :func:`~ebfl.eb.beta_binomial_eb`: no
     Beta shape is assumed, so bimodal or clustered populations are recovered.

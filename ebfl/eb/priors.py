@@ -21,7 +21,7 @@ __all__ = ["BetaPrior", "NormalPrior"]
 
 @dataclass(frozen=True)
 class BetaPrior:
-    """Beta(alpha, beta) population prior of the clients' success probabilities.
+    r""":math:`\mathrm{Beta}(\alpha, \beta)` population prior of the clients' success probabilities.
 
     Parameters
     ----------
@@ -92,14 +92,15 @@ class BetaPrior:
 
 @dataclass(frozen=True)
 class NormalPrior:
-    """Gaussian population prior N(mean, sd^2 I_d) of the client parameters.
+    r"""Gaussian population prior :math:`N(\mu, \sigma_\theta^2 I_d)` of the client parameters.
 
     Parameters
     ----------
     mean : float or ndarray of shape (d,)
-        Population mean mu.
+        Population mean :math:`\mu`.
     sd : float
-        Population standard deviation sigma_theta >= 0 (0 means all clients share mu).
+        Population standard deviation :math:`\sigma_\theta \ge 0` (0 means all clients
+        share :math:`\mu`).
     """
 
     mean: float | np.ndarray

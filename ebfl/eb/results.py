@@ -214,6 +214,42 @@ class BetaBinomialEBResult:
                              "posterior_sd": np.sqrt(self.posterior.var),
                              "weight_on_own_mean": self.shrinkage, "centre": self.centre})
 
+    def plot(self, successes, trials, path=None):
+        """The fitted Beta prior over the clients' own means, and their shrinkage.
+
+        Left: a histogram of z_i / n_i with the prior's density (none when the
+        leave-one-out moments define no proper Beta). Right: the posterior means
+        against z_i / n_i, with the identity line (no shrinkage) and the prior mean.
+
+        Parameters
+        ----------
+        successes, trials : array_like of int, shape (m,)
+            The counts this result was fitted to (a result keeps no copy of them).
+            Counts that do not give the result's posterior means are refused.
+        path : str or path-like, optional
+            Also save the figure there (PNG unless the suffix names another format).
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+            Two axes, on a pyplot figure (``plt.show()`` shows it; ``plt.close(fig)``
+            frees it).
+
+        Examples
+        --------
+        >>> import ebfl
+        >>> _, z, n = ebfl.BetaBernoulliPopulation(2, 5).sample_sufficient(300, 20, rng=0)
+        >>> fit = ebfl.beta_binomial_eb(z, n)
+        >>> fig = fit.plot(z, n)
+        >>> [ax.get_title() for ax in fig.axes]
+        ['fitted prior', 'shrinkage (mle)']
+        >>> import matplotlib.pyplot as plt
+        >>> plt.close(fig)
+        """
+        from ebfl.eb._plots import plot_beta_binomial
+
+        return plot_beta_binomial(self, successes, trials, path)
+
 
 @dataclass(frozen=True)
 class NormalPosterior:
@@ -323,6 +359,45 @@ class GaussianEBResult:
                 {f"posterior_mean_{j}": mean[:, j] for j in range(mean.shape[1])})
         return pd.DataFrame({**cols, "posterior_sd": self.posterior.sd,
                              "weight_on_own_mean": self.shrinkage, "s": self.s})
+
+    def plot(self, x, path=None, *, coordinate=0):
+        """The fitted normal prior over the client means, and their shrinkage.
+
+        Left: a histogram of x with the prior's density (a stem for sd 0). Right:
+        the posterior means against x, with the identity line (no shrinkage) and
+        the prior mean.
+
+        Parameters
+        ----------
+        x : array_like of shape (m,) or (m, d)
+            The client means this result was fitted to (a result keeps no copy of
+            them; for :func:`~ebfl.eb.gaussian_eb_samples`, the sample means). Means
+            that do not give the result's posterior means are refused.
+        path : str or path-like, optional
+            Also save the figure there (PNG unless the suffix names another format).
+        coordinate : int, default=0
+            The coordinate drawn, for d > 1.
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+            Two axes, on a pyplot figure (``plt.show()`` shows it; ``plt.close(fig)``
+            frees it).
+
+        Examples
+        --------
+        >>> import ebfl
+        >>> x = np.random.default_rng(0).normal(0.0, 1.5, 200)
+        >>> fit = ebfl.gaussian_eb(x, 1.0)
+        >>> fig = fit.plot(x)
+        >>> len(fig.axes)
+        2
+        >>> import matplotlib.pyplot as plt
+        >>> plt.close(fig)
+        """
+        from ebfl.eb._plots import plot_gaussian
+
+        return plot_gaussian(self, x, coordinate, path)
 
 
 def _num_array(value):

@@ -62,6 +62,37 @@ class RunResult:
 
         return pd.DataFrame(self.history)
 
+    def plot(self, metric=None, path=None):
+        """Each metric of the history against the round.
+
+        Parameters
+        ----------
+        metric : str or list of str, optional
+            History entries to draw, one panel each. Default: the metrics evaluated
+            on the clients (entries with a ``<name>_sd``, drawn as a band of +- one
+            sd over clients) and ``mse`` when the history has it (from a ``monitor``).
+        path : str or path-like, optional
+            Also save the figure there (PNG unless the suffix names another format).
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+            One axes per metric, on a pyplot figure (``plt.show()`` shows it).
+
+        Examples
+        --------
+        >>> from ebfl.federated import EBGaussian, simulated_means
+        >>> res = run(EBGaussian(), simulated_means(20, seed=0), RunConfig(20, n_rounds=2))
+        >>> fig = res.plot(["squared_error", "local_squared_error"])
+        >>> [ax.get_ylabel() for ax in fig.axes]
+        ['squared_error', 'local_squared_error']
+        >>> import matplotlib.pyplot as plt
+        >>> plt.close(fig)
+        """
+        from ebfl._plotting import plot_history
+
+        return plot_history(self.history, metric, path)
+
 
 def history_row(config, done, metrics, summary, traffic):
     """One history entry: identical on both runtimes (means in float64, client-id order)."""

@@ -37,7 +37,7 @@ from ebfl.fedhdp.checks import (
 from ebfl.validation.engine import run_replicates
 from ebfl.validation.registry import register_figures
 
-__all__ = ["FIGURES", "plot_fedhdp_figures"]
+__all__ = ["FIGURES", "fedhdp_figure_data", "plot_fedhdp_figure", "plot_fedhdp_figures"]
 
 REPS, QUICK_REPS = 20_000, 2_000
 #: Ratios r and lambdas at which Monte Carlo points are drawn.
@@ -76,27 +76,42 @@ def _server_points(rng, n_reps, counts, alpha2, tau2, gamma2, ratios, progress, 
     return np.array([_mean_se(sim[f"r{i}"]) for i in range(len(ratios))]).T
 
 
-def _figure1(p, rng, n_reps, progress):
-    from ebfl._plotting import subplots
-
-    fig, axes = subplots(1, 2, figsize=(11, 4.2))
+def _figure1_data(p, rng, n_reps, progress):
+    """Figure 1's Monte Carlo points: per panel, per curve, the server MSE at R_POINTS."""
     n, rho, a2 = p["n_clients"], p["rho"], p["alpha2"]
     n_np = round(rho * n)
-    grid = np.linspace(0.0, 1.0, 401)
-    panels = (
-        [(p["left"]["sigma_c2"], g2, f"gamma^2 = {g2:g}") for g2 in p["left"]["gamma2s"]],
-        [(sc2, p["right"]["gamma2"], f"sigma_c^2 = {sc2:g}") for sc2 in p["right"]["sigma_c2s"]])
+    panels = ([(p["left"]["sigma_c2"], g2) for g2 in p["left"]["gamma2s"]],
+              [(sc2, p["right"]["gamma2"]) for sc2 in p["right"]["sigma_c2s"]])
     gens = iter(rng.spawn(sum(len(x) for x in panels)))
-    for ax, curves, title in zip(axes, panels, (
-            f"N={n}, rho_np={rho:g}, sigma_c^2={p['left']['sigma_c2']:g}",
-            f"N={n}, rho_np={rho:g}, gamma^2={p['right']['gamma2']:g}"), strict=True):
-        for sc2, g2, label in curves:
+    out = []
+    for curves in panels:
+        rows = []
+        for sc2, g2 in curves:
+            mean, se = _server_points(next(gens), n_reps, (n_np, n - n_np), a2, sc2 - a2, g2,
+                                      R_POINTS, progress, f"fig1 sigma_c2={sc2:g} gamma2={g2:g}")
+            rows.append({"sigma_c2": sc2, "gamma2": g2, "mean": mean.tolist(),
+                         "se": se.tolist()})
+        out.append(rows)
+    return {"r_points": list(R_POINTS), "panels": out}
+
+
+def _draw_figure1(data):
+    from ebfl._plotting import subplots
+
+    p = data["params"]
+    fig, axes = subplots(1, 2, figsize=(11, 4.2))
+    n, rho, a2 = p["n_clients"], p["rho"], p["alpha2"]
+    grid = np.linspace(0.0, 1.0, 401)
+    titles = (f"N={n}, rho_np={rho:g}, sigma_c^2={p['left']['sigma_c2']:g}",
+              f"N={n}, rho_np={rho:g}, gamma^2={p['right']['gamma2']:g}")
+    for side, (ax, rows, title) in enumerate(zip(axes, data["panels"], titles, strict=True)):
+        for row in rows:
+            sc2, g2 = row["sigma_c2"], row["gamma2"]
+            label = f"gamma^2 = {g2:g}" if side == 0 else f"sigma_c^2 = {sc2:g}"
             args = (n, rho, a2, sc2 - a2, g2)
             line, = ax.plot(grid, T.server_mse(grid, *args), "-", label=f"{label}: formula")
-            mean, se = _server_points(next(gens), n_reps, (n_np, n - n_np), a2, sc2 - a2, g2,
-                                      R_POINTS, progress, f"fig1 {label}")
-            ax.errorbar(R_POINTS, mean, yerr=1.96 * se, fmt="o", ms=4, color=line.get_color(),
-                        label=f"{label}: Monte Carlo")
+            ax.errorbar(data["r_points"], row["mean"], yerr=1.96 * np.asarray(row["se"]),
+                        fmt="o", ms=4, color=line.get_color(), label=f"{label}: Monte Carlo")
             ax.plot([T.optimal_ratio(*args)], [T.server_mse_optimal(*args)], "*", ms=14,
                     color=line.get_color(), markeredgecolor="k",
                     label=f"{label}: r* (Lemma 1), eq. (13)")
@@ -115,34 +130,55 @@ def _scenarios(p):
     return (("stays private", (k, n - k), 1), ("opts out", (k + 1, n - k - 1), 0))
 
 
-def _local_figure(p, rng, n_reps, progress, *, regression):
+#: The two panels of Figures 2 and 3: HDP-FedAvg's uniform weights, FedHDP's r*.
+_LOCAL_PANELS = (("hdp", "HDP-FedAvg (r = 1)"), ("opt", "FedHDP (r = r*)"))
+
+
+def _local_data(p, rng, n_reps, progress, *, regression):
+    """Figures 2 and 3: the Monte Carlo points, each curve's minimizer, the paper's lambda*."""
+    d = p["d"] if regression else 1
+    points, minimizer, paper = {}, {}, {}
+    for (label, counts, g), gen in zip(_scenarios(p), rng.spawn(2), strict=True):
+        sim = _local_points(gen, n_reps, p, counts, g, d, regression, progress)
+        points[label] = {key: {"mean": sim[key][0].tolist(), "se": sim[key][1].tolist()}
+                         for key, _ in _LOCAL_PANELS}
+        model = (counts, p["alpha2"], p["tau2"], (0.0, p["gamma2"]))
+        for key, _ in _LOCAL_PANELS:
+            ratios = (1.0, 1.0) if key == "hdp" else None
+            opt = L.levels_optimal_lambda_exact(g, *model, ratios=ratios)
+            minimizer.setdefault(key, {})[label] = {"lambda": float(opt.lam),
+                                                    "mse": float(d * opt.mse)}
+        lam = L.levels_optimal_lambda(g, *model)
+        paper[label] = {"lambda": float(lam),
+                        "mse": float(d * L.levels_personalized_mse(lam, g, *model))}
+    return {"regression": regression, "d": d, "lambda_points": list(LAMBDA_POINTS),
+            "points": points, "minimizer": minimizer, "paper_lambda": paper}
+
+
+def _draw_local(data):
     from ebfl._plotting import subplots
 
-    d = p["d"] if regression else 1
+    p, d, regression = data["params"], data["d"], data["regression"]
     fig, axes = subplots(1, 2, figsize=(11, 4.2), sharey=True)
     grid = np.geomspace(1e-2, 1e2, 301)
-    gens = iter(rng.spawn(2))
-    sims = {}
-    for (label, counts, g), gen in zip(_scenarios(p), gens, strict=True):
-        sims[label] = _local_points(gen, n_reps, p, counts, g, d, regression, progress)
-    for ax, title in zip(axes, ("HDP-FedAvg (r = 1)", "FedHDP (r = r*)"), strict=True):
-        hdp = title.startswith("HDP")
+    for ax, (key, title) in zip(axes, _LOCAL_PANELS, strict=True):
         for label, counts, g in _scenarios(p):
             model = (counts, p["alpha2"], p["tau2"], (0.0, p["gamma2"]))
-            ratios = (1.0, 1.0) if hdp else None
+            ratios = (1.0, 1.0) if key == "hdp" else None
             curve = d * L.levels_personalized_mse(grid, g, *model, ratios=ratios)
             line, = ax.plot(grid, curve, "-", label=f"client {label}: formula")
-            mean, se = sims[label]["hdp" if hdp else "opt"]
-            ax.errorbar(LAMBDA_POINTS, mean, yerr=1.96 * se, fmt="o", ms=4,
-                        color=line.get_color(), label=f"client {label}: Monte Carlo")
-            opt = L.levels_optimal_lambda_exact(g, *model, ratios=ratios)
-            ax.plot([opt.lam], [d * opt.mse], "*", ms=14, color=line.get_color(),
-                    markeredgecolor="k", label=f"client {label}: minimizer lambda="
-                    f"{opt.lam:.3g}")
-            if not hdp:
-                lam = L.levels_optimal_lambda(g, *model)
-                ax.plot([lam], [d * L.levels_personalized_mse(lam, g, *model)], "x", ms=10,
-                        color="k", label=f"client {label}: paper's lambda*={lam:.3g}")
+            pts = data["points"][label][key]
+            ax.errorbar(data["lambda_points"], pts["mean"], yerr=1.96 * np.asarray(pts["se"]),
+                        fmt="o", ms=4, color=line.get_color(),
+                        label=f"client {label}: Monte Carlo")
+            opt = data["minimizer"][key][label]
+            ax.plot([opt["lambda"]], [opt["mse"]], "*", ms=14, color=line.get_color(),
+                    markeredgecolor="k",
+                    label=f"client {label}: minimizer lambda={opt['lambda']:.3g}")
+            if key == "opt":
+                lam = data["paper_lambda"][label]
+                ax.plot([lam["lambda"]], [lam["mse"]], "x", ms=10, color="k",
+                        label=f"client {label}: paper's lambda*={lam['lambda']:.3g}")
                 ax.axhline(d * L.levels_bayes_local_mse(g, *model), color=line.get_color(),
                            ls=":", lw=1, label=f"client {label}: Bayes MSE, eq. (46)")
         ax.set_xscale("log")
@@ -185,9 +221,25 @@ def _local_points(rng, n_reps, p, counts, g, d, regression, progress):
             for key in ("hdp", "opt")}
 
 
-def _figure4(p, rng, n_reps, progress):
+def _figure4_data(p, rng, n_reps, progress):
+    """Figure 4's Monte Carlo points: the server MSE at r = 1 and at r*, per rho."""
+    n, a2, t2, g2 = p["n_clients"], p["alpha2"], p["tau2"], p["gamma2"]
+    points = {"hdp": {"mean": [], "se": []}, "opt": {"mean": [], "se": []}}
+    for rho, gen in zip(p["rhos"], rng.spawn(len(p["rhos"])), strict=True):
+        n_np = round(rho * n)
+        r_star = T.optimal_ratio(n, n_np / n, a2, t2, g2)
+        mean, se = _server_points(gen, n_reps, (n_np, n - n_np), a2, t2, g2, (1.0, r_star),
+                                  progress, f"fig4 rho={rho:g}")
+        for i, key in enumerate(("hdp", "opt")):
+            points[key]["mean"].append(float(mean[i]))
+            points[key]["se"].append(float(se[i]))
+    return {"rhos": list(p["rhos"]), "points": points}
+
+
+def _draw_figure4(data):
     from ebfl._plotting import subplots
 
+    p = data["params"]
     n, a2, t2, g2 = p["n_clients"], p["alpha2"], p["tau2"], p["gamma2"]
     fig, ax = subplots(figsize=(6.5, 4.2))
     rhos = np.arange(1, n) / n
@@ -198,19 +250,11 @@ def _figure4(p, rng, n_reps, progress):
     for label, func in lines:
         line, = ax.plot(rhos, [func(n, rho, a2, t2, g2) for rho in rhos], "-", label=label)
         colors[label] = line.get_color()
-    means = {"hdp": [], "opt": []}
-    for rho, gen in zip(p["rhos"], rng.spawn(len(p["rhos"])), strict=True):
-        n_np = round(rho * n)
-        r_star = T.optimal_ratio(n, n_np / n, a2, t2, g2)
-        mean, se = _server_points(gen, n_reps, (n_np, n - n_np), a2, t2, g2, (1.0, r_star),
-                                  progress, f"fig4 rho={rho:g}")
-        means["hdp"].append((mean[0], se[0]))
-        means["opt"].append((mean[1], se[1]))
     for key, label, short in (("hdp", lines[0][0], "HDP-FedAvg"),
                               ("opt", lines[2][0], "FedHDP (r*)")):
-        m, s = np.array(means[key]).T
-        ax.errorbar(p["rhos"], m, yerr=1.96 * s, fmt="o", ms=4, color=colors[label],
-                    label=f"{short}: Monte Carlo")
+        pts = data["points"][key]
+        ax.errorbar(data["rhos"], pts["mean"], yerr=1.96 * np.asarray(pts["se"]), fmt="o",
+                    ms=4, color=colors[label], label=f"{short}: Monte Carlo")
     ax.set_yscale("log")
     ax.set_xlabel("fraction of opt-out clients rho_np")
     ax.set_ylabel("server MSE sigma_s^2")
@@ -220,14 +264,76 @@ def _figure4(p, rng, n_reps, progress):
     return fig
 
 
+#: name -> (Monte Carlo points of the figure, its drawing from them)
 _BUILDERS = {
-    "fedhdp_fig1_server_vs_r": _figure1,
-    "fedhdp_fig2_local_vs_lambda": lambda p, rng, n_reps, progress: _local_figure(
-        p, rng, n_reps, progress, regression=False),
-    "fedhdp_fig3_regression_vs_lambda": lambda p, rng, n_reps, progress: _local_figure(
-        p, rng, n_reps, progress, regression=True),
-    "fedhdp_fig4_server_vs_rho": _figure4,
+    "fedhdp_fig1_server_vs_r": (_figure1_data, _draw_figure1),
+    "fedhdp_fig2_local_vs_lambda": (lambda p, rng, n_reps, progress: _local_data(
+        p, rng, n_reps, progress, regression=False), _draw_local),
+    "fedhdp_fig3_regression_vs_lambda": (lambda p, rng, n_reps, progress: _local_data(
+        p, rng, n_reps, progress, regression=True), _draw_local),
+    "fedhdp_fig4_server_vs_rho": (_figure4_data, _draw_figure4),
 }
+
+
+def _options_iv(names, n_reps, quick, progress):
+    names = list(FIGURES) if names is None else check_names(names, "names", FIGURES,
+                                                            what="figure")
+    if n_reps is not None:
+        n_reps = check_int_scalar(n_reps, "n_reps", minimum=2)
+    quick, progress = check_bool(quick, "quick"), check_bool(progress, "progress")
+    return names, (n_reps if n_reps is not None else (QUICK_REPS if quick else REPS)), progress
+
+
+def fedhdp_figure_data(names=None, *, n_reps=None, quick=False, rng=0, progress=False):
+    """The Monte Carlo points of Figures 1-4 and the numbers their legends print.
+
+    Parameters are those of :func:`plot_fedhdp_figures` (the same ``rng`` gives the
+    same points).
+
+    Returns
+    -------
+    dict
+        ``{name: data}``, JSON-able; each ``data`` holds its ``name``, ``params``
+        (:data:`FIGURES`), ``n_reps`` and the points, and draws with
+        :func:`plot_fedhdp_figure`.
+    """
+    names, n_reps, progress = _options_iv(names, n_reps, quick, progress)
+    out = {}
+    for name, gen in zip(names, as_generator(rng).spawn(len(names)), strict=True):
+        data = _BUILDERS[name][0](FIGURES[name], gen, n_reps, progress)
+        out[name] = {"name": name, "params": _plain(FIGURES[name]), "n_reps": n_reps, **data}
+    return out
+
+
+def _plain(params):
+    """Tuples as lists, as JSON gives them back (so that stored data draws the same)."""
+    if isinstance(params, dict):
+        return {k: _plain(v) for k, v in params.items()}
+    if isinstance(params, tuple | list):
+        return [_plain(v) for v in params]
+    return params
+
+
+def plot_fedhdp_figure(data, path):
+    """Draw one figure from its :func:`fedhdp_figure_data` entry; formulas drawn anew.
+
+    Parameters
+    ----------
+    data : dict
+        One value of :func:`fedhdp_figure_data`.
+    path : path-like
+        Where the PNG goes.
+
+    Returns
+    -------
+    str
+        ``path``.
+    """
+    check_names([data["name"]], "data['name']", FIGURES, what="figure")
+    fig = _BUILDERS[data["name"]][1](data)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return str(path)
 
 
 def plot_fedhdp_figures(directory, *, names=None, n_reps=None, quick=False, rng=0,
@@ -255,22 +361,11 @@ def plot_fedhdp_figures(directory, *, names=None, n_reps=None, quick=False, rng=
     """
     if not isinstance(directory, str | os.PathLike):
         raise TypeError(f"directory must be a path, got {type(directory).__name__}")
-    names = list(FIGURES) if names is None else check_names(names, "names", FIGURES,
-                                                            what="figure")
-    if n_reps is not None:
-        n_reps = check_int_scalar(n_reps, "n_reps", minimum=2)
-    quick, progress = check_bool(quick, "quick"), check_bool(progress, "progress")
-    n_reps = n_reps if n_reps is not None else (QUICK_REPS if quick else REPS)
+    _options_iv(names, n_reps, quick, progress)  # before creating the folder
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, gen in zip(names, as_generator(rng).spawn(len(names)), strict=True):
-        fig = _BUILDERS[name](FIGURES[name], gen, n_reps, progress)
-        fig.tight_layout()
-        path = directory / f"{name}.png"
-        fig.savefig(path, dpi=120)
-        paths.append(str(path))
-    return paths
+    data = fedhdp_figure_data(names, n_reps=n_reps, quick=quick, rng=rng, progress=progress)
+    return [plot_fedhdp_figure(entry, directory / f"{name}.png") for name, entry in data.items()]
 
 
 # `ebfl validate --plot` (ebfl.validation.sweeps.plot_sweeps) draws them with the sweeps.

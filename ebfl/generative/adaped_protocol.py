@@ -24,7 +24,8 @@ import numpy as np
 
 from ebfl._validation import check_bool, check_int_scalar
 
-__all__ = ["SEARCH_METHODS", "agreement", "plot_protocol_search", "protocol_search"]
+__all__ = ["SEARCH_METHODS", "agreement", "plot_protocol_search", "protocol_search",
+           "seeds_by_size"]
 
 #: The methods the paper's Table 1 headline compares (and local training).
 SEARCH_METHODS = ("AdaPeD", "FedAvg", "FedAvg+FT", "pFedMe", "QuPeD-FP", "Local")
@@ -65,7 +66,7 @@ def protocol_search(sizes=(50, 100, 200, 500, None), *, methods=SEARCH_METHODS, 
         Classes per client (the paper: 3).
     dataset : {"mnist", "fashion-mnist"}
     quick : bool
-        10 rounds per run (a pipeline check).
+        :data:`~ebfl.generative.adaped.QUICK_ROUNDS` rounds per run (a pipeline check).
     checkpoint_dir : path-like, optional
         Where each finished (size, seed) cell is kept and read back.
     progress : bool
@@ -77,10 +78,11 @@ def protocol_search(sizes=(50, 100, 200, 500, None), *, methods=SEARCH_METHODS, 
     -------
     dict
         ``settings``; ``rows``: one per (size, method) with ``mean``, ``sd``,
-        ``per_seed``, the chosen ``lr`` per seed (with ``lr_grid``; ``lr_at_edge``: the
-        grid's smallest or largest rate, so a better one may lie outside), ``seconds`` and the
-        ``paper`` value; ``paper`` {method: [value, pm]}; ``agreement``: per size, how
-        close the methods the paper reports come to it (see :func:`agreement`);
+        ``per_seed`` (of ``seeds``), the chosen ``lr`` per seed (with ``lr_grid``;
+        ``lr_at_edge``: the grid's smallest or largest rate, so a better one may lie
+        outside), ``seconds`` and the ``paper`` value; ``paper`` {method: [value,
+        pm]}; ``agreement``: per size, how close the methods the paper reports come
+        to it (see :func:`agreement`);
         ``best``: the size of the smallest ``rms_gap`` (None if the paper reports none
         of ``methods``); ``closest``: per method the paper reports, the size where our
         mean comes closest to it, with that ``gap`` (ours minus the paper's).
@@ -123,7 +125,7 @@ def protocol_search(sizes=(50, 100, 200, 500, None), *, methods=SEARCH_METHODS, 
             rows.append({"samples_per_client": "all" if size is None else size, "method": name,
                          "mean": float(np.mean(acc)),
                          "sd": float(np.std(acc, ddof=1)) if len(acc) > 1 else 0.0,
-                         "per_seed": acc,
+                         "per_seed": acc, "seeds": list(seeds),
                          "lr": [r["lr"][0] for r in runs] if lr_grid is not None else None,
                          "lr_at_edge": ([at_grid_edge(r["lr"][0], lr_grid) for r in runs]
                                         if lr_grid is not None else None),
@@ -193,8 +195,23 @@ def plot_protocol_search(result, path):
     """Accuracy against training images per client, one line per method; the paper's
     values as markers at the right. Saves to ``path`` and returns it.
 
-    ``result`` is one result of :func:`protocol_search` or a sequence of them (for
-    example default and tuned rates), drawn side by side on a shared accuracy axis.
+    Parameters
+    ----------
+    result : dict or sequence of dict
+        One result of :func:`protocol_search` or a sequence of them (for example
+        default and tuned rates), drawn side by side on a shared accuracy axis. Only
+        ``settings`` (``dataset``, ``sizes``, ``methods``, ``lr_grid``, ``seeds``) and
+        ``rows`` (``samples_per_client``, ``method``, ``mean``, ``sd``, ``paper`` and
+        optionally ``seeds``) are read, so a table of means ± sd merged from several
+        searches (for example more seeds at one size than at another) draws too; the
+        title then says which seeds each size has.
+    path : path-like
+        Where the PNG goes.
+
+    Returns
+    -------
+    str
+        ``path``.
     """
     from ebfl._plotting import subplots
 
@@ -211,11 +228,48 @@ def plot_protocol_search(result, path):
     return str(path)
 
 
+def _seeds_text(seeds):
+    """``[0]`` -> "seed 0", ``[0, 1, 2]`` -> "seeds 0–2", ``[0, 2]`` -> "seeds 0, 2"."""
+    seeds = sorted(seeds)
+    if len(seeds) == 1:
+        return f"seed {seeds[0]}"
+    if seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"seeds {seeds[0]}–{seeds[-1]}"
+    return "seeds " + ", ".join(str(s) for s in seeds)
+
+
+def seeds_by_size(result):
+    """The seeds behind each size of a :func:`protocol_search` result (or a merged table).
+
+    Parameters
+    ----------
+    result : dict
+        ``settings`` (``sizes``, ``seeds``) and ``rows``; a row's own ``seeds`` win over
+        ``settings["seeds"]``.
+
+    Returns
+    -------
+    dict
+        ``{size: [seeds]}`` in the order of ``settings["sizes"]``; the methods of one
+        size must agree (else ValueError).
+    """
+    out = {}
+    for size in result["settings"]["sizes"]:
+        found = {tuple(r.get("seeds", result["settings"]["seeds"])) for r in result["rows"]
+                 if r["samples_per_client"] == size}
+        if len(found) != 1:
+            raise ValueError(f"the rows of size {size!r} disagree on their seeds: "
+                             f"{sorted(found)}")
+        out[size] = list(found.pop())
+    return out
+
+
 def _draw_search(ax, result):
     sizes = result["settings"]["sizes"]
     positions = np.arange(len(sizes))
     for name in result["settings"]["methods"]:
-        rows = [r for r in result["rows"] if r["method"] == name]
+        rows = {r["samples_per_client"]: r for r in result["rows"] if r["method"] == name}
+        rows = [rows[size] for size in sizes]
         line = ax.errorbar(positions, [r["mean"] for r in rows], yerr=[r["sd"] for r in rows],
                            marker="o", capsize=3, label=name)
         paper = rows[0]["paper"]
@@ -227,6 +281,12 @@ def _draw_search(ax, result):
     ax.set_xlabel("training images per client")
     s = result["settings"]
     rates = "rates chosen on validation" if s["lr_grid"] else "default rates"
-    ax.set_title(f"Table 1 protocol search on {s['dataset']}: {len(s['seeds'])} seed(s), "
-                 f"{rates}; ★ the paper", fontsize=10)
+    by_size = seeds_by_size(result)
+    if len({tuple(v) for v in by_size.values()}) == 1:
+        seeds = _seeds_text(next(iter(by_size.values())))
+    else:  # a merged table: say which seeds each size has
+        seeds = ", ".join(f"{_seeds_text(v)} at {k}" for k, v in by_size.items())
+    spread = "mean ± sd over " if any(len(v) > 1 for v in by_size.values()) else ""
+    ax.set_title(f"Table 1 protocol search on {s['dataset']}, {rates}:\n{spread}{seeds}; "
+                 "★ the paper", fontsize=10)
     ax.legend(fontsize=8, ncol=2)

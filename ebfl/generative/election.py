@@ -40,7 +40,8 @@ from ebfl.eb.beta_binomial import beta_binomial_eb
 from ebfl.eb.gaussian import gaussian_eb
 from ebfl.privacy.estimators import private_bernoulli_corrected, private_bernoulli_paper
 
-__all__ = ["METHODS", "election_experiment", "plot_election"]
+__all__ = ["METHODS", "election_experiment", "plot_election", "plot_election_gains",
+           "plot_election_shrinkage", "shrinkage_data"]
 
 #: The :func:`~ebfl.eb.beta_binomial_eb` methods compared.
 METHODS = ("loo_printed", "loo_corrected", "mle")
@@ -139,41 +140,103 @@ def election_experiment(matrix=None, *, epsilons=(1.0, 5.0), rng=0, path=None):
     return out
 
 
-def plot_election(matrix, result, directory, *, held_out=-1):
-    """Save ``election_shrinkage.png`` (local vs equation (6), per county), ``election_gains.png``.
+def shrinkage_data(matrix, *, held_out=-1):
+    """What the shrinkage figure shows: each county's local and personalized estimates.
+
+    Every county has the same number of training elections, so its posterior mean
+    is a function of its number of Republican wins alone (leave-one-out included:
+    the other counties' totals are the grand total less its own). The counties are
+    therefore summarized by how many have each number of wins.
+
+    Parameters
+    ----------
+    matrix : ebfl.datasets.ElectionMatrix
+    held_out : int
+        The election left out (index into ``matrix.years``; -1: the last).
 
     Returns
     -------
-    list of str
-        The two paths.
+    dict
+        JSON-able: ``years``, ``held_out`` (the year), ``n_trials``, ``n_counties``,
+        ``counties`` (per number of wins 0 ... ``n_trials``), ``posterior_mean``
+        {method: per number of wins; None where no county has it} and
+        ``prior_mean`` (the MLE's).
     """
-    from pathlib import Path
-
-    from ebfl._plotting import subplots
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     folds = matrix.rep_win.shape[1]
     j = held_out % folds
-    train = np.delete(np.arange(folds), j)
-    z = matrix.rep_win[:, train].sum(axis=1)
+    z = np.delete(matrix.rep_win, j, axis=1).sum(axis=1)
     n = np.full(z.size, folds - 1)
     fits = {meth: beta_binomial_eb(z, n, method=meth) for meth in METHODS}
+    wins = np.arange(folds)
+    posterior = {}
+    for meth, fit in fits.items():
+        means = []
+        for k in wins:
+            values = fit.posterior.mean[z == k]
+            if values.size and np.ptp(values) > 1e-12:  # the summary would lose counties
+                raise RuntimeError(f"{meth}: counties with {k} wins differ")
+            means.append(float(values[0]) if values.size else None)
+        posterior[meth] = means
+    return {"years": [int(y) for y in matrix.years], "held_out": int(matrix.years[j]),
+            "n_trials": int(folds - 1), "n_counties": int(z.size),
+            "counties": [int(np.sum(z == k)) for k in wins], "posterior_mean": posterior,
+            "prior_mean": float(fits["mle"].prior.mean)}
+
+
+def plot_election_shrinkage(data, path):
+    """Local against personalized estimates, one (jittered) point per county.
+
+    Parameters
+    ----------
+    data : dict
+        A :func:`shrinkage_data` result.
+    path : path-like
+        Where the PNG goes.
+
+    Returns
+    -------
+    str
+        ``path``.
+    """
+    from ebfl._plotting import subplots
+
+    n = data["n_trials"]
+    counts = np.asarray(data["counties"])
+    z = np.repeat(np.arange(counts.size), counts)
     jitter = np.random.default_rng(0).uniform(-0.03, 0.03, z.size)
     fig, ax = subplots(figsize=(6, 4.5))
     for meth, marker in zip(METHODS, ("o", "s", "^"), strict=True):
-        ax.scatter(z / n + jitter, fits[meth].posterior.mean, s=6, alpha=0.4, marker=marker,
-                   label=meth)
+        means = np.array([np.nan if v is None else v for v in data["posterior_mean"][meth]])
+        ax.scatter(z / n + jitter, means[z], s=6, alpha=0.4, marker=marker, label=meth)
     ax.plot([0, 1], [0, 1], color="gray", lw=1, label="no shrinkage")
-    prior = fits["mle"].prior
-    ax.axhline(prior.mean, color="black", ls=":", lw=1, label="fitted prior mean (MLE)")
-    ax.set_xlabel(f"local estimate: Republican wins / {folds - 1} (jittered)")
+    ax.axhline(data["prior_mean"], color="black", ls=":", lw=1,
+               label="fitted prior mean (MLE)")
+    ax.set_xlabel(f"local estimate: Republican wins / {n} (jittered)")
     ax.set_ylabel("personalized estimate")
-    ax.set_title(f"{z.size} counties, training on all but {matrix.years[j]}")
+    ax.set_title(f"{data['n_counties']} counties, training on all but {data['held_out']}")
     ax.legend(fontsize=8, markerscale=2)
     fig.tight_layout()
-    shrink = directory / "election_shrinkage.png"
-    fig.savefig(shrink, dpi=120)
+    fig.savefig(path, dpi=120)
+    return str(path)
+
+
+def plot_election_gains(result, path):
+    """The MSE gain over local per held-out election, both targets, the paper's band.
+
+    Parameters
+    ----------
+    result : dict
+        An :func:`election_experiment` result (``years``, ``paper`` and the
+        ``gains``' ``per_fold`` are read).
+    path : path-like
+        Where the PNG goes.
+
+    Returns
+    -------
+    str
+        ``path``.
+    """
+    from ebfl._plotting import subplots
 
     fig, axes = subplots(1, 2, figsize=(9, 3.8), sharey=True)
     years = [str(y) for y in result["years"]]
@@ -184,7 +247,8 @@ def plot_election(matrix, result, directory, *, held_out=-1):
             ax.bar(np.arange(len(years)) + (k - 1) * width, vals, width, label=meth)
         paper = result["paper"]
         ax.axhspan(paper["gain_pct"] - paper["pm"], paper["gain_pct"] + paper["pm"],
-                   color="orange", alpha=0.2, label="paper 10.7 ± 1.9 %")
+                   color="orange", alpha=0.2,
+                   label=f"paper {paper['gain_pct']:g} ± {paper['pm']:g} %")
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xticks(np.arange(len(years)), years)
         ax.set_xlabel("held-out election")
@@ -192,6 +256,25 @@ def plot_election(matrix, result, directory, *, held_out=-1):
     axes[0].set_ylabel("MSE gain over local (%)")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    gains = directory / "election_gains.png"
-    fig.savefig(gains, dpi=120)
-    return [str(shrink), str(gains)]
+    fig.savefig(path, dpi=120)
+    return str(path)
+
+
+def plot_election(matrix, result, directory, *, held_out=-1):
+    """Save ``election_shrinkage.png`` (local vs equation (6), per county), ``election_gains.png``.
+
+    The two figures are :func:`plot_election_shrinkage` of :func:`shrinkage_data`
+    and :func:`plot_election_gains` of ``result``.
+
+    Returns
+    -------
+    list of str
+        The two paths.
+    """
+    from pathlib import Path
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    return [plot_election_shrinkage(shrinkage_data(matrix, held_out=held_out),
+                                    directory / "election_shrinkage.png"),
+            plot_election_gains(result, directory / "election_gains.png")]

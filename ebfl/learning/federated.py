@@ -170,6 +170,40 @@ class FederatedResult:
 
         return pd.DataFrame(self.history)
 
+    def plot(self, metric=None, path=None):
+        """Each metric of the history against the round.
+
+        Parameters
+        ----------
+        metric : str or list of str, optional
+            History entries to draw, one panel each. Default: ``train_loss`` (with a
+            band of +- one sd over clients) and ``mse`` when the run was given the
+            ``truth``.
+        path : str or path-like, optional
+            Also save the figure there (PNG unless the suffix names another format).
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+            One axes per metric, on a pyplot figure (``plt.show()`` shows it).
+
+        Examples
+        --------
+        >>> from ebfl.learning import LinearEM, RegressionData, run_federated
+        >>> rng = np.random.default_rng(0)
+        >>> theta = 1.0 + 0.5 * rng.standard_normal((20, 2))
+        >>> X = rng.standard_normal((20, 10, 2))
+        >>> data = RegressionData.from_arrays(X, np.einsum("mnd,md->mn", X, theta))
+        >>> fig = run_federated(LinearEM(), data, 5, truth=theta).plot()
+        >>> [ax.get_ylabel() for ax in fig.axes]
+        ['train_loss', 'mse']
+        >>> import matplotlib.pyplot as plt
+        >>> plt.close(fig)
+        """
+        from ebfl._plotting import plot_history
+
+        return plot_history(self.history, metric, path)
+
 
 def run_federated(algorithm, data, n_rounds, *, sampling="full", clients_per_round=None,
                   seed=0, truth=None, evaluate=None, record_every=1, checkpoint=None,

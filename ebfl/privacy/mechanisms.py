@@ -1,12 +1,12 @@
-"""Unbiased communication and local-privacy mechanisms with exact variances.
+r"""Unbiased communication and local-privacy mechanisms with exact variances.
 
 Each mechanism is a small frozen object: ``privatize(x, rng)`` maps every
 client's value (vectorized over clients) to what the client sends,
 ``variance(x)`` gives the exact per-coordinate variance of that message for
 the input ``x``, and ``max_variance`` its supremum over the domain (the
-sigma_q^2 of Theorem 2). Mechanisms with a bounded domain say how they treat
+:math:`\sigma_q^2` of Theorem 2). Mechanisms with a bounded domain say how they treat
 inputs outside it: the quantizer, the Gaussian and the Laplace mechanisms clip
-to [-b, b] (count with ``n_clipped(x)``); the binary mechanism and randomized
+to :math:`[-b, b]` (count with ``n_clipped(x)``); the binary mechanism and randomized
 response raise.
 
 Every ``privacy`` attribute is a guarantee the release really has, for the
@@ -64,14 +64,17 @@ class PrivacyWarning(UserWarning):
 
 @dataclass(frozen=True)
 class PrivacyGuarantee:
-    """Local differential privacy of one release: (epsilon, delta)-LDP (delta = 0: pure)."""
+    r"""Local differential privacy of one release: :math:`(\epsilon, \delta)`-LDP.
+
+    :math:`\delta = 0`: pure :math:`\epsilon`-LDP.
+    """
 
     epsilon: float
     delta: float = 0.0
 
     @property
     def pure(self) -> bool:
-        """True for epsilon-LDP (delta = 0)."""
+        r"""True for :math:`\epsilon`-LDP (:math:`\delta = 0`)."""
         return self.delta == 0.0
 
 
@@ -129,22 +132,25 @@ class Mechanism(ABC):
 
     @abstractmethod
     def privatize(self, x, rng=None):
-        """The messages q(x) for an array of inputs (one per client, or (m, d))."""
+        """The messages :math:`q(x)` for an array of inputs (one per client, or (m, d))."""
 
     @abstractmethod
     def variance(self, x):
-        """Exact per-coordinate variance of q(x) for each input x."""
+        """Exact per-coordinate variance of :math:`q(x)` for each input x."""
 
     @property
     @abstractmethod
     def max_variance(self) -> float:
-        """Supremum of ``variance`` over the domain: sigma_q^2 of Theorem 2."""
+        r"""Supremum of ``variance`` over the domain: :math:`\sigma_q^2` of Theorem 2."""
 
     def square_variance_excess(self, input_variance):
-        r"""Upper bound on what the noise adds to Var((q(x) - mu)^2), per coordinate.
+        r"""Upper bound on what the noise adds to :math:`\operatorname{Var}((q(x) - \mu)^2)`.
 
-        For inputs x of variance v = ``input_variance`` and mean mu, this bounds
-        Var((q(x) - mu)^2) - Var((x - mu)^2), so that the sample variance of m
+        Per coordinate.
+
+        For inputs x of variance v = ``input_variance`` and mean :math:`\mu`, this bounds
+        :math:`\operatorname{Var}((q(x) - \mu)^2) - \operatorname{Var}((x - \mu)^2)`, so
+        that the sample variance of m
         messages has about this much more variance (divided by m) than that of
         the inputs. The private estimators use it for the standard error of
         their population-variance estimate. None when unknown (the default);
@@ -193,7 +199,7 @@ class _ClippingMechanism(Mechanism):
         return np.clip(x, -self.b, self.b)
 
     def n_clipped(self, x):
-        """Number of coordinates of ``x`` outside [-b, b] (clipped before release)."""
+        """Number of coordinates of ``x`` outside :math:`[-b, b]` (clipped before release)."""
         x = check_finite_array(x, "x", ndim=(0, 1, 2), min_len=0)
         return int(np.count_nonzero(np.abs(x) > self.b))
 
@@ -203,12 +209,13 @@ class _ClippingMechanism(Mechanism):
 
 @dataclass(frozen=True)
 class StochasticQuantizer(_ClippingMechanism):
-    r"""k-bit unbiased stochastic quantizer on [-b, b] (Theorem 2 part 1).
+    r"""k-bit unbiased stochastic quantizer on :math:`[-b, b]` (Theorem 2 part 1).
 
-    The input is clipped to [-b, b] and rounded at random to one of the 2^k
-    levels -b + j Delta, Delta = 2b/(2^k - 1), so that E q(x) = x for every
-    x in [-b, b]. The exact variance is Delta^2 f (1 - f), f the fractional
-    position of x between its two levels, at most b^2/(2^k - 1)^2.
+    The input is clipped to :math:`[-b, b]` and rounded at random to one of the
+    :math:`2^k` levels :math:`-b + j\Delta`, :math:`\Delta = 2b/(2^k - 1)`, so that
+    :math:`E\,q(x) = x` for every :math:`x \in [-b, b]`. The exact variance is
+    :math:`\Delta^2 f (1 - f)`, f the fractional position of x between its two levels,
+    at most :math:`b^2/(2^k - 1)^2`.
 
     Parameters
     ----------
@@ -240,12 +247,12 @@ class StochasticQuantizer(_ClippingMechanism):
 
     @property
     def step(self) -> float:
-        """Distance Delta = 2b/(2^k - 1) between levels."""
+        r"""Distance :math:`\Delta = 2b/(2^k - 1)` between levels."""
         return 2.0 * self.b / (2**self.k_bits - 1)
 
     @property
     def levels(self) -> np.ndarray:
-        """The 2^k output values (listed for k_bits <= 24 only)."""
+        """The :math:`2^k` output values (listed for k_bits <= 24 only)."""
         if self.k_bits > 24:
             raise ValueError(f"levels lists 2^k_bits values; it is available for k_bits <= 24, "
                              f"got k_bits={self.k_bits}")
@@ -271,16 +278,22 @@ class StochasticQuantizer(_ClippingMechanism):
         return self.step**2 / 4.0
 
     def square_variance_excess(self, input_variance):
-        """Bound for noise with E[e | x] = 0, Var(e | x) <= Delta^2/4 and ``|e| <= Delta``."""
+        r"""The bound of :meth:`Mechanism.square_variance_excess` for bounded noise e.
+
+        Here :math:`E[e \mid x] = 0`, :math:`\operatorname{Var}(e \mid x) \le \Delta^2/4`
+        and :math:`|e| \le \Delta`.
+        """
         return _bounded_noise_excess(input_variance, self.max_variance, self.step)
 
 
 def paper_clip_range(r, m, n, sigma_theta, sigma_x):
-    r"""The paper's clipping half-width b = r + (sigma_theta + sigma_x/sqrt(n)) sqrt(log(m^2 n)).
+    r"""The paper's clipping half-width b (Theorem 2).
 
-    Chosen so that every client mean lies in [-b, b] with high probability when
-    mu lies in [-r, r] (Theorem 2; the paper's failure probability 2/(mn) is
-    optimistic, errata [!4]).
+    .. math:: b = r + \Big(\sigma_\theta + \frac{\sigma_x}{\sqrt n}\Big)\sqrt{\log(m^2 n)}
+
+    Chosen so that every client mean lies in :math:`[-b, b]` with high probability
+    when :math:`\mu` lies in :math:`[-r, r]` (Theorem 2; the paper's failure probability
+    :math:`2/(mn)` is optimistic, errata [!4]).
 
     Raises ``ValueError`` when b would overflow float64.
 
@@ -326,33 +339,33 @@ def _log_delta(epsilon, z):
 
 
 def analytic_gaussian_delta(epsilon, noise_multiplier):
-    r"""Exact delta(epsilon) of the Gaussian mechanism (Balle & Wang 2018, Theorem 8).
+    r"""Exact :math:`\delta(\varepsilon)` of the Gaussian mechanism (Balle & Wang 2018, Theorem 8).
 
-    Adding N(0, sigma^2 I) to a function of L2 sensitivity D is
-    (epsilon, delta)-DP exactly for
+    Adding :math:`N(0, \sigma^2 I)` to a function of L2 sensitivity D is
+    :math:`(\varepsilon, \delta)`-DP exactly for
 
     .. math:: \delta(\varepsilon) = \Phi\Big(\frac{1}{2z} - \varepsilon z\Big)
               - e^{\varepsilon}\,\Phi\Big(-\frac{1}{2z} - \varepsilon z\Big),
               \qquad z = \sigma / D,
 
-    and for no smaller delta.
+    and for no smaller :math:`\delta`.
 
     Parameters
     ----------
     epsilon : float
         > 0.
     noise_multiplier : float
-        z = sigma / D, > 0.
+        :math:`z = \sigma / D`, > 0.
 
     Returns
     -------
     float
-        delta in [0, 1] (0 when it underflows).
+        :math:`\delta` in [0, 1] (0 when it underflows).
 
     Examples
     --------
-    The paper's calibration sigma = (b/eps) sqrt(8 log(2/delta)) for a
-    4-vector (D = 4b) at eps = 0.5, delta = 1e-5:
+    The paper's calibration :math:`\sigma = \frac{b}{\varepsilon}\sqrt{8 \log(2/\delta)}`
+    for a 4-vector (D = 4b) at :math:`\varepsilon = 0.5`, :math:`\delta = 10^{-5}`:
 
     >>> z = math.sqrt(8 * math.log(2e5)) / 0.5 / 4
     >>> f"{analytic_gaussian_delta(0.5, z):.2g}"
@@ -389,11 +402,11 @@ def _analytic_gaussian_sigma(sensitivity, epsilon, delta):
 
 @dataclass(frozen=True)
 class GaussianMechanism(_ClippingMechanism):
-    r"""User-level Gaussian mechanism on [-b, b]^d with a true (epsilon, delta)-LDP claim.
+    r"""User-level Gaussian mechanism on :math:`[-b, b]^d`, truly :math:`(\epsilon, \delta)`-LDP.
 
-    Releases clip(x) + N(0, sigma^2 I_d); the variance is sigma^2 for every
-    input, so Theorem 2 holds with equality. The released vector has L2
-    sensitivity D = 2b sqrt(d).
+    Releases :math:`\operatorname{clip}(x) + N(0, \sigma^2 I_d)`; the variance is
+    :math:`\sigma^2` for every input, so Theorem 2 holds with equality. The released
+    vector has L2 sensitivity :math:`D = 2b\sqrt d`.
 
     Parameters
     ----------
@@ -406,23 +419,24 @@ class GaussianMechanism(_ClippingMechanism):
     d : int, default=1
         Dimension of each client's message.
     calibration : {"paper", "l2"}, default="paper"
-        ``"paper"``: sigma = (b/epsilon) sqrt(8 log(2/delta)), Theorem 2 part 2's
-        calibration for one coordinate of sensitivity 2b. It ignores that all d
-        coordinates are released and is loose only for epsilon < 1, so it often
-        does not give the requested (epsilon, delta): construction then warns
-        (:class:`PrivacyWarning`) and ``privacy`` reports the delta it really
-        delivers at this epsilon (``true_delta``).
+        ``"paper"``: :math:`\sigma = \frac{b}{\epsilon}\sqrt{8 \log(2/\delta)}`, Theorem 2
+        part 2's calibration for one coordinate of sensitivity 2b. It ignores that all
+        d coordinates are released and is loose only for :math:`\epsilon < 1`, so it
+        often does not give the requested :math:`(\epsilon, \delta)`: construction then
+        warns (:class:`PrivacyWarning`) and ``privacy`` reports the :math:`\delta` it
+        really delivers at this :math:`\epsilon` (``true_delta``).
         ``"l2"``: the tight analytic calibration (Balle & Wang 2018) for the
-        L2 sensitivity 2b sqrt(d), valid for every epsilon; ``privacy`` is
-        exactly the requested (epsilon, delta).
+        L2 sensitivity :math:`2b\sqrt d`, valid for every :math:`\epsilon`; ``privacy``
+        is exactly the requested :math:`(\epsilon, \delta)`.
 
     Attributes
     ----------
     true_delta : float
-        delta(epsilon) of the release by the analytic Gaussian formula
-        (:func:`analytic_gaussian_delta` at z = sigma / D).
+        :math:`\delta(\epsilon)` of the release by the analytic Gaussian formula
+        (:func:`analytic_gaussian_delta` at :math:`z = \sigma / D`).
     privacy : PrivacyGuarantee
-        (epsilon, max(delta, true_delta)): always a guarantee the release has.
+        :math:`(\epsilon, \max(\delta, \delta_{\text{true}}))`: always a guarantee the
+        release has.
 
     Warns
     -----
@@ -431,13 +445,13 @@ class GaussianMechanism(_ClippingMechanism):
 
     Examples
     --------
-    One coordinate at epsilon = 1: the paper's sigma is enough.
+    One coordinate at :math:`\epsilon = 1`: the paper's :math:`\sigma` is enough.
 
     >>> g = GaussianMechanism(1.0, 1e-5, 2.0531)
     >>> round(g.sigma ** 2, 1), g.privacy.delta
     (411.6, 1e-05)
 
-    A 4-vector at epsilon = 3: it is not, and ``privacy`` says so.
+    A 4-vector at :math:`\epsilon = 3`: it is not, and ``privacy`` says so.
 
     >>> import warnings
     >>> with warnings.catch_warnings():
@@ -481,7 +495,7 @@ class GaussianMechanism(_ClippingMechanism):
 
     @property
     def sensitivity(self) -> float:
-        """L2 sensitivity 2b sqrt(d) of the released vector (whatever the calibration)."""
+        r"""L2 sensitivity :math:`2b\sqrt d` of the released vector (whatever the calibration)."""
         return 2.0 * self.b * math.sqrt(self.d)
 
     @property
@@ -508,7 +522,7 @@ class GaussianMechanism(_ClippingMechanism):
         return self.sigma**2
 
     def square_variance_excess(self, input_variance):
-        """4 v sigma^2 + 2 sigma^4 (Gaussian noise independent of the clipped input)."""
+        r""":math:`4 v \sigma^2 + 2 \sigma^4` (Gaussian noise independent of the clipped input)."""
         return _independent_noise_excess(input_variance, self.max_variance, 3.0)
 
 
@@ -517,12 +531,13 @@ class GaussianMechanism(_ClippingMechanism):
 
 @dataclass(frozen=True)
 class LaplaceMechanism(_ClippingMechanism):
-    r"""epsilon-LDP Laplace mechanism on [-b, b]^d.
+    r""":math:`\epsilon`-LDP Laplace mechanism on :math:`[-b, b]^d`.
 
-    Releases clip(x) + Laplace(scale) noise per coordinate with
-    scale = 2 b d / epsilon (L1 sensitivity 2bd); variance 2 scale^2 for every
-    input. epsilon in [1e-150, 1e150], b in [1e-150, 1e150], d in [1, 2^53];
-    combinations whose variance overflows float64 raise ``ValueError``.
+    Releases :math:`\operatorname{clip}(x) + \operatorname{Laplace}(s)` noise per
+    coordinate with scale :math:`s = 2bd/\epsilon` (L1 sensitivity 2bd); variance
+    :math:`2 s^2` for every input. :math:`\epsilon \in [10^{-150}, 10^{150}]`,
+    :math:`b \in [10^{-150}, 10^{150}]`, :math:`d \in [1, 2^{53}]`; combinations whose
+    variance overflows float64 raise ``ValueError``.
 
     Examples
     --------
@@ -543,7 +558,7 @@ class LaplaceMechanism(_ClippingMechanism):
 
     @property
     def scale(self) -> float:
-        """Laplace scale 2bd/epsilon."""
+        r"""Laplace scale :math:`2bd/\epsilon`."""
         return 2.0 * self.b * float(self.d) / self.epsilon
 
     @property
@@ -564,7 +579,7 @@ class LaplaceMechanism(_ClippingMechanism):
             return float(2.0 * np.float64(self.scale) ** 2)
 
     def square_variance_excess(self, input_variance):
-        """4 v s^2 + 5 s^4 (Laplace noise, kurtosis 6, independent of the clipped input)."""
+        """:math:`4 v s^2 + 5 s^4` (Laplace noise, kurtosis 6, independent of the clipped input)."""
         return _independent_noise_excess(input_variance, self.max_variance, 6.0)
 
 
@@ -617,16 +632,16 @@ def _bernoulli_from_log(log_p, size, rng):
 
 @dataclass(frozen=True)
 class RandomizedResponse(Mechanism):
-    r"""Debiased randomized response on bits: epsilon-LDP, unbiased.
+    r"""Debiased randomized response on bits: :math:`\epsilon`-LDP, unbiased.
 
-    A bit is flipped with probability p = 1/(e^eps + 1) and kept otherwise;
-    the release is debiased to (y - p)/(1 - 2p), i.e. one of
-    -1/(e^eps - 1) and e^eps/(e^eps - 1). Variance e^eps/(e^eps - 1)^2.
-    Inputs other than 0 and 1 raise ``ValueError``.
+    A bit is flipped with probability :math:`p = 1/(e^\epsilon + 1)` and kept
+    otherwise; the release is debiased to :math:`(y - p)/(1 - 2p)`, i.e. one of
+    :math:`-1/(e^\epsilon - 1)` and :math:`e^\epsilon/(e^\epsilon - 1)`. Variance
+    :math:`e^\epsilon/(e^\epsilon - 1)^2`. Inputs other than 0 and 1 raise ``ValueError``.
 
-    The flip is drawn with its true probability at every epsilon in
-    [1e-150, 1e150], even where p is below 2^-53 or underflows (staged
-    draws, never rounded down), so the release is never deterministic.
+    The flip is drawn with its true probability at every :math:`\epsilon` in
+    :math:`[10^{-150}, 10^{150}]`, even where p is below :math:`2^{-53}` or underflows
+    (staged draws, never rounded down), so the release is never deterministic.
 
     Examples
     --------
@@ -646,18 +661,27 @@ class RandomizedResponse(Mechanism):
 
     @property
     def flip_probability(self) -> float:
-        """p = 1/(e^eps + 1) (underflows to 0 for eps > 745; sampling does not)."""
+        r"""The flip probability :math:`p = 1/(e^\epsilon + 1)`.
+
+        It underflows to 0 for :math:`\epsilon > 745`; sampling does not.
+        """
         return float(special.expit(-self.epsilon))
 
     # Written with e^-eps and expm1 so that neither large nor tiny epsilon overflows.
     @property
     def outputs(self):
-        """The two possible releases (low, high) = (-1/(e^eps - 1), e^eps/(e^eps - 1))."""
+        r"""The two possible releases (low, high).
+
+        .. math:: \Big(\frac{-1}{e^\epsilon - 1}, \frac{e^\epsilon}{e^\epsilon - 1}\Big)
+        """
         t, one_minus_t = math.exp(-self.epsilon), -math.expm1(-self.epsilon)
         return -t / one_minus_t, 1.0 / one_minus_t
 
     def prob_high(self, x):
-        """P(release = high) for input x in [0, 1]: p + x (1 - 2p), 1 - 2p = tanh(eps/2)."""
+        r"""P(release = high) for input :math:`x \in [0, 1]`.
+
+        It is :math:`p + x (1 - 2p)`, with :math:`1 - 2p = \tanh(\epsilon/2)`.
+        """
         x = _check_unit_interval(x)
         return self.flip_probability + x * math.tanh(self.epsilon / 2.0)
 
@@ -692,9 +716,11 @@ class RandomizedResponse(Mechanism):
         return t / one_minus_t**2
 
     def log_likelihood_ratio_bound(self, x, x_other):
-        """Largest log P(out | x) - log P(out | x_other) over the two outputs (log space).
+        r"""Largest :math:`\log P(y \mid x) - \log P(y \mid x')` over the two outputs y.
 
-        P(high | x) = p + x tanh(eps/2) and P(low | x) = P(high | 1 - x), p = 1/(e^eps+1).
+        :math:`P(\text{high} \mid x) = p + x \tanh(\epsilon/2)` and
+        :math:`P(\text{low} \mid x) = P(\text{high} \mid 1 - x)`, :math:`p = 1/(e^\epsilon+1)`;
+        :math:`x'` is ``x_other``.
         """
         x, x_other = self._inputs(x), self._inputs(x_other, "x_other")
         try:
@@ -707,17 +733,20 @@ class RandomizedResponse(Mechanism):
         return np.maximum(high, low)
 
     def likelihood_ratio_bound(self, x, x_other):
-        """Largest ratio P(out | x) / P(out | x_other) over the two outputs.
+        r"""Largest ratio :math:`P(y \mid x) / P(y \mid x')` over the two outputs y.
 
-        Overflows to inf for eps > 709; use :meth:`log_likelihood_ratio_bound` there.
+        :math:`x'` is ``x_other``. Overflows to inf for :math:`\epsilon > 709`; use
+        :meth:`log_likelihood_ratio_bound` there.
         """
         with np.errstate(over="ignore"):
             return np.exp(self.log_likelihood_ratio_bound(x, x_other))
 
     def square_variance_excess(self, input_variance):
-        """Bound for noise with E[e | x] = 0, Var(e | x) <= max_variance and bounded ``|e|``.
+        r"""The bound of :meth:`Mechanism.square_variance_excess` for bounded noise e.
 
-        The randomized-response noise satisfies ``|e| <= 1/(1 - e^-eps)``.
+        Here :math:`E[e \mid x] = 0`, :math:`\operatorname{Var}(e \mid x)` is at most
+        ``max_variance``, and the randomized-response noise satisfies
+        :math:`|e| \le 1/(1 - e^{-\epsilon})`.
         """
         return _bounded_noise_excess(input_variance, self.max_variance,
                                      -1.0 / math.expm1(-self.epsilon))
@@ -725,20 +754,22 @@ class RandomizedResponse(Mechanism):
 
 @dataclass(frozen=True)
 class BinaryMechanism(RandomizedResponse):
-    r"""The paper's two-point mechanism q_priv of equation (7) on [0, 1].
+    r"""The paper's two-point mechanism :math:`q_{\text{priv}}` of equation (7) on [0, 1].
 
-    Releases e^eps/(e^eps - 1) with probability 1/(e^eps + 1) + x (e^eps - 1)/(e^eps + 1),
-    else -1/(e^eps - 1). Unbiased and epsilon-LDP: the likelihood ratio of
-    either output between any two inputs is at most e^eps, with equality at
-    x = 0 versus x = 1. Exact variance e^eps/(e^eps - 1)^2 + x(1 - x).
+    Releases :math:`\frac{e^\epsilon}{e^\epsilon - 1}` with probability
+    :math:`\frac{1}{e^\epsilon + 1} + x \frac{e^\epsilon - 1}{e^\epsilon + 1}`, else
+    :math:`\frac{-1}{e^\epsilon - 1}`. Unbiased and :math:`\epsilon`-LDP: the likelihood
+    ratio of either output between any two inputs is at most :math:`e^\epsilon`, with
+    equality at x = 0 versus x = 1. Exact variance
+    :math:`\frac{e^\epsilon}{(e^\epsilon - 1)^2} + x(1 - x)`.
 
     Notes
     -----
     It is randomized response applied to one Bernoulli(x) draw, and is
     sampled that way: the flip has its exact probability at any epsilon (see
     :class:`RandomizedResponse`). The law of its release depends on the
-    inputs only through their mean: a server that sees q_priv(xbar_l) of many
-    clients cannot learn the spread of the p_l. Inputs outside
+    inputs only through their mean: a server that sees :math:`q_{\text{priv}}(\bar x_l)`
+    of many clients cannot learn the spread of the :math:`p_l`. Inputs outside
     [0, 1] raise ``ValueError``.
 
     Examples

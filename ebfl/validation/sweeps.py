@@ -16,7 +16,7 @@ from ebfl._validation import (
 )
 from ebfl.validation.registry import CHECKS, figure_sets
 
-__all__ = ["SWEEPS", "plot_sweeps", "run_sweep"]
+__all__ = ["SWEEPS", "plot_sweep", "plot_sweeps", "run_sweep", "sweep_data"]
 
 #: name -> (check, parameter, values, text in the plotted row's label, x label, log x axis)
 SWEEPS = {
@@ -57,17 +57,79 @@ def run_sweep(name, *, n_reps=None, quick=False, rng=0, progress=False):
     return np.asarray(xs, dtype=float), rows
 
 
-def plot_sweeps(directory, *, names=None, n_reps=None, quick=False, rng=0, progress=False):
-    """Save one PNG per sweep in ``directory``; returns the paths.
+def sweep_data(name, *, n_reps=None, quick=False, rng=0, progress=False):
+    """Run one sweep and keep what its figure shows (JSON-able).
 
-    ``names``: sweeps to plot (a str is one sweep), all by default; the papers'
-    registered validation figures too (FedHDP's Figures 1-4: keys of
-    ``ebfl.fedhdp.figures.FIGURES``).
+    Parameters are as in :func:`run_sweep`.
+
+    Returns
+    -------
+    dict
+        ``name``, ``check``, ``x`` (the swept values), ``xlabel``, ``logx``, ``kind``
+        (exact, upper or lower), ``n_reps`` and, per value, the Monte Carlo
+        ``estimate``, its ``se`` and the ``formula``.
+    """
+    xs, rows = run_sweep(name, n_reps=n_reps, quick=quick, rng=rng, progress=progress)
+    _, _, _, _, xlabel, logx = SWEEPS[name]
+    return {"name": name, "check": rows[0].name, "x": xs.tolist(), "xlabel": xlabel,
+            "logx": logx, "kind": rows[0].kind, "n_reps": int(rows[0].n_reps),
+            "estimate": [float(r.estimate) for r in rows], "se": [float(r.se) for r in rows],
+            "formula": [float(r.formula) for r in rows]}
+
+
+def plot_sweep(data, path):
+    """Draw one sweep: Monte Carlo ± 1.96 SE against the formula.
+
+    Parameters
+    ----------
+    data : dict
+        A :func:`sweep_data` result.
+    path : path-like
+        Where the PNG goes.
+
+    Returns
+    -------
+    str
+        ``path``.
     """
     from matplotlib.ticker import NullFormatter
 
     from ebfl._plotting import subplots
 
+    xs = np.asarray(data["x"], dtype=float)
+    fig, ax = subplots(figsize=(6, 4))
+    ax.errorbar(xs, data["estimate"], yerr=1.96 * np.asarray(data["se"]), fmt="o",
+                label="Monte Carlo ± 1.96 SE")
+    label = {"exact": "formula (exact)", "upper": "formula (upper bound)",
+             "lower": "formula (lower bound)"}[data["kind"]]
+    ax.plot(xs, data["formula"], "-", label=label)
+    if data["name"] == "thm4_weight_vs_epsilon":
+        ax.set_ylabel("mean private weight a_priv")
+        ax.axhline(1.0, color="gray", ls=":", label="local (a = 1)")
+    else:
+        ax.set_ylabel("MSE")
+    if data["logx"]:
+        ax.set_xscale("log")
+        # Label the swept values: within a decade or two matplotlib labels the
+        # minor ticks too, and they overlap.
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xticks(xs, [f"{x:g}" for x in xs])
+    ax.set_xlabel(data["xlabel"])
+    ax.set_title(f"{data['check']}: {data['name'].split('_vs_')[1].replace('_', ' ')} sweep")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return str(path)
+
+
+def plot_sweeps(directory, *, names=None, n_reps=None, quick=False, rng=0, progress=False):
+    """Save one PNG per sweep in ``directory``; returns the paths.
+
+    ``names``: sweeps to plot (a str is one sweep), all by default; the papers'
+    registered validation figures too (FedHDP's Figures 1-4: keys of
+    ``ebfl.fedhdp.figures.FIGURES``). Each sweep is :func:`plot_sweep` of
+    :func:`sweep_data`.
+    """
     if not isinstance(directory, str | os.PathLike):
         raise TypeError(f"directory must be a path, got {type(directory).__name__}")
     # The papers' figures (FedHDP's Figures 1-4, ebfl.fedhdp.figures) are drawn too.
@@ -79,35 +141,8 @@ def plot_sweeps(directory, *, names=None, n_reps=None, quick=False, rng=0, progr
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for name in (n for n in names if n in SWEEPS):
-        xs, rows = run_sweep(name, n_reps=n_reps, quick=quick, rng=rng, progress=progress)
-        _, _, _, _, xlabel, logx = SWEEPS[name]
-        est = np.array([r.estimate for r in rows])
-        se = np.array([r.se for r in rows])
-        formula = np.array([r.formula for r in rows])
-        fig, ax = subplots(figsize=(6, 4))
-        ax.errorbar(xs, est, yerr=1.96 * se, fmt="o", label="Monte Carlo ± 1.96 SE")
-        kind = rows[0].kind
-        label = {"exact": "formula (exact)", "upper": "formula (upper bound)",
-                 "lower": "formula (lower bound)"}[kind]
-        ax.plot(xs, formula, "-", label=label)
-        if name == "thm4_weight_vs_epsilon":
-            ax.set_ylabel("mean private weight a_priv")
-            ax.axhline(1.0, color="gray", ls=":", label="local (a = 1)")
-        else:
-            ax.set_ylabel("MSE")
-        if logx:
-            ax.set_xscale("log")
-            # Label the swept values: within a decade or two matplotlib labels the
-            # minor ticks too, and they overlap.
-            ax.xaxis.set_minor_formatter(NullFormatter())
-            ax.set_xticks(xs, [f"{x:g}" for x in xs])
-        ax.set_xlabel(xlabel)
-        ax.set_title(f"{rows[0].name}: {name.split('_vs_')[1].replace('_', ' ')} sweep")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = directory / f"{name}.png"
-        fig.savefig(path, dpi=120)
-        paths.append(str(path))
+        data = sweep_data(name, n_reps=n_reps, quick=quick, rng=rng, progress=progress)
+        paths.append(plot_sweep(data, directory / f"{name}.png"))
     for plot in dict.fromkeys(figures[n] for n in names if n in figures):
         paths += plot(directory, names=[n for n in names if figures.get(n) is plot], n_reps=n_reps,
                       quick=quick, rng=rng, progress=progress)

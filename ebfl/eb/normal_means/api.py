@@ -1,7 +1,8 @@
 r"""Empirical Bayes normal means with a choice of prior family: :func:`ebnm`.
 
-x_i ~ N(theta_i, s_i^2) independently, theta_i ~ g, g in a family; g is fitted
-by maximum marginal likelihood and each theta_i gets its posterior under it.
+:math:`x_i \sim N(\theta_i, s_i^2)` independently, :math:`\theta_i \sim g`, g in a
+family; g is fitted by maximum marginal likelihood and each :math:`\theta_i` gets its
+posterior under it.
 The call, the family names and the result's fields follow R's ebnm
 (Willwerscheid, Carbonetto & Stephens, 2025), so its users find their way.
 """
@@ -198,7 +199,21 @@ def check_prior_options(prior_family, mode=0.0, scale="estimate", *,
 
 def ebnm(x, s=1.0, prior_family="point_normal", mode=0.0, scale="estimate", g_init=None,
          fix_g=False, *, tol=1e-8):
-    """Fit a prior from ``prior_family`` to x_i ~ N(theta_i, s_i^2) and every theta_i's posterior.
+    r"""Fit a prior of ``prior_family`` to :math:`x_i \sim N(\theta_i, s_i^2)`; the posteriors.
+
+    The model, with :math:`\mathcal G` the family:
+
+    .. math::
+
+        x_i \mid \theta_i \sim N(\theta_i, s_i^2) \text{ independently}, \qquad
+        \theta_i \sim g \in \mathcal G,
+
+        \hat g = \arg\max_{g \in \mathcal G} \sum_i \log \int N(x_i; \theta, s_i^2)
+        \, g(d\theta),
+
+    and each :math:`\theta_i` gets its posterior under :math:`\hat g` (under ``g_init``
+    itself with ``fix_g=True``; :math:`N(x_i, s_i^2)` under the improper ``"flat"``
+    prior).
 
     Parameters
     ----------
@@ -217,10 +232,10 @@ def ebnm(x, s=1.0, prior_family="point_normal", mode=0.0, scale="estimate", g_in
     mode : float or "estimate"
         The prior's mode (the location of its point mass, the centre of its
         unimodal shape); ignored by npmle, deconvolver and flat. For
-        ``generalized_binary`` it is the mode mu > 0 of the slab (the point mass
+        ``generalized_binary`` it is the mode :math:`\mu > 0` of the slab (the point mass
         stays at 0), and 0 (the default) estimates it, as R's ebnm does.
     scale : "estimate", float or array_like
-        Parametric families: the slab's sd or scale (the horseshoe's tau), fitted
+        Parametric families: the slab's sd or scale (the horseshoe's :math:`\tau`), fitted
         or fixed; ``generalized_binary``: the slab's sd over its mode, fixed
         ("estimate" means 0.1). Grid families: the grid of sds (scale mixtures)
         or half-widths (unimodal), or npmle's grid of atoms; "estimate" takes the

@@ -107,6 +107,42 @@ class TrainResult:
 
         return pd.DataFrame(self.history)
 
+    def plot(self, metric=None, path=None):
+        """Each metric of the history against the round.
+
+        Parameters
+        ----------
+        metric : str or list of str, optional
+            History entries to draw, one panel each. Default: the metrics evaluated
+            on the clients (``accuracy``, with a band of +- one sd over clients).
+        path : str or path-like, optional
+            Also save the figure there (PNG unless the suffix names another format).
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+            One axes per metric, on a pyplot figure (``plt.show()`` shows it).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from ebfl.learning.torch import FederatedDataset, FedAvg, LogisticModel
+        >>> rng = np.random.default_rng(0)
+        >>> xs = [rng.normal(size=(20, 4)).astype(np.float32) for _ in range(3)]
+        >>> ys = [(x[:, 0] > 0).astype(np.int64) for x in xs]
+        >>> data = FederatedDataset.from_clients(xs, ys, xs, ys, n_classes=2)
+        >>> res = train(FedAvg(LogisticModel(4, 2), 0.5), data, n_rounds=3, local_steps=2,
+        ...             batch_size=5)
+        >>> fig = res.plot()
+        >>> [ax.get_ylabel() for ax in fig.axes]
+        ['accuracy']
+        >>> import matplotlib.pyplot as plt
+        >>> plt.close(fig)
+        """
+        from ebfl._plotting import plot_history
+
+        return plot_history(self.history, metric, path)
+
 
 @torch.no_grad()
 def evaluate(model, stack, data, *, chunk=16, frozen=None):

@@ -271,9 +271,9 @@ def _cache_dir_iv(cache_dir):
 
 
 def _user_cache():
-    import pooch
+    from ebfl._paths import user_cache
 
-    return Path(pooch.os_cache("ebfl"))
+    return user_cache()
 
 
 def _writable(folder):

@@ -11,11 +11,14 @@ DP-PFL's rigorous accountant (:func:`ebfl.dppfl.rigorous_epsilon`).
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
 
+from ebfl._plotting import check_plot_path, result_figure
 from ebfl._validation import check_choice, check_int_scalar
 from ebfl.privacy.accounting.core import (
     CONVERSIONS,
@@ -36,6 +39,8 @@ __all__ = ["ACCOUNTANTS", "Accountant"]
 
 #: The two ways to compose: Renyi DP, or privacy-loss distributions (tighter).
 ACCOUNTANTS = ("rdp", "pld")
+#: Most points of :meth:`Accountant.plot` (each is a conversion, or for PLD a composition).
+MAX_PLOT_POINTS = 10_000
 
 
 def _gaussian_multipliers(event):
@@ -163,3 +168,99 @@ class Accountant:
         if self.accountant == "rdp":
             return _delta(self.orders, self._composed(), epsilon)
         return float(self._composed().get_delta(epsilon))
+
+    # ------------------------------------------------------------------ picture
+
+    #: What one recorded step is (the plot's x axis), and how steps are recorded.
+    _step_name = "events composed"
+    _how_to_record = "compose() events"
+
+    def _step_counts(self):
+        """Steps recorded by each entry, in order."""
+        return [n for _, n in self.events]
+
+    def _with_steps(self, counts):
+        """A copy that holds ``counts[i]`` steps of entry i (0 drops it); self is untouched."""
+        new = copy.copy(self)
+        new.events = [(e, int(c)) for (e, _), c in zip(self.events, counts, strict=True) if c]
+        new._cache = (None, None)
+        return new
+
+    def _epsilon_after(self, steps, delta):
+        """Epsilon at ``delta`` after the first ``steps[j]`` steps, for every j."""
+        counts = np.array(self._step_counts(), dtype=np.int64)
+        starts = np.cumsum(counts) - counts
+        prefixes = [np.clip(t - starts, 0, counts) for t in steps]
+        if self.accountant == "pld":
+            return np.array([self._with_steps(p).get_epsilon(delta) for p in prefixes])
+        # RDP composes by adding count x each event's curve (so do event_rdp and
+        # dp-accounting's RdpAccountant, in this order from zeros): one curve per entry
+        # gives every prefix's to the last bit, where recomposing each prefix would
+        # cost a composition per point (a second each for sampling without replacement).
+        units = [self._with_steps(np.arange(counts.size) == i)._rdp_curve()
+                 for i in range(counts.size)]
+        out = []
+        for prefix in prefixes:
+            curve = np.zeros(self.orders.size)
+            for c, unit in zip(prefix, units, strict=True):
+                if c:  # (0 x an infinite order would give NaN)
+                    curve = curve + c * unit
+            out.append(_epsilon_and_order(self.orders, curve, delta, self.conversion)[0])
+        return np.array(out)
+
+    def plot(self, delta, *, n_points=50, path=None):
+        """Epsilon at ``delta`` against the number of steps recorded so far.
+
+        Each point is what the accountant answers for the first t steps (events
+        for an :class:`Accountant`, rounds for a DP-AdaPeD one): all of 1..T when
+        T <= ``n_points``, else ``n_points`` log-spaced t (the x axis then
+        logarithmic), T always among them. The accountant is not changed.
+
+        Parameters
+        ----------
+        delta : float
+            In (0, 1).
+        n_points : int, default=50
+            Most points, in [2, 10^4]. With ``accountant="pld"`` each point is a
+            fresh composition (seconds for fine grids): fewer points are faster.
+        path : str or path-like, optional
+            Also save the figure there (PNG unless the suffix names another format).
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+            One axes, on a pyplot figure (``plt.show()`` shows it).
+
+        Examples
+        --------
+        >>> from dp_accounting import dp_event
+        >>> acc = Accountant().compose(dp_event.GaussianDpEvent(20.0), 100)
+        >>> fig = acc.plot(1e-5)
+        >>> line = fig.axes[0].lines[0]
+        >>> bool(line.get_ydata()[-1] == acc.get_epsilon(1e-5)), int(line.get_xdata()[-1])
+        (True, 100)
+        >>> import matplotlib.pyplot as plt
+        >>> plt.close(fig)
+        """
+        delta = check_delta(delta)
+        n_points = check_int_scalar(n_points, "n_points", minimum=2, maximum=MAX_PLOT_POINTS)
+        path = check_plot_path(path)
+        total = sum(self._step_counts())
+        if total == 0:
+            raise ValueError(f"{type(self).__name__}.plot: nothing is recorded yet; "
+                             f"{self._how_to_record} first")
+        log_spaced = total > n_points
+        steps = (np.unique(np.rint(np.geomspace(1, total, n_points)).astype(np.int64))
+                 if log_spaced else np.arange(1, total + 1))
+        epsilon = self._epsilon_after(steps, delta)
+
+        def draw(axes):
+            (ax,) = axes
+            ax.plot(steps, epsilon, marker="o" if steps.size <= 30 else None, ms=3)
+            if log_spaced:
+                ax.set_xscale("log")
+            ax.set_xlabel(self._step_name)
+            ax.set_ylabel("epsilon")
+            ax.set_title(f"epsilon at delta = {delta:.3g} ({self.accountant.upper()})")
+
+        return result_figure(draw, figsize=(5.5, 3.6), path=path)

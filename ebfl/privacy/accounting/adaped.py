@@ -32,6 +32,8 @@ Conventions used throughout
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -41,6 +43,7 @@ from dp_accounting import dp_event
 from dp_accounting.privacy_accountant import NeighboringRelation
 from dp_accounting.rdp import rdp_privacy_accountant
 
+from ebfl._plotting import check_plot_path, result_figure
 from ebfl._validation import check_choice, check_int_scalar, check_positive_scalar
 from ebfl.privacy.accounting.accountant import Accountant
 from ebfl.privacy.accounting.core import (
@@ -417,6 +420,53 @@ class PrivacySpent:
                 f"order={order}, n_rounds={self.n_rounds}, accountant={self.accountant!r}, "
                 f"neighboring_relation={self.neighboring_relation!r})")
 
+    def plot(self, path=None):
+        """The composed RDP curve against the Renyi order, the order of ``epsilon`` marked.
+
+        The curve is what ``epsilon`` was converted from (RDP accountant only: a
+        PLD result has none). Epsilon against the rounds is the accountant's
+        :meth:`DPAdaPeDAccountant.plot`.
+
+        Parameters
+        ----------
+        path : str or path-like, optional
+            Also save the figure there (PNG unless the suffix names another format).
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+            One axes, on a pyplot figure (``plt.show()`` shows it).
+
+        Examples
+        --------
+        >>> spent = dp_adaped_epsilon(1e-5, n_clients=66, n_sampled=22, n_iterations=2400,
+        ...                           sync_gap=10, clip_mu=1.0, noise_mu=5.0, sampling="poisson")
+        >>> fig = spent.plot()
+        >>> bool((fig.axes[0].lines[0].get_ydata() == spent.rdp).all())
+        True
+        >>> import matplotlib.pyplot as plt
+        >>> plt.close(fig)
+        """
+        path = check_plot_path(path)
+        if self.rdp is None:
+            raise ValueError(f"PrivacySpent.plot draws the RDP curve, and a result of "
+                             f"accountant={self.accountant!r} has none; "
+                             f"DPAdaPeDAccountant.plot(delta) draws epsilon against the rounds")
+
+        def draw(axes):
+            (ax,) = axes
+            ax.plot(self.orders, self.rdp, marker=".", ms=3, label="RDP of the run")
+            ax.axvline(self.order, color="C1", lw=0.8, ls="--",
+                       label=f"order {self.order:.3g}: epsilon = {self.epsilon:.3g}")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("Renyi order")
+            ax.set_ylabel("RDP epsilon(order)")
+            ax.set_title(f"{self.n_rounds} rounds, delta = {self.delta:.3g}")
+            ax.legend(fontsize=8)
+
+        return result_figure(draw, figsize=(5.5, 3.6), path=path)
+
 
 class DPAdaPeDAccountant(Accountant):
     r"""Correct user-level accountant for DP-AdaPeD, built on dp-accounting.
@@ -601,6 +651,19 @@ class DPAdaPeDAccountant(Accountant):
 
     def _key(self):
         return tuple(self.history)
+
+    _step_name = "rounds"
+    _how_to_record = "record rounds with step()"
+
+    def _step_counts(self):
+        return [r.n_rounds for r in self.history]
+
+    def _with_steps(self, counts):
+        new = copy.copy(self)
+        new.history = [dataclasses.replace(r, n_rounds=int(c))
+                       for r, c in zip(self.history, counts, strict=True) if c]
+        new._cache = (None, None)
+        return new
 
     def _rdp_curve(self):
         if self.neighboring_relation is NeighboringRelation.ADD_OR_REMOVE_ONE:
