@@ -485,13 +485,18 @@ def job_data(settings):
     ``settings["dataset"]``: ``"simulated"`` (``clients`` clients drawn with
     ``seed``: :func:`simulated_counts` or :func:`simulated_means`) or
     ``"elections"`` (:func:`election_federation` or :func:`election_shares`;
-    with ``clients``, the first that many counties).
+    with ``clients``, the first that many counties; more than the data hold is
+    an error).
     """
     gaussian = settings["algorithm"] in ("eb-gaussian", "eb-normal-means")
     if settings["dataset"] == "elections":
         data = election_shares() if gaussian else election_federation()
         if settings.get("clients") is not None:  # the first counties, in the data's order
-            data = data.subset(np.arange(min(int(settings["clients"]), data.n_clients)))
+            m = int(settings["clients"])
+            if m > data.n_clients:  # never fewer clients than asked for, silently
+                raise ValueError(f"clients must be <= {data.n_clients}, the counties in the "
+                                 f"elections data, got {m}")
+            data = data.subset(np.arange(m))
         return data
     m, seed = int(settings["clients"]), int(settings["seed"])
     return simulated_means(m, seed=seed) if gaussian else simulated_counts(m, seed=seed)

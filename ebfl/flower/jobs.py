@@ -77,7 +77,7 @@ from ebfl.federated.protocol import (
     RunConfig,
 )
 
-__all__ = ["ALGORITHMS", "DATASETS", "Job", "build_job", "digits_federation"]
+__all__ = ["ALGORITHMS", "DATASETS", "Job", "build_job", "digits_federation", "load_digits"]
 
 #: Learning algorithms (torch, ``learning`` extra) and empirical-Bayes protocols (numpy).
 LEARNING = ("fedavg", "local", "adaped", "adaped-ft", "dp-adaped", "fedavg-ft", "ditto",
@@ -118,12 +118,10 @@ def digits_federation(n_clients=6, *, seed=0, classes_per_client=3, images=False
     keeps a quarter of its images, stratified, for testing. Bundled with
     scikit-learn: no download. ``images``: samples of shape (8, 8) instead of (64,).
     """
-    from sklearn.datasets import load_digits
-
     from ebfl.learning.partition import pathological, train_test_split_per_client
     from ebfl.learning.torch.data import FederatedDataset
 
-    x, y = load_digits(return_X_y=True)
+    x, y = load_digits()
     x = (x / 16.0).astype(np.float32)
     if images:
         x = x.reshape(-1, 8, 8)
@@ -133,6 +131,30 @@ def digits_federation(n_clients=6, *, seed=0, classes_per_client=3, images=False
     return FederatedDataset.from_clients([x[i] for i in train], [y[i] for i in train],
                                          [x[i] for i in test], [y[i] for i in test],
                                          n_classes=10)
+
+
+def load_digits():
+    """scikit-learn's bundled digits, ``(x, y)``: x (1797, 64) in 0..16, y (1797,) int.
+
+    Read as ``sklearn.datasets.load_digits(return_X_y=True)`` reads them (the same
+    file, ``np.loadtxt``, the same arrays) but without importing scikit-learn, whose
+    import pulls in SciPy: a deployed Flower node pays every import again in each
+    task's fresh process. Falls back to scikit-learn where its file is not found.
+    """
+    import gzip
+    from importlib.util import find_spec
+    from pathlib import Path
+
+    spec = find_spec("sklearn")  # locates the package without running its __init__
+    path = None if spec is None or not spec.submodule_search_locations else \
+        Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
+    if path is None or not path.is_file():
+        from sklearn.datasets import load_digits as sklearn_digits
+
+        return sklearn_digits(return_X_y=True)
+    with open(path, "rb") as fh, gzip.open(fh, mode="rt", encoding="utf-8") as text:
+        data = np.loadtxt(text, delimiter=",")
+    return data[:, :-1], data[:, -1].astype(int, copy=False)
 
 
 def settings_of(settings):
@@ -304,7 +326,6 @@ def _fedhdp(model, s):
 def _perada(s, *, distill):
     """PerAda on the digits as 8x8 images: adapters on a seeded random frozen backbone."""
     import torch
-    from sklearn.datasets import load_digits
 
     from ebfl.learning.torch.adapters import SmallResNet
     from ebfl.learning.torch.functional import fresh_params
@@ -313,7 +334,7 @@ def _perada(s, *, distill):
     model = SmallResNet(10, 1, widths=(8, 16))
     aux = None
     if distill:
-        x = load_digits().images[:400] / 16.0
+        x = load_digits()[0][:400].reshape(-1, 8, 8) / 16.0
         aux = torch.as_tensor(np.ascontiguousarray(x.transpose(0, 2, 1)), dtype=torch.float32)
     return PerAda(model, fresh_params(model, int(s["seed"])), lr=float(s["lr"]),
                   lam=2.0 if s["lambda"] is None else float(s["lambda"]), aux=aux,

@@ -9,14 +9,19 @@ configured in a Flower ``pyproject.toml`` and one started by
 
 How a run goes
 --------------
-1. *Hello.* The server waits for m nodes, asks each its client id (the node's
-   ``partition-id``) and aggregation weight, and maps ids to nodes.
+1. *Binding.* Each client id is bound to one node. In a deployment the
+   server asks every node once for its ``partition-id`` (its client id; one
+   parallel round trip: each SuperNode answers on its own machine). In a
+   simulation the nodes are Flower's virtual nodes, alike but for their ids:
+   client c is bound to the c-th smallest node id, with no message at all,
+   and every message names its client, so the start-up costs nothing per node
+   and a round touches only the nodes it needs.
 2. *Rounds.* The server samples clients from its stream of the round (the same
    clients as in process), sends each sampled node ``broadcast(server, rc)``
    and, if the algorithm trains idle clients, the other nodes
    ``idle_message``. A node runs the client half for its one client, keeps its
-   persistent state in ``Context.state`` and replies. The server aggregates the
-   replies that arrived, in client-id order.
+   persistent state in ``Context.state`` and replies with its aggregation
+   weight. The server aggregates the replies that arrived, in client-id order.
 3. *Evaluation* every ``eval-every`` rounds: every node evaluates its
    predictor and returns its metrics.
 4. *Collect* (optional, ``collect-states``): every node returns its persistent
@@ -46,6 +51,7 @@ arrays and come back bit for bit.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import json
@@ -101,12 +107,14 @@ from ebfl.federated.runtime import RunResult, history_row  # noqa: E402
 from ebfl.federated.tree import flatten, tree_cat, tree_nbytes, unflatten  # noqa: E402
 from ebfl.flower.jobs import build_job  # noqa: E402
 
-__all__ = ["FLOWER_ENV", "apply_flower_env", "client_app", "compare_runtimes", "decode",
-           "encode", "max_abs_diff", "parse_failures", "plot_comparison", "server_app",
-           "simulate"]
+__all__ = ["FLOWER_ENV", "SIM_WINDOW", "apply_flower_env", "cached_job", "client_app",
+           "compare_runtimes", "decode", "encode", "max_abs_diff", "parse_failures",
+           "plot_comparison", "server_app", "simulate"]
 
 STATE_KEY = "ebfl-client-state"  # the node's persistent client state in Context.state
 FLOWER_KEYS = ("round-timeout", "hello-timeout", "result-path", "collect-states", "failures")
+#: Messages a simulation keeps in Flower's message store at once (see ``_exchange``).
+SIM_WINDOW = 64
 
 
 class SimulatedFailure(RuntimeError):
@@ -148,53 +156,47 @@ def _job_settings(run_config):
 
 # ------------------------------------------------------------------ client half
 
-def client_app(settings=None):
+def client_app(settings=None, *, simulation=False):
     """A ``ClientApp`` running the client half of a job.
 
     The job comes from ``settings`` (a simulation in this process; a list of
     jobs that the server runs one after the other) or else from the run's
     ``run_config`` (a deployment: the app's ``pyproject.toml`` and
     ``flwr run --run-config``). The node's client id is its ``partition-id``
-    (node config). Its data is the job's data of that one client; its
-    persistent state lives in ``Context.state`` between rounds.
+    (node config); with ``simulation``, the client that each message names
+    (the server binds clients to Flower's virtual nodes, see the module
+    docstring). Its data is the job's data of that one client; its persistent
+    state lives in ``Context.state`` between rounds.
     """
     app = ClientApp()
-    jobs = {}  # built once per process and job
     listed = None if settings is None else _as_list(settings)
-
-    def run_config_of(context, index):
-        return dict(context.run_config) if listed is None else dict(listed[index])
-
-    def job_of(run_config):
-        key = json.dumps(_job_settings(run_config), sort_keys=True, default=str)
-        if key not in jobs:
-            jobs[key] = build_job(_job_settings(run_config))
-        return jobs[key]
 
     def handle(msg, context):
         head = msg.content["ebfl"]
-        run_config = run_config_of(context, int(head["job"]))
-        job = job_of(run_config)
+        index = int(head["job"])
+        run_config = dict(context.run_config) if listed is None else dict(listed[index])
+        job = cached_job(run_config)
         alg, cfg = job.algorithm, job.config
-        cid = int(context.node_config["partition-id"])
-        if not 0 <= cid < cfg.n_clients:
-            raise ValueError(f"partition-id {cid} outside the job's clients 0..{cfg.n_clients - 1}")
+        cid = _client_of(head, context, cfg.n_clients, simulation)
         data = job.data.subset([cid])
         phase, r = head["phase"], int(head["round"])
         if phase == "hello":
-            weight = float(np.asarray(alg.client_weights(data), dtype=np.float64)[0])
-            return _reply(msg, {"client": cid, "weight": weight})
+            return _reply(msg, {"client": cid})
         failures = parse_failures(run_config.get("failures", ""))
         if phase in ("train", "idle") and cid in failures.get(r, ()):
             raise SimulatedFailure(f"client {cid} told to fail in round {r}")
-        client = _load_state(context, f"{STATE_KEY}-{head['job']}", alg, cfg, data, cid)
+        key = f"{STATE_KEY}-{index}"
+        client = _load_state(context, key, alg, cfg, data, cid)
         message = decode(msg.content["payload"], alg.array_api)
         # the round's context for the client half ("collect" carries no round: -1)
         rc = RoundContext(cfg, r, np.array([cid])) if phase in ("train", "idle") else None
-        reply = {}
+        reply, head_out = {}, {"client": cid, "phase": phase}
         with _numerics(alg):  # denormals flushed for torch, as the in-process engine does
             if phase == "train":
                 reply = alg.client_train(message, client, data, rc)
+                # the server learns each weight with the reply it weighs (no start-up query)
+                head_out["weight"] = float(np.asarray(alg.client_weights(data),
+                                                      dtype=np.float64)[0])
             elif phase == "idle":
                 alg.client_idle(message, client, data, rc)
             elif phase == "evaluate":
@@ -204,8 +206,8 @@ def client_app(settings=None):
             else:
                 raise ValueError(f"unknown phase {phase!r}")
         if phase in ("train", "idle"):  # written only once the client half has returned
-            context.state[f"{STATE_KEY}-{head['job']}"] = encode(client)
-        return _reply(msg, {"client": cid, "phase": phase}, reply)
+            context.state[key] = encode(client)
+        return _reply(msg, head_out, reply)
 
     @app.query()
     def query(msg: Message, context: Context):
@@ -228,6 +230,39 @@ def _reply(msg, head, payload=None):
     return Message(rd, reply_to=msg)
 
 
+_JOBS = {}  # this process's jobs, by their settings (see cached_job)
+
+
+def cached_job(run_config):
+    """The job of ``run_config`` (Flower options ignored), built once per process.
+
+    A cache here and not in the ``ClientApp``'s closure: the Simulation Engine
+    sends the app, pickled, with every task, so a closure's cache would arrive
+    empty each time (and every task would rebuild the whole federation's data);
+    this module stays imported in the worker between tasks.
+    """
+    settings = _job_settings(run_config)
+    key = json.dumps(settings, sort_keys=True, default=str)
+    if key not in _JOBS:
+        _JOBS[key] = build_job(settings)
+    return _JOBS[key]
+
+
+def _client_of(head, context, n_clients, simulation):
+    """The client a message is for: the one it names in a simulation, else the node's
+    ``partition-id`` (a message naming another client is refused)."""
+    if simulation:
+        cid = int(head["client"])
+    else:
+        cid = int(context.node_config["partition-id"])
+        if "client" in head and int(head["client"]) != cid:
+            raise ValueError(f"a message for client {int(head['client'])} reached the node "
+                             f"of partition-id {cid}")
+    if not 0 <= cid < n_clients:
+        raise ValueError(f"client {cid} outside the job's clients 0..{n_clients - 1}")
+    return cid
+
+
 def _load_state(context, key, alg, cfg, data, cid):
     if key in context.state:
         return decode(context.state[key], alg.array_api)
@@ -245,7 +280,7 @@ def _numerics(alg):
 
 # ------------------------------------------------------------------ server half
 
-def server_app(settings=None, *, sink=None):
+def server_app(settings=None, *, sink=None, simulation=False):
     """A ``ServerApp`` running the server half of a job.
 
     Parameters
@@ -260,6 +295,10 @@ def server_app(settings=None, *, sink=None):
         simulation, the caller's process receives the result this way). The
         run config's ``result-path``, when set, also receives it as a pickle
         and ``<result-path>.json`` (the history).
+    simulation : bool
+        Bind clients to Flower's virtual nodes without a message (see the module
+        docstring), and keep at most :data:`SIM_WINDOW` messages in Flower's
+        message store at once; pair with ``client_app(..., simulation=True)``.
     """
     app = ServerApp()
 
@@ -267,7 +306,7 @@ def server_app(settings=None, *, sink=None):
     def main(grid: Grid, context: Context):
         for index, run_config in enumerate([dict(context.run_config)] if settings is None
                                            else _as_list(settings)):
-            result = run_server(grid, run_config, job=index)
+            result = run_server(grid, run_config, job=index, simulation=simulation)
             if sink is not None:
                 sink(result)
             path = run_config.get("result-path")
@@ -277,21 +316,23 @@ def server_app(settings=None, *, sink=None):
     return app
 
 
-def run_server(grid, run_config, *, job=0):
+def run_server(grid, run_config, *, job=0, simulation=False):
     """The server half's round loop on a Flower ``Grid`` (see the module docstring).
 
     ``job`` numbers the job among those the nodes run (their client states are
-    kept apart).
+    kept apart); ``simulation`` as in :func:`server_app`.
     """
-    built = build_job(_job_settings(run_config))
+    built = cached_job(run_config)
     alg, cfg = built.algorithm, built.config
     # failures the clients would apply: checked against the run before any round starts
     check_failures(run_config.get("failures", ""), cfg, everyone=alg.all_clients_train)
     timeout = float(run_config.get("round-timeout", 120.0))
+    window = SIM_WINDOW if simulation else None
     _msg = functools.partial(_message, job=job)
-    node_of, weights = _hello(grid, cfg.n_clients, float(run_config.get("hello-timeout", 120.0)),
-                              job)
+    _send = functools.partial(_exchange, grid, timeout=timeout, window=window)
     m = cfg.n_clients
+    node_of = _bind(grid, m, float(run_config.get("hello-timeout", 120.0)), job, simulation)
+    weights = np.full(m, np.nan)  # each filled by the client's first reply
     server = alg.init_server(cfg)
     history, metrics = [], None
     t0 = time.perf_counter()
@@ -307,7 +348,7 @@ def run_server(grid, run_config, *, job=0):
                 idle_msg = alg.idle_message(server, RoundContext(cfg, r, idle))
                 out += [_msg(node_of[c], "idle", r, idle_msg, c) for c in idle]
                 traffic["bytes_down"] += tree_nbytes(idle_msg) * int(idle.size)
-        replies = _arrived(grid.send_and_receive(out, timeout=timeout), alg, "train")
+        replies = _arrived(_send(out), alg, "train", weights)
         if replies:
             ids = np.array(sorted(replies))
             stacked = tree_cat([replies[c] for c in ids])
@@ -320,16 +361,16 @@ def run_server(grid, run_config, *, job=0):
         log(INFO, "%s round %d/%d: %d of %d sampled clients replied", alg.name, done,
             cfg.n_rounds, traffic["replies"], traffic["clients"])
         if done % cfg.eval_every == 0 or done == cfg.n_rounds:
-            metrics = _evaluate(grid, alg, server, node_of, m, r, timeout, _msg)
+            metrics = _evaluate(_send, alg, server, node_of, m, r, _msg)
             history.append(history_row(cfg, done, metrics, alg.summary(server), traffic))
             log(INFO, "%s round %d: %s", alg.name, done,
                 {k: round(v, 6) for k, v in history[-1].items()
                  if k in metrics and isinstance(v, float)})
     if metrics is None:
-        metrics = _evaluate(grid, alg, server, node_of, m, cfg.n_rounds, timeout, _msg)
+        metrics = _evaluate(_send, alg, server, node_of, m, cfg.n_rounds, _msg)
     clients = {}
     if str(run_config.get("collect-states", "false")).lower() in ("1", "true", "yes"):
-        clients = _collect(grid, alg, node_of, m, timeout, _msg)
+        clients = _collect(_send, alg, node_of, m, _msg)
     return RunResult(server, clients, metrics, history, time.perf_counter() - t0,
                      cfg.to_dict())
 
@@ -345,48 +386,96 @@ def _message(node, phase, round_, payload, client, *, job):
                                  "evaluate": "evaluate"}.get(phase, "query"))
 
 
-def _arrived(replies, alg, phase):
-    """{client id: reply tree} of the replies of ``phase`` that came without error."""
+def _arrived(replies, alg, phase, weights=None):
+    """{client id: reply tree} of the replies of ``phase`` that came without error
+    (``weights``, if given, receives the weight each reply carries)."""
     out = {}
     for reply in replies:
         if reply.has_error() or reply.content["ebfl"]["phase"] != phase:
             continue
-        out[int(reply.content["ebfl"]["client"])] = decode(reply.content["payload"],
-                                                           alg.array_api)
+        head = reply.content["ebfl"]
+        cid = int(head["client"])
+        out[cid] = decode(reply.content["payload"], alg.array_api)
+        if weights is not None:
+            weights[cid] = float(head["weight"])
     return out
 
 
-def _hello(grid, m, timeout, job):
-    """Wait for m nodes; map client ids to node ids; the clients' weights."""
+def _exchange(grid, messages, *, timeout, window=None):
+    """Send ``messages`` and return the replies that arrived within ``timeout`` seconds.
+
+    With ``window``, at most that many messages wait in Flower's message store at
+    once, each with its own ``timeout`` from when it is sent. Why: Flower 1.41-1.42's
+    Simulation Engine looks for each node's next message by scanning every message in
+    the store, node after node, every 0.1 s, so a phase that sends one message to each
+    of n nodes costs n x n checks per sweep; 3150 messages at once made a sweep take
+    minutes. A window keeps a sweep at n x window checks.
+    """
+    if window is None or len(messages) <= window:
+        return list(grid.send_and_receive(messages, timeout=timeout))
+    waiting, pending, out = collections.deque(messages), {}, []
+    while waiting or pending:
+        if waiting and len(pending) < window:
+            batch = [waiting.popleft() for _ in range(min(window - len(pending),
+                                                          len(waiting)))]
+            deadline = time.monotonic() + timeout
+            pending.update(dict.fromkeys(grid.push_messages(batch), deadline))
+        got = list(grid.pull_messages(list(pending)))
+        for reply in got:
+            pending.pop(reply.metadata.reply_to_message_id, None)
+        out += got
+        now = time.monotonic()
+        for late in [k for k, d in pending.items() if d <= now]:  # left out, as in Flower
+            del pending[late]
+        if not got:
+            time.sleep(0.02)
+    return out
+
+
+def _wait_nodes(grid, m, timeout):
+    """The connected nodes' ids, once at least m are (TimeoutError after ``timeout`` s)."""
     deadline = time.monotonic() + timeout
-    while len(nodes := list(grid.get_node_ids())) < m:
+    while len(nodes := sorted(grid.get_node_ids())) < m:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"only {len(nodes)} of {m} nodes connected within {timeout} s")
+            raise TimeoutError(f"only {len(nodes)} of {m} nodes connected within {timeout} s; "
+                               f"the job needs one node per client")
         time.sleep(0.2)
+    return nodes
+
+
+def _bind(grid, m, timeout, job, simulation):
+    """{client id: node id} (see the module docstring)."""
+    nodes = _wait_nodes(grid, m, timeout)
+    if simulation:  # Flower's virtual nodes differ only in their ids
+        return dict(enumerate(nodes[:m]))
+    return _hello(grid, nodes, m, timeout, job)
+
+
+def _hello(grid, nodes, m, timeout, job):
+    """Ask every node its client id (``partition-id``); map client ids to node ids."""
     hello = [Message(_content("hello", job=int(job)), dst_node_id=int(n), message_type="query")
              for n in nodes]
-    node_of, weights = {}, np.full(m, np.nan)
+    node_of = {}
     for reply in grid.send_and_receive(hello, timeout=timeout):
         if reply.has_error():  # e.g. a partition-id outside 0..m-1: that node is not used
             log(WARNING, "node %s did not join: %s", reply.metadata.src_node_id,
                 reply.error.reason)
             continue
-        head = reply.content["ebfl"]
-        cid = int(head["client"])
+        cid = int(reply.content["ebfl"]["client"])
         if cid in node_of:
             raise ValueError(f"two nodes claim client {cid} (partition-id); each client "
                              "needs its own node")
-        node_of[cid], weights[cid] = reply.metadata.src_node_id, float(head["weight"])
+        node_of[cid] = reply.metadata.src_node_id
     missing = sorted(set(range(m)) - set(node_of))
     if missing:
         raise RuntimeError(f"no node answered for clients {missing[:10]}")
-    return node_of, weights
+    return node_of
 
 
-def _evaluate(grid, alg, server, node_of, m, r, timeout, _msg):
+def _evaluate(send, alg, server, node_of, m, r, _msg):
     message = alg.evaluation_message(server)
     out = [_msg(node_of[c], "evaluate", r, message, c) for c in range(m)]
-    got = _arrived(grid.send_and_receive(out, timeout=timeout), alg, "evaluate")
+    got = _arrived(send(out), alg, "evaluate")
     names = sorted({k for v in got.values() for k in v})
     metrics = {k: np.full(m, np.nan) for k in names}
     for c, values in got.items():
@@ -395,9 +484,9 @@ def _evaluate(grid, alg, server, node_of, m, r, timeout, _msg):
     return metrics
 
 
-def _collect(grid, alg, node_of, m, timeout, _msg):
+def _collect(send, alg, node_of, m, _msg):
     out = [_msg(node_of[c], "collect", -1, {}, c) for c in range(m)]
-    got = _arrived(grid.send_and_receive(out, timeout=timeout), alg, "collect")
+    got = _arrived(send(out), alg, "collect")
     if len(got) < m or not got[0]:
         return {c: got[c] for c in sorted(got)} if got else {}
     return tree_cat([got[c] for c in range(m)])
@@ -433,8 +522,8 @@ def simulate(settings, *, failures=None, collect_states=True, round_timeout=600.
     collect_states : bool
         Collect every client's final persistent state into the result.
     round_timeout : float
-        Seconds the server waits for a round's replies, and for every node's first
-        reply at the start.
+        Seconds the server waits for each message's reply (and, at the start, for
+        the virtual nodes to be registered).
     verbose : bool
         Flower's and Ray's logs.
 
@@ -444,7 +533,7 @@ def simulate(settings, *, failures=None, collect_states=True, round_timeout=600.
     """
     from flwr.simulation import run_simulation
 
-    jobs = [build_job(_job_settings(s)) for s in _as_list(settings)]
+    jobs = [cached_job(s) for s in _as_list(settings)]  # the server half reuses them
     sizes = {job.config.n_clients for job in jobs}
     if len(sizes) != 1:
         raise ValueError(f"jobs simulated together need the same number of clients, got "
@@ -453,8 +542,8 @@ def simulate(settings, *, failures=None, collect_states=True, round_timeout=600.
         checked = check_failures(failures, job.config, everyone=job.algorithm.all_clients_train)
     failures = ",".join(f"{r}:{c}" for r, cs in sorted(checked.items()) for c in sorted(cs))
     # In simulation no node can be lost on the way: a reply is late only because the
-    # machine is busy (each task starts a ClientApp; on 2 loaded cores the first ones take
-    # minutes), so the start-up waits as long as a round does.
+    # machine is busy (on 2 loaded cores the first tasks, which import the job's modules
+    # in a fresh worker, can take minutes), so the start-up waits as long as a round does.
     full = [{**s, "failures": failures or "", "round-timeout": float(round_timeout),
              "hello-timeout": float(round_timeout),
              "collect-states": "true" if collect_states else "false"}
@@ -465,7 +554,8 @@ def simulate(settings, *, failures=None, collect_states=True, round_timeout=600.
     if not verbose:  # run_simulation logs a deprecation notice and every client's failure
         logger.setLevel(logging.CRITICAL)
     try:
-        run_simulation(server_app(full, sink=got.append), client_app(full),
+        run_simulation(server_app(full, sink=got.append, simulation=True),
+                       client_app(full, simulation=True),
                        num_supernodes=sizes.pop(),
                        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                                        "init_args": {"include_dashboard": False,
@@ -473,6 +563,7 @@ def simulate(settings, *, failures=None, collect_states=True, round_timeout=600.
                        verbose_logging=verbose)
     finally:
         logger.setLevel(level)
+        _JOBS.clear()  # the federations' data, not needed once the run has ended
     if len(got) != len(full):
         raise RuntimeError("the Flower simulation ended without a result (see its log: "
                            "--verbose)")
