@@ -652,19 +652,16 @@ def reproduce_perada(*, dataset="mnist", quick=False, parts=PARTS, seeds=(0,), n
         result["backbone"] = {"source": backbone.config.get("dataset"),
                               "test_accuracy": backbone.test_accuracy,
                               "seconds": backbone.seconds}
-    done = {}
 
     def table1():
-        for name in methods:
-            done.setdefault(name, runs(name))
-        return [_table1_row(n, personalization[n], done[n]) for n in methods]
+        return [_table1_row(n, personalization[n], runs(n)) for n in methods]
 
     def table2():
         table1()
         if not quick:
-            done.setdefault("FedDF", runs("FedDF"))
-        return [row for name, run in TABLE2_METHODS if run in done
-                for row in [_table2_row(name, done[run])] if row is not None]
+            runs("FedDF")
+        return [row for name, run in TABLE2_METHODS if run in trained
+                for row in [_table2_row(name, trained[run])] if row is not None]
 
     build = {"table1": table1, "table2": table2,
              "figure4": lambda: _figure4(runs, data, protocol),

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ebfl._paths import user_cache
 from ebfl._validation import (
     check_bool,
     check_choice,
@@ -258,7 +259,7 @@ def _cache_dir_iv(cache_dir):
     if cache_dir is None:
         from ebfl.datasets import data_home
 
-        for folder in (data_home() / "pretrained", _user_cache() / "pretrained"):
+        for folder in (data_home() / "pretrained", user_cache() / "pretrained"):
             if _writable(folder):
                 return folder
         raise PermissionError(f"cannot write the backbone cache in {folder}; pass cache_dir=")
@@ -268,12 +269,6 @@ def _cache_dir_iv(cache_dir):
     if not _writable(folder):
         raise PermissionError(f"cache_dir must be a writable folder, got {folder}")
     return folder
-
-
-def _user_cache():
-    from ebfl._paths import user_cache
-
-    return user_cache()
 
 
 def _writable(folder):
