@@ -1,24 +1,20 @@
 """A Flower deployment on loopback: SuperLink, SuperNodes and ``flwr run`` as processes.
 
 The app comes from :func:`ebfl.flower.deploy.write_app`; the processes are
-Flower's own commands, started as the deployment guide (docs/guide/flower.md) says,
-with every address on 127.0.0.1 and free ports picked at run time. Each test
-stops every process it started (and their children) by PID and checks that
-none is left and that none listened on anything but loopback.
+Flower's own commands, started by :class:`ebfl.flower.loopback.LoopbackFederation`
+as the deployment guide (docs/guide/flower.md) says, with every address on
+127.0.0.1 and free ports picked at run time. Each test stops every process it
+started (and their children) by PID and checks that none is left and that none
+listened on anything but loopback.
 """
 
 import io
-import os
 import pickle
 import signal
-import socket
-import subprocess
 import sys
-import threading
 import time
 import tomllib
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,8 +23,7 @@ pytest.importorskip("flwr", reason="the Flower runtime needs the flower extra: "
                                    "pip install 'ebfl[flower]'")
 pytest.importorskip("torch", reason="the deployed jobs are learning jobs: "
                                     "pip install 'ebfl[learning]'")
-psutil = pytest.importorskip("psutil", reason="finding every process Flower started "
-                                              "needs psutil")
+pytest.importorskip("psutil", reason="finding every process Flower started needs psutil")
 
 from flwr.cli.build import build_fab_from_disk  # noqa: E402
 from flwr.cli.config_utils import load_and_validate  # noqa: E402
@@ -40,179 +35,16 @@ from ebfl.federated import run  # noqa: E402
 from ebfl.federated.tree import flatten  # noqa: E402
 from ebfl.flower.deploy import FLOWER_OPTIONS, connection_toml, write_app  # noqa: E402
 from ebfl.flower.jobs import build_job  # noqa: E402
-from ebfl.flower.runtime import FLOWER_ENV, FLOWER_KEYS  # noqa: E402
+from ebfl.flower.loopback import LoopbackFederation  # noqa: E402
+from ebfl.flower.runtime import FLOWER_KEYS  # noqa: E402
 
-LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
-BIN = Path(sys.executable).parent  # flower-superlink, flower-supernode, flwr
 #: A run must end within this many seconds (each takes 40-80 s on two busy cores).
 RUN_LIMIT = 300
 
 
-def _free_ports(n):
-    """n distinct free TCP ports on 127.0.0.1 (all held open until all are picked)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _wait_listening(port, proc, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
-
-
-class Federation:
-    """A SuperLink and ``n`` SuperNodes on loopback, each in its own process group."""
-
-    def __init__(self, workdir, n):
-        self.dir = Path(workdir)
-        self.n = n
-        # FLOWER_ENV keeps Flower off the network; the SuperExecs look for tasks every
-        # 0.2 s instead of 1 s (a shorter run; the SuperNodes still poll every 3 s).
-        # EBFL_TEST_FEDERATION marks every process of this federation (children inherit
-        # it), so that one that escaped its parent is still found and stopped.
-        self.token = f"{os.getpid()}-{id(self)}-{time.time_ns()}"
-        self.env = {**os.environ, **FLOWER_ENV, "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2",
-                    "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-                    "PYTHONUNBUFFERED": "1", "EBFL_TEST_FEDERATION": self.token}
-        self.port, *self.node_ports = _free_ports(n + 1)
-        self.superlink = f"127.0.0.1:{self.port}"
-        self.procs, self.nodes, self.seen = [], [], set()
-        self.known = {}  # pid -> psutil.Process of everything seen in our trees
-        self._stop_watch = threading.Event()
-        self._watch = threading.Thread(target=self._watch_loop, daemon=True)
-
-    def _start(self, name, args, home=None):
-        """Start a Flower command; its FLWR_HOME is its own, as on a machine of its own."""
-        env = {**self.env, "FLWR_HOME": str(home or self.dir / f"home-{name}")}
-        log = open(self.dir / f"{name}.log", "wb")  # noqa: SIM115 (closed in stop)
-        proc = subprocess.Popen([str(BIN / args[0]), *args[1:]], cwd=self.dir, env=env,
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)  # own group: killpg reaches children
-        proc.log = log
-        self.procs.append(proc)
-        return proc
-
-    def start(self):
-        link = self._start("superlink", ["flower-superlink", "--insecure", "--host", "127.0.0.1",
-                                         "--port", str(self.port)])
-        _wait_listening(self.port, link)
-        for i, port in enumerate(self.node_ports):
-            self.nodes.append(self._start(f"node{i}", [
-                "flower-supernode", "--insecure", "--superlink", self.superlink,
-                "--node-config", f"partition-id={i} num-partitions={self.n}",
-                "--host", "127.0.0.1", "--port", str(port)]))
-        for proc, port in zip(self.nodes, self.node_ports, strict=True):
-            _wait_listening(port, proc)
-        self._watch.start()
-        return self
-
-    def flwr_run(self, app):
-        """``flwr run APP ebfl --stream`` with the app's own Flower configuration."""
-        return self._start("flwr-run", ["flwr", "run", str(app), "ebfl", "--stream"],
-                           home=Path(app) / ".flwr")
-
-    def log(self, name):
-        return (self.dir / f"{name}.log").read_text(errors="replace")
-
-    # ---------------------------------------------------------- processes
-
-    def tree(self):
-        """Every live process we started and its descendants (recorded in ``known``)."""
-        out = []
-        for proc in self.procs:
-            try:
-                root = psutil.Process(proc.pid)
-                out += [root, *root.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                pass
-        for p in out:
-            self.known.setdefault(p.pid, p)
-        return out
-
-    def marked(self):
-        """Every process on this machine that carries this federation's token."""
-        out = []
-        for p in psutil.process_iter():
-            try:
-                if p.environ().get("EBFL_TEST_FEDERATION") == self.token:
-                    out.append(p)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                pass
-        return out
-
-    def _watch_loop(self):
-        """Records every listening address of our processes while they run."""
-        while not self._stop_watch.is_set():
-            for p in self.tree():
-                try:
-                    for conn in p.net_connections(kind="inet"):
-                        if conn.status == psutil.CONN_LISTEN:
-                            self.seen.add((p.name(), conn.laddr.ip, conn.laddr.port))
-                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                    pass
-            self._stop_watch.wait(0.25)
-
-    def kill_node(self, i):
-        """SIGKILL SuperNode ``i`` and its process group (its SuperExec, its ClientApp)."""
-        self.tree()
-        os.killpg(self.nodes[i].pid, signal.SIGKILL)
-        self.nodes[i].wait(timeout=10)
-
-    def stop(self):
-        """Stop everything by PID: TERM, then KILL after 10 s; reap our children."""
-        self._stop_watch.set()
-        if self._watch.is_alive():
-            self._watch.join(timeout=5)
-        self.tree()
-        for p in self.marked():
-            self.known.setdefault(p.pid, p)
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for p in list(self.known.values()):
-                with_suppress(lambda p=p, sig=sig: p.send_signal(sig))
-            deadline = time.monotonic() + 10
-            while self.alive() and time.monotonic() < deadline:
-                for proc in self.procs:
-                    proc.poll()
-                time.sleep(0.2)
-        for proc in self.procs:
-            with_suppress(lambda proc=proc: proc.wait(timeout=5))
-            proc.log.close()
-
-    def alive(self):
-        """Processes of ours still running (a zombie whose parent is gone counts as ended)."""
-        out = []
-        for p in {**self.known, **{p.pid: p for p in self.marked()}}.values():
-            try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    out.append(p)
-            except (psutil.NoSuchProcess, psutil.ZombieProcess):
-                pass
-        return out
-
-
-def with_suppress(fn):
-    try:
-        fn()
-    except (psutil.NoSuchProcess, psutil.ZombieProcess, ProcessLookupError,
-            subprocess.TimeoutExpired):
-        pass
-
-
 @pytest.fixture
 def federation(tmp_path, request):
-    fed = Federation(tmp_path, request.param)
+    fed = LoopbackFederation(tmp_path, request.param)
     try:
         yield fed.start()
     finally:
@@ -220,21 +52,8 @@ def federation(tmp_path, request):
     left = fed.alive()
     assert not left, f"processes left running: {[(p.pid, p.name()) for p in left]}"
     assert any(port == fed.port for _, _, port in fed.seen), "the socket watch saw nothing"
-    wide = sorted(s for s in fed.seen if s[1] not in LOOPBACK)
+    wide = fed.wide()
     assert not wide, f"listening beyond loopback: {wide}"
-
-
-def _wait_run(fed, proc, limit=RUN_LIMIT, until=None):
-    """Wait for ``flwr run`` to end; ``until`` (a callable) is polled meanwhile."""
-    deadline = time.monotonic() + limit
-    while proc.poll() is None:
-        if until is not None and until():
-            until = None
-        if time.monotonic() > deadline:
-            pytest.fail(f"flwr run did not end within {limit} s; superlink log:\n"
-                        + fed.log("superlink")[-3000:])
-        time.sleep(0.2)
-    assert proc.returncode == 0, fed.log("flwr-run")[-3000:]
 
 
 def _result(path, fed):
@@ -251,12 +70,6 @@ def _max_diff(tree, reference):
 
 
 # ------------------------------------------------------------------ tests
-
-
-def _reply_sent(log, phase):
-    """Whether a SuperNode's log shows its first ``phase`` reply pushed to the SuperLink."""
-    at = log.find(f"Sending: {phase} message")
-    return at >= 0 and "Sent successfully" in log[at:]
 
 
 @pytest.mark.flower
@@ -285,20 +98,23 @@ def test_killed_supernode_is_left_out(federation, tmp_path):
     victim, killed = 2, []
 
     def kill_after_round_one():
-        if _reply_sent(federation.log(f"node{victim}"), "train"):
+        if federation.progress(victim, "train")[1] >= 1:  # its round-1 reply is in
             federation.kill_node(victim)
             killed.append(time.perf_counter())
             return True
         return False
 
     t0 = time.perf_counter()
-    _wait_run(federation, federation.flwr_run(app), until=kill_after_round_one)
+    federation.wait_run(federation.flwr_run(app), RUN_LIMIT, until=kill_after_round_one)
     wall = time.perf_counter() - t0
     assert killed, "the SuperNode was never killed"
     assert federation.nodes[victim].returncode == -signal.SIGKILL
     got = _result(result_path, federation)
     assert [(h["round"], h["clients"], h["replies"], h["answered"]) for h in got.history] \
         == [(2, 3, 2, 2)]
+    # who: the victim's round-2 reply (0-based round 1) was left out, and it did not evaluate
+    assert [(h["left_out_rounds"], h["left_out"], h["not_answered"]) for h in got.history] \
+        == [([1], [victim], [victim])]
     assert np.isfinite(got.history[0]["accuracy"])
     assert all(np.all(np.isfinite(np.asarray(v))) for v in flatten(got.server).values())
 

@@ -62,9 +62,9 @@ class _Grid:
 
 def test_simulation_binds_clients_without_messages():
     grid = _Grid([50, 10, 30, 20])
-    assert rt._bind(grid, 3, 1.0, 0, True) == {0: 10, 1: 20, 2: 30}
+    assert rt._Nodes(grid, 3, simulation=True).start(1.0, 3).node_of == {0: 10, 1: 20, 2: 30}
     with pytest.raises(TimeoutError, match="only 4 of 5 nodes"):  # never fewer, silently
-        rt._bind(grid, 5, 0.3, 0, True)
+        rt._Nodes(grid, 5, simulation=True).start(0.3, 5)
 
 
 def test_exchange_keeps_a_window_and_leaves_out_the_late():

@@ -292,22 +292,29 @@ def _job_arguments(p):
 
     p.add_argument("algorithm", choices=ALGORITHMS, help="the algorithm or EB protocol to run")
     p.add_argument("--dataset", choices=DATASETS,
-                   help="digits (learning; bundled with scikit-learn), simulated or "
-                        "elections (eb-*) (default: digits for learning, simulated for eb-*)")
+                   help="digits (learning; bundled with scikit-learn); mnist (fedhdp only: the "
+                        "FedHDP paper's non-IID MNIST and protocol, from the data home, never "
+                        "downloaded); simulated or elections (eb-*) (default: digits for "
+                        "learning, simulated for eb-*)")
     p.add_argument("--clients", type=_integer(1),
                    help="number of clients, >= 1 (default 6; elections: every county, or the "
-                        "first N)")
+                        "first N; mnist: 2000)")
     p.add_argument("--rounds", type=_integer(1), default=3,
                    help="federated rounds, >= 1 (default 3)")
     p.add_argument("--clients-per-round", type=_integer(1),
-                   help="K, clients sampled per round, >= 1 (default: all)")
-    p.add_argument("--local-steps", type=_integer(1), default=5,
-                   help="tau, local steps per round, >= 1 (default 5)")
-    p.add_argument("--batch-size", type=_integer(1), default=10,
-                   help="local minibatch size, >= 1 (default 10)")
+                   help="K, clients sampled per round, >= 1 (default: all; mnist: the expected "
+                        "K of Poisson sampling, default 5 %% of the clients)")
+    # no argparse defaults here: the job fills them, per dataset (mnist: the paper's)
+    p.add_argument("--local-steps", type=_integer(1),
+                   help="tau, local steps per round, >= 1 (default 5; mnist: 25 local epochs, "
+                        "50 steps at 2000 clients)")
+    p.add_argument("--batch-size", type=_integer(1),
+                   help="local minibatch size, >= 1 (default 10; mnist: 20)")
     p.add_argument("--eval-every", type=_integer(1), default=1,
                    help="evaluate every this many rounds, >= 1 (default 1)")
-    p.add_argument("--lr", type=_positive, default=0.1, help="learning rate > 0 (default 0.1)")
+    p.add_argument("--lr", type=_positive,
+                   help="learning rate > 0 (default 0.1; mnist: 0.5, decayed by 0.9 every 50 "
+                        "rounds)")
     p.add_argument("--epsilon", type=_positive,
                    help="local privacy of the eb-* protocols (eb-normal-means: (epsilon, "
                         "--delta)); dp-pfl: each device's (epsilon, 1e-3) (default: no "
@@ -322,19 +329,21 @@ def _job_arguments(p):
                  "(default 10)")
     _add_seed(p, "the job: data split, initialization, client sampling and noise")
     p.add_argument("--clip", type=_positive,
-                   help="clip norm (dp-adaped, dp-fedem; fedhdp: the initial S, default 1)")
+                   help="clip norm (dp-adaped, dp-fedem; fedhdp: the initial S; default 1, "
+                        "mnist: 0.5)")
     p.add_argument("--noise", type=_nonnegative,
-                   help="noise std (dp-adaped, dp-fedem; default 0.1); fedhdp: the private "
-                        "group's noise multiplier")
+                   help="noise std (dp-adaped, dp-fedem); fedhdp: the private group's noise "
+                        "multiplier (default 0.1; mnist: 1.5)")
     p.add_argument("--opt-out", type=_unit,
                    help="fedhdp, fedhdp-point: fraction of non-private clients, in [0, 1] "
-                        "(default 0.5)")
+                        "(default 0.5; mnist: 0.05)")
     p.add_argument("--gamma2", type=_nonnegative,
                    help="fedhdp-point: privacy-noise variance of the private average "
                         "(default 1)")
     p.add_argument("--ratio", type=_unit,
                    help="in [0, 1]; fedhdp, fedhdp-point: the private clients' weight ratio r; "
-                        "dp-pfl: the budget split epsilon2/epsilon1 (default: per algorithm)")
+                        "dp-pfl: the budget split epsilon2/epsilon1 (default: per algorithm; "
+                        "fedhdp: 0.1, mnist: 0.01)")
     p.add_argument("--lam", type=_nonnegative,
                    help="fedhdp, fedhdp-point, dp-pfl: lambda >= 0 (default: per algorithm)")
 
@@ -790,6 +799,8 @@ def build_parser():
     fs.set_defaults(func=_cmd_flower_simulate)
     _examples(fs,
               "ebfl flower simulate adaped --dataset digits --clients 6 --rounds 3 --compare",
+              "ebfl flower simulate fedhdp --dataset mnist --clients 200 --rounds 2 "
+              "--local-steps 2 --compare",
               "ebfl flower simulate eb-normal-means --family ash --clients 6 --rounds 2")
     fa = fl.add_parser("app", help="write a deployable Flower App for a job")
     fa.add_argument("directory", help="folder to write the app to (new or empty)")

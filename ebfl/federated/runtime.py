@@ -43,9 +43,11 @@ class RunResult:
     metrics : dict of name -> ndarray (m,)
         The last evaluation, per client (NaN where a client did not answer).
     history : list of dict
-        Per evaluated round: metric means (and ``*_sd``), the server's
-        summary, and the round's traffic (``bytes_down``, ``bytes_up``: array
-        payload of the training messages, summed over clients).
+        Per evaluated round: metric means (and ``*_sd``), who answered the
+        evaluation and whose training replies were left out since the previous
+        row (see :func:`history_row`), the server's summary, and the round's
+        traffic (``bytes_down``, ``bytes_up``: array payload of the training
+        messages, summed over clients).
     seconds : float
     """
 
@@ -94,17 +96,55 @@ class RunResult:
         return plot_history(self.history, metric, path)
 
 
-def history_row(config, done, metrics, summary, traffic):
-    """One history entry: identical on both runtimes (means in float64, client-id order)."""
+def history_row(config, done, metrics, summary, traffic, left_out=()):
+    """One history entry: identical on both runtimes (means in float64, client-id order).
+
+    Parameters
+    ----------
+    config : RunConfig
+    done : int
+        Rounds done (the row's ``round``).
+    metrics : dict of name -> ndarray (m,)
+        The evaluation (NaN where a client did not answer).
+    summary, traffic : dict
+        The server's summary and the round's traffic, copied into the row.
+    left_out : iterable of (round, client)
+        The sampled clients whose training replies were not aggregated in the
+        rounds since the previous row (0-based rounds, as in ``failures``).
+
+    Returns
+    -------
+    dict
+        ``round``, ``iteration``, each metric's mean over the clients that
+        answered and its ``<name>_sd``; ``answered`` (how many clients have a
+        finite first metric) and ``not_answered`` (the others' ids);
+        ``left_out`` and ``left_out_rounds``, two lists of plain ints of equal
+        length: the ``left_out`` pairs, sorted by round then client (the
+        aggregated replies of round r are those of the clients sampled in r
+        less these); then the summary and the traffic. Flat lists, so that the
+        rows of two runs compare entry by entry (``pytest.approx`` refuses
+        nested lists) and serialise to JSON as they are.
+    """
     row = {"round": done, "iteration": done * config.local_steps}
     for name, values in metrics.items():
         v = np.asarray(values, dtype=np.float64)
         ok = v[np.isfinite(v)]
         row[name] = float(ok.mean()) if ok.size else float("nan")
         row[f"{name}_sd"] = float(ok.std(ddof=1)) if ok.size > 1 else 0.0
-    row["answered"] = int(np.isfinite(np.asarray(next(iter(metrics.values())),
-                                                 dtype=np.float64)).sum()) if metrics else 0
+    first = (np.isfinite(np.asarray(next(iter(metrics.values())), dtype=np.float64))
+             if metrics else np.zeros(0, dtype=bool))
+    row["answered"] = int(first.sum())
+    row["not_answered"] = [int(c) for c in np.flatnonzero(~first)]
+    pairs = sorted({(int(r), int(c)) for r, c in left_out})
+    row["left_out"] = [c for _, c in pairs]
+    row["left_out_rounds"] = [r for r, _ in pairs]
     return {**row, **summary, **traffic}
+
+
+def _left_out(config, failures, since, done, everyone):
+    """(round, client) of the sampled clients told to fail in rounds ``since``..``done - 1``."""
+    return [(r, int(c)) for r in range(since, done) if failures.get(r)
+            for c in sample_clients(config, r, everyone=everyone) if int(c) in failures[r]]
 
 
 def run(algorithm, data, config, *, failures=None, checkpoint=None, checkpoint_every=None,
@@ -228,8 +268,11 @@ def run(algorithm, data, config, *, failures=None, checkpoint=None, checkpoint_e
         done = r + 1
         if done % config.eval_every == 0 or done == config.n_rounds:
             metrics = evaluate(algorithm, server, clients, data)
+            # from the failures rather than kept per round: also right after a resume
+            since = history[-1]["round"] if history else 0
             history.append(history_row(config, done, metrics, algorithm.summary(server),
-                                       traffic))
+                                       traffic, _left_out(config, failures, since, done,
+                                                          algorithm.all_clients_train)))
             if monitor is not None:
                 history[-1].update(_monitored(monitor, server, clients))
             if bar is not None and "accuracy" in metrics:

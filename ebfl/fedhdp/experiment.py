@@ -58,6 +58,7 @@ __all__ = [
     "PROTOCOLS",
     "reproduce_fedhdp",
     "run_fedhdp",
+    "training_plan",
 ]
 
 #: The paper's algorithms (the names of its tables).
@@ -215,6 +216,51 @@ def make_algorithm(name, fed, *, r=None, lam=0.005, protocol=MNIST_PROTOCOL,
     raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {name!r}")
 
 
+def training_plan(fed, protocol=MNIST_PROTOCOL, *, n_rounds=None, local_epochs=None,
+                  sampling_rate=None, clients_per_round=None, local_steps=None):
+    """How a run of ``protocol`` trains on ``fed``: what :func:`run_fedhdp` passes to
+    training, and what the Flower job ``fedhdp`` on ``mnist`` runs
+    (:func:`ebfl.flower.jobs.build_job`), so that both run the same protocol.
+
+    Parameters
+    ----------
+    fed : FedHDPData
+    protocol : dict
+        :data:`MNIST_PROTOCOL` or a variant (not modified).
+    n_rounds, local_epochs, sampling_rate : optional
+        Override the protocol's ``rounds``, ``local_epochs`` and ``sampling_rate``.
+    clients_per_round : int, optional
+        K, the expected clients per round, instead of
+        ``max(1, round(sampling_rate x m))``.
+    local_steps : int, optional
+        Local iterations per round instead of ``local_epochs`` x ceil(mean
+        training size / ``batch_size``) (an epoch: one pass of minibatches).
+
+    Returns
+    -------
+    dict
+        ``protocol`` (a copy with the overrides and ``count_noise``, sigma_b, set
+        where it was not: max(K / 20, z)), ``clients_per_round`` (K),
+        ``local_steps`` and ``iters_per_epoch`` (the learning rate decays by
+        ``lr_decay`` every ``decay_every_rounds`` rounds).
+    """
+    p = dict(protocol)
+    for key, value in (("rounds", n_rounds), ("local_epochs", local_epochs),
+                       ("sampling_rate", sampling_rate)):
+        if value is not None:
+            p[key] = value
+    k = max(1, round(p["sampling_rate"] * fed.n_clients)) if clients_per_round is None \
+        else int(clients_per_round)
+    # sigma_b: Andrew et al.'s K / 20, raised to z where that would leave the update no
+    # budget (2 sigma_b <= z; with sigma_b = z the update's multiplier is 1.15 z)
+    p.setdefault("count_noise", max(k / 20, p["noise_multiplier"]))
+    if local_steps is None:
+        n_mean = float(fed.data.n_train.float().mean())
+        local_steps = p["local_epochs"] * math.ceil(n_mean / p["batch_size"])
+    return {"protocol": p, "clients_per_round": k, "local_steps": int(local_steps),
+            "iters_per_epoch": p["decay_every_rounds"] * int(local_steps)}
+
+
 def run_fedhdp(fed, algorithm, *, r=None, lam=0.005, protocol=MNIST_PROTOCOL, n_rounds=None,
                local_epochs=None, sampling_rate=None, seed=0, denominator="realized",
                eval_every=None, checkpoint=None, progress=False, device=None):
@@ -256,24 +302,15 @@ def run_fedhdp(fed, algorithm, *, r=None, lam=0.005, protocol=MNIST_PROTOCOL, n_
     algorithm = check_choice(algorithm, "algorithm", ALGORITHMS)
     denominator = check_choice(denominator, "denominator", DENOMINATORS)
     device = check_device(device)
-    p = dict(protocol)
-    for key, value in (("rounds", n_rounds), ("local_epochs", local_epochs),
-                       ("sampling_rate", sampling_rate)):
-        if value is not None:
-            p[key] = value
-    k = max(1, round(p["sampling_rate"] * fed.n_clients))
-    # sigma_b: Andrew et al.'s K / 20, raised to z where that would leave the update no
-    # budget (2 sigma_b <= z; with sigma_b = z the update's multiplier is 1.15 z)
-    p.setdefault("count_noise", max(k / 20, p["noise_multiplier"]))
+    plan = training_plan(fed, protocol, n_rounds=n_rounds, local_epochs=local_epochs,
+                         sampling_rate=sampling_rate)
+    p, k = plan["protocol"], plan["clients_per_round"]
     alg = make_algorithm(algorithm, fed, r=r, lam=lam, protocol=p, denominator=denominator)
-    n_mean = float(fed.data.n_train.float().mean())
-    steps_per_epoch = math.ceil(n_mean / p["batch_size"])
-    local_steps = p["local_epochs"] * steps_per_epoch
     eval_every = eval_every or max(1, p["rounds"] // 10)
     t0 = time.perf_counter()
-    res = train(alg, fed.data, n_rounds=p["rounds"], local_steps=local_steps,
+    res = train(alg, fed.data, n_rounds=p["rounds"], local_steps=plan["local_steps"],
                 clients_per_round=k, batch_size=p["batch_size"],
-                iters_per_epoch=p["decay_every_rounds"] * local_steps, lr_decay=p["lr_decay"],
+                iters_per_epoch=plan["iters_per_epoch"], lr_decay=p["lr_decay"],
                 eval_every=eval_every, seed=seed, checkpoint=checkpoint, progress=progress,
                 sampling="poisson", device=device)
     alg = alg.to(device)  # the evaluation runs where the training ran
@@ -304,18 +341,26 @@ def run_fedhdp(fed, algorithm, *, r=None, lam=0.005, protocol=MNIST_PROTOCOL, n_
                      res.history, terms)
 
 
-def load_federation(dataset, *, quick=False, seed=0, directory=None, download=True):
-    """The federation of ``dataset`` (see :data:`DATASETS`); ``quick``: 200 clients."""
+def load_federation(dataset, *, quick=False, seed=0, directory=None, download=True,
+                    n_clients=None, nonprivate_fraction=0.05):
+    """The federation of ``dataset`` (see :data:`DATASETS`).
+
+    ``n_clients``: default 2,000, or 200 with ``quick``; ``nonprivate_fraction``:
+    the share of non-private clients (the paper's 5 %). The other arguments as in
+    :func:`ebfl.fedhdp.data.noniid_mnist`.
+    """
     from ebfl.fedhdp import data as fd
 
     dataset = check_choice(dataset, "dataset", tuple(DATASETS))
     skewed = dataset.endswith("skewed")
-    n = QUICK["n_clients"] if quick else 2000
+    n = (QUICK["n_clients"] if quick else 2000) if n_clients is None else n_clients
     if dataset.startswith("synthetic"):
-        return fd.synthetic_noniid_mnist(n_clients=n, skewed=skewed, seed=seed)
+        return fd.synthetic_noniid_mnist(n_clients=n, skewed=skewed, seed=seed,
+                                         nonprivate_fraction=nonprivate_fraction)
     source = "fashion-mnist" if dataset == "fashion-mnist" else "mnist"
     return fd.noniid_mnist(n_clients=n, skewed=skewed, seed=seed, directory=directory,
-                           download=download, source=source)
+                           download=download, source=source,
+                           nonprivate_fraction=nonprivate_fraction)
 
 
 def reproduce_fedhdp(dataset="mnist", *, table="3", lam=0.005, ratios=None, seeds=(0,),

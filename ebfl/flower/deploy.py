@@ -21,20 +21,22 @@ from pathlib import Path
 
 import numpy as np
 
-from ebfl._validation import INT64_MAX, check_bool, check_positive_scalar
+from ebfl._validation import INT64_MAX, check_bool, check_int_scalar, check_positive_scalar
 from ebfl.federated.faults import check_failures, parse_failures
 from ebfl.federated.protocol import RunConfig
 from ebfl.flower.jobs import LEARNING, settings_of
 
-__all__ = ["APP_MODULE", "CONNECTION", "FLOWER_OPTIONS", "connection_toml", "write_app"]
+__all__ = ["APP_MODULE", "CONNECTION", "FLOWER_OPTIONS", "check_min_clients", "connection_toml",
+           "write_app"]
 
 #: The package of the written app, holding the ``ServerApp`` and ``ClientApp``.
 APP_MODULE = "ebfl_app"
 #: Name of the SuperLink connection written to the app's ``.flwr/config.toml``.
 CONNECTION = "ebfl"
 #: Options of the Flower runtime besides the job, with the values the app gets by
-#: default (the keys that :mod:`ebfl.flower.runtime` reads from the run config).
-FLOWER_OPTIONS = {"round-timeout": 120.0, "hello-timeout": 120.0,
+#: default (the keys that :mod:`ebfl.flower.runtime` reads from the run config;
+#: ``min-clients`` "" means every client).
+FLOWER_OPTIONS = {"round-timeout": 120.0, "hello-timeout": 120.0, "min-clients": "",
                   "result-path": "ebfl-result.pkl", "collect-states": False, "failures": ""}
 
 _APP_CODE = '''"""The ServerApp and ClientApp of an ebfl job (written by ebfl.flower.deploy).
@@ -62,9 +64,17 @@ def write_app(directory, settings, *, superlink="127.0.0.1:9093", overwrite=Fals
         The job (keys of :func:`ebfl.flower.jobs.build_job`, e.g.
         ``algorithm``, ``clients``, ``n_rounds``, ``seed``, ``clients-per-round``,
         ``local-steps``, ``batch-size``, ``lr``) and, optionally, the Flower
-        runtime's options: ``round-timeout`` and ``hello-timeout`` (seconds,
-        > 0; default 120), ``result-path`` (where the ServerApp writes the
-        result, a pickle of :class:`~ebfl.federated.RunResult`, and
+        runtime's options: ``round-timeout`` (seconds, > 0; default 120: how
+        long each exchange, the first one with the nodes included, waits for
+        replies), ``hello-timeout`` (seconds, > 0; default 120: how long the
+        ServerApp waits for one node per client to connect before its first
+        round), ``min-clients`` (an integer in 1..clients; default every
+        client: with fewer nodes connected once ``hello-timeout`` has passed,
+        the run starts if at least this many clients have a node, and a node
+        that connects later takes part from the next round on; until then its
+        client counts as not answering), ``result-path`` (where the
+        ServerApp writes the result, a pickle of
+        :class:`~ebfl.federated.RunResult`, and
         ``<result-path>.json``, the history; a relative path is relative to
         the SuperLink's working directory; default ``ebfl-result.pkl``),
         ``collect-states`` (bool: also gather every client's final state;
@@ -168,6 +178,37 @@ def connection_toml(superlink, name=CONNECTION):
 
 # ------------------------------------------------------------------ validation
 
+def check_min_clients(value, m=None):
+    """The run option ``min-clients`` checked: an integer in 1..m, or "" (every client).
+
+    Parameters
+    ----------
+    value : int or str
+        The option; "" or None leaves it unset.
+    m : int, optional
+        The job's number of clients, where known (the ServerApp checks again
+        against the job it builds).
+
+    Returns
+    -------
+    int or str
+        The integer, or "" where unset.
+
+    Examples
+    --------
+    >>> check_min_clients(18, 20), check_min_clients("", 20)
+    (18, '')
+    >>> check_min_clients(21, 20)
+    Traceback (most recent call last):
+    ...
+    ValueError: min-clients must be an integer in [1, 20], got 21
+    """
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return ""
+    return check_int_scalar(value, "min-clients", minimum=1,
+                            maximum=INT64_MAX if m is None else int(m))
+
+
 def _parse_superlink(superlink):
     """(host, port) of ``host:port`` (an IPv6 host in brackets: ``[::1]:9093``)."""
     if not isinstance(superlink, str):
@@ -202,6 +243,7 @@ def _run_config(settings):
     job = settings_of(given)  # unknown keys, algorithm and dataset are refused here
     for key in ("round-timeout", "hello-timeout"):
         options[key] = check_positive_scalar(options[key], key)
+    options["min-clients"] = check_min_clients(options["min-clients"], job["clients"])
     options["collect-states"] = check_bool(options["collect-states"], "collect-states")
     for key in ("result-path", "failures"):
         if not isinstance(options[key], str | Path):

@@ -12,19 +12,23 @@ Settings (keys as in a Flower ``pyproject.toml``; all optional but ``algorithm``
     One of :data:`ALGORITHMS`.
 ``dataset``
     ``digits`` (scikit-learn's bundled 8x8 digits, split pathologically: each
-    client holds 3 classes) for the learning algorithms; ``simulated`` (the
+    client holds 3 classes) for the learning algorithms; ``mnist`` (the FedHDP
+    paper's non-IID MNIST, for ``fedhdp`` only: see below); ``simulated`` (the
     default of the empirical-Bayes protocols) or ``elections`` (US counties as
     clients; needs the county-elections data) for ``eb-*``.
-``clients``, ``n_rounds``, ``seed``, ``clients-per-round``
+``clients``, ``rounds``, ``seed``, ``clients-per-round``
     The run (:class:`~ebfl.federated.RunConfig`). ``clients`` defaults to 6; on
     ``elections`` to every county (3150), and a smaller number takes the first
-    counties.
+    counties; on ``mnist`` to 2000. ``rounds`` defaults to 3, ``seed`` to 0 and
+    ``clients-per-round`` to every client (``mnist``: see below).
 ``local-steps``, ``batch-size``, ``eval-every``, ``lr``
-    The rest of the run (:class:`~ebfl.federated.RunConfig`) and the learning rate.
+    The rest of the run (:class:`~ebfl.federated.RunConfig`) and the learning rate
+    (defaults 5, 10, 1 and 0.1; ``mnist``: see below).
 ``clip``, ``noise``
-    DP-AdaPeD / DP-FedEM: clip norm and noise standard deviation; ``fedhdp``
-    (Algorithm 2 of the FedHDP paper): the initial clip norm S^0 and the private
-    group's noise multiplier z (the unclipped count's noise sigma_b is 1).
+    DP-AdaPeD / DP-FedEM: clip norm and noise standard deviation (defaults 1 and
+    0.1); ``fedhdp`` (Algorithm 2 of the FedHDP paper): the initial clip norm S^0
+    and the private group's noise multiplier z (on ``digits`` the unclipped
+    count's noise sigma_b is 1).
 ``epsilon``
     Local privacy of the ``eb-*`` protocols, pure epsilon-LDP at the user level
     through the Laplace mechanism (omitted: non-private): Beta-Bernoulli clients
@@ -42,15 +46,42 @@ Settings (keys as in a Flower ``pyproject.toml``; all optional but ``algorithm``
     the fraction of non-private clients (default 0.5), the privacy-noise variance
     gamma^2 of the private average (default 1), the private clients' weight ratio r
     (default Lemma 1's r*) and lambda (default 1); see
-    :func:`ebfl.fedhdp.point_estimation.job_algorithm`. ``fedhdp``: the clients
-    with ids below ``opt-out`` x clients are non-private (default 0.5), r =
-    ``ratio`` (default 0.1), lambda = ``lambda`` (default 0.005, Table 7).
+    :func:`ebfl.fedhdp.point_estimation.job_algorithm`. ``fedhdp`` on ``digits``:
+    the clients with ids below ``opt-out`` x clients are non-private (default 0.5),
+    r = ``ratio`` (default 0.1), lambda = ``lambda`` (default 0.005, Table 7).
 ``inner``, ``epsilon``, ``ratio``, ``lambda``
     ``dp-pfl`` (Algorithm 1 of DP-PFL, Hu et al., IEEE IoT J. 2020, on ``simulated``
     devices; one round is one global iteration): the Omega-step every ``inner``
     rounds (K, default 10), (``epsilon``, 1e-3)-DP per device (omitted:
     non-private), the budget split r = ``ratio`` (default 1) and lambda =
     ``lambda`` (default 0.1); see :func:`ebfl.dppfl.federated.job_algorithm`.
+
+``fedhdp`` on ``mnist``
+    The FedHDP paper's federation and protocol (its Section 5 and Table 7), as
+    ``ebfl reproduce fedhdp`` runs them (:mod:`ebfl.fedhdp.experiment`, whose
+    :func:`~ebfl.fedhdp.experiment.load_federation`,
+    :func:`~ebfl.fedhdp.experiment.make_algorithm` and
+    :func:`~ebfl.fedhdp.experiment.training_plan` build the job). ``clients``
+    clients (default 2000) hold one MNIST digit each; a fraction ``opt-out`` of
+    them (default 0.05, rounded half up; each group needs a client) is
+    non-private, drawn at random; the partition and the draw come from ``seed``,
+    which also keys the run. The model is the FC 784-50-10 network. Clients are
+    sampled by Poisson sampling, each taking part with probability
+    ``clients-per-round`` / ``clients`` (default: K = 5 % of the clients,
+    rounded: 100 of 2000). FedHDP weighs the private group by r = ``ratio``
+    (default 0.01, Table 3), with lambda = ``lambda`` (default 0.005) and
+    adaptive clipping from S^0 = ``clip`` (default 0.5), the private group's
+    noise multiplier z = ``noise`` (default 1.5) and the unclipped count's noise
+    sigma_b = max(K / 20, z), each group's noisy sum divided by its realized count
+    (Algorithm 2 as printed). Both models train with learning rate ``lr``
+    (default 0.5), decayed by 0.9 every 50 rounds, on minibatches of
+    ``batch-size`` (default 20), ``local-steps`` local steps per round (default:
+    the paper's 25 local epochs, 25 x ceil(training samples per client /
+    ``batch-size``), 50 at 2000 clients). ``rounds`` (the paper runs 500) and
+    ``eval-every`` are as for every job; ``epsilon``, ``gamma2`` and ``inner``
+    are not used. The job never downloads MNIST (each Flower node builds the job
+    and would fetch it on its own): its files must be in the data home
+    (``EBFL_DATA``, on every node), or the job raises FileNotFoundError.
 """
 
 from __future__ import annotations
@@ -77,7 +108,8 @@ from ebfl.federated.protocol import (
     RunConfig,
 )
 
-__all__ = ["ALGORITHMS", "DATASETS", "Job", "build_job", "digits_federation", "load_digits"]
+__all__ = ["ALGORITHMS", "DATASETS", "MNIST_ALGORITHMS", "Job", "build_job",
+           "digits_federation", "load_digits"]
 
 #: Learning algorithms (torch, ``learning`` extra) and empirical-Bayes protocols (numpy).
 LEARNING = ("fedavg", "local", "adaped", "adaped-ft", "dp-adaped", "fedavg-ft", "ditto",
@@ -93,7 +125,9 @@ DPPFL = ("dp-pfl",)
 #: Every job's ``algorithm`` name.
 ALGORITHMS = LEARNING + EB + FEDHDP_POINT + DPPFL
 #: The values of the ``dataset`` setting.
-DATASETS = ("digits", "simulated", "elections")
+DATASETS = ("digits", "mnist", "simulated", "elections")
+#: The algorithms that run on ``mnist`` (the FedHDP paper's federation and protocol).
+MNIST_ALGORITHMS = ("fedhdp",)
 
 DEFAULTS = {"dataset": None, "clients": None, "rounds": 3, "seed": 0, "clients-per-round": None,
             "local-steps": 5, "batch-size": 10, "eval-every": 1, "lr": 0.1, "clip": 1.0,
@@ -164,19 +198,57 @@ def settings_of(settings):
     if unknown:
         raise ValueError(f"unknown job settings {unknown}; known: "
                          f"{sorted(['algorithm', *DEFAULTS])}")
-    out = {**DEFAULTS, **{k: v for k, v in given.items() if v is not None and v != ""}}
+    present = {k: v for k, v in given.items() if v is not None and v != ""}
+    out = {**DEFAULTS, **present}
     out["algorithm"] = check_choice(given.get("algorithm"), "algorithm", ALGORITHMS)
     if out["dataset"] is None:
         out["dataset"] = "digits" if out["algorithm"] in LEARNING else "simulated"
     check_choice(out["dataset"], "dataset", DATASETS)
+    if out["dataset"] == "mnist":
+        if out["algorithm"] not in MNIST_ALGORITHMS:
+            raise ValueError(f"dataset 'mnist' (the FedHDP paper's non-IID MNIST) is a dataset "
+                             f"of {' and '.join(MNIST_ALGORITHMS)} only, not of "
+                             f"{out['algorithm']!r}: the other learning algorithms take "
+                             "'digits', the eb-* protocols 'simulated' or 'elections'")
+        # the paper's values where the user gave none (DEFAULTS are the digits job's)
+        out.update({k: v for k, v in _mnist_defaults().items() if k not in present})
+        return _mnist_settings(_typed(out))
     if out["clients"] is None and out["dataset"] != "elections":  # elections: every county
         out["clients"] = 6
     if (out["algorithm"] in LEARNING) != (out["dataset"] == "digits"):
         kind = "learning" if out["algorithm"] in LEARNING else "empirical-Bayes"
         raise ValueError(f"dataset {out['dataset']!r} does not fit the {kind} algorithm "
-                         f"{out['algorithm']!r}: learning algorithms take 'digits', the eb-* "
-                         "protocols 'simulated' or 'elections'")
+                         f"{out['algorithm']!r}: learning algorithms take 'digits' (fedhdp "
+                         "also 'mnist'), the eb-* protocols 'simulated' or 'elections'")
     return _typed(out)
+
+
+def _mnist_defaults():
+    """The ``mnist`` job's settings where the user gives none: the FedHDP paper's
+    (Table 7's protocol, Table 3's r). ``local-steps`` None: the paper's local epochs,
+    counted on the data once it is built (:func:`_mnist_job`)."""
+    from ebfl.fedhdp.experiment import MNIST_PROTOCOL
+
+    return {"clients": 2000, "local-steps": None, "batch-size": MNIST_PROTOCOL["batch_size"],
+            "lr": MNIST_PROTOCOL["lr"], "clip": MNIST_PROTOCOL["clip"],
+            "noise": MNIST_PROTOCOL["noise_multiplier"], "opt-out": 0.05, "ratio": 0.01,
+            "lambda": 0.005}
+
+
+def _mnist_settings(out):
+    """The ``mnist`` job's expected clients per round (the paper's rate where not given),
+    and its groups checked before any data is read."""
+    from ebfl.fedhdp.experiment import MNIST_PROTOCOL
+
+    m, opt_out = out["clients"], out["opt-out"]
+    if out["clients-per-round"] is None:
+        out["clients-per-round"] = max(1, round(MNIST_PROTOCOL["sampling_rate"] * m))
+    nonprivate = int(np.floor(opt_out * m + 0.5))  # as ebfl.fedhdp.data rounds it
+    if not 0 < nonprivate < m:
+        raise ValueError(f"opt-out must leave both non-private and private clients among "
+                         f"{m}, i.e. lie in [{0.5 / m:.6g}, {1 - 0.5 / m:.6g}), got {opt_out} "
+                         f"({nonprivate} non-private)")
+    return out
 
 
 #: Integer settings and their smallest values; the others below are positive reals.
@@ -248,6 +320,8 @@ def _number(value, key):
 def build_job(settings):
     """The :class:`Job` of ``settings`` (see the module docstring)."""
     s = settings_of(settings)
+    if s["dataset"] == "mnist":
+        return _mnist_job(s)
     if s["algorithm"] in LEARNING:
         data = digits_federation(int(s["clients"]), seed=int(s["seed"]),
                                  images=s["algorithm"] in PERADA)
@@ -274,6 +348,39 @@ def build_job(settings):
                        local_steps=int(s["local-steps"]), batch_size=int(s["batch-size"]),
                        eval_every=int(s["eval-every"]), lr_decay=1.0)
     return Job(algorithm, data, config, s)
+
+
+def _mnist_job(s):
+    """FedHDP on the FedHDP paper's non-IID MNIST (see the module docstring): the
+    federation, the algorithm and the run that ``run_fedhdp`` would train."""
+    from ebfl.fedhdp import experiment as ex
+
+    m = int(s["clients"])
+    try:  # never a download: every Flower node builds the job
+        fed = ex.load_federation("mnist", seed=int(s["seed"]), n_clients=m,
+                                 nonprivate_fraction=float(s["opt-out"]), download=False)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"{exc}. The Flower job never downloads MNIST (each node "
+                                "would): fetch it once, e.g. with ebfl.datasets.load_mnist(), "
+                                "into the data home of every node") from None
+    except ValueError as exc:  # e.g. too many clients for a digit: say which settings
+        raise ValueError(f"the mnist federation of clients = {m}, opt-out = {s['opt-out']}: "
+                         f"{exc}") from None
+    protocol = {**ex.MNIST_PROTOCOL, "lr": float(s["lr"]), "clip": float(s["clip"]),
+                "noise_multiplier": float(s["noise"]), "batch_size": int(s["batch-size"])}
+    plan = ex.training_plan(fed, protocol, n_rounds=int(s["rounds"]),
+                            clients_per_round=int(s["clients-per-round"]),
+                            local_steps=None if s["local-steps"] is None
+                            else int(s["local-steps"]))
+    p = plan["protocol"]
+    algorithm = ex.make_algorithm("FedHDP", fed, r=float(s["ratio"]), lam=float(s["lambda"]),
+                                  protocol=p)
+    config = RunConfig(n_clients=fed.n_clients, n_rounds=int(s["rounds"]), seed=int(s["seed"]),
+                       clients_per_round=plan["clients_per_round"],
+                       local_steps=plan["local_steps"], batch_size=p["batch_size"],
+                       iters_per_epoch=plan["iters_per_epoch"], lr_decay=p["lr_decay"],
+                       eval_every=int(s["eval-every"]), sampling="poisson")
+    return Job(algorithm, fed.data, config, {**s, "local-steps": plan["local_steps"]})
 
 
 def _learning_algorithm(s):
@@ -307,7 +414,8 @@ def _learning_algorithm(s):
 
 
 def _fedhdp(model, s):
-    """FedHDP on the digits: the first ``opt-out`` of the clients are non-private."""
+    """FedHDP on the digits: the first ``opt-out`` of the clients are non-private
+    (``mnist``: :func:`_mnist_job`)."""
     from ebfl.fedhdp.algorithm import FedHDP
 
     m = int(s["clients"])

@@ -10,18 +10,27 @@ configured in a Flower ``pyproject.toml`` and one started by
 How a run goes
 --------------
 1. *Binding.* Each client id is bound to one node. In a deployment the
-   server asks every node once for its ``partition-id`` (its client id; one
-   parallel round trip: each SuperNode answers on its own machine). In a
-   simulation the nodes are Flower's virtual nodes, alike but for their ids:
-   client c is bound to the c-th smallest node id, with no message at all,
-   and every message names its client, so the start-up costs nothing per node
-   and a round touches only the nodes it needs.
+   server waits up to ``hello-timeout`` seconds for one node per client, then
+   asks every connected node once for its ``partition-id`` (its client id; one
+   parallel round trip: each SuperNode answers on its own machine). With
+   fewer nodes than clients it starts if at least ``min-clients`` (default:
+   every client) are bound, and before each round and each evaluation it asks
+   the nodes that connected since (only those), so a client whose node joins
+   late takes part from its next sampled round; until then it counts as not
+   answering. A node that claims a client whose node has gone takes the client
+   over (its state starts afresh: a node keeps its client's state in memory).
+   In a simulation the nodes are Flower's virtual nodes, alike but for their
+   ids: client c is bound to the c-th smallest node id, with no message at
+   all, and every message names its client, so the start-up costs nothing per
+   node and a round touches only the nodes it needs.
 2. *Rounds.* The server samples clients from its stream of the round (the same
    clients as in process), sends each sampled node ``broadcast(server, rc)``
    and, if the algorithm trains idle clients, the other nodes
    ``idle_message``. A node runs the client half for its one client, keeps its
    persistent state in ``Context.state`` and replies with its aggregation
    weight. The server aggregates the replies that arrived, in client-id order.
+   In a deployment only bound nodes that the SuperLink lists as online are
+   sent messages.
 3. *Evaluation* every ``eval-every`` rounds: every node evaluates its
    predictor and returns its metrics.
 4. *Collect* (optional, ``collect-states``): every node returns its persistent
@@ -33,13 +42,20 @@ A node that fails in a round (its ``ClientApp`` raises, or it does not answer
 within ``round-timeout`` seconds) is left out of that round: the server
 aggregates the replies that arrived (if none did, its state stays), the
 node's persistent state stays as before the round (it is written only after the
-client half returns), and the history records ``clients`` (sampled) and
-``replies`` (arrived). Privacy accounting is unaffected: a client's release is
-privatized on the client before it leaves, and the accountants count every
+client half returns), and the history records ``clients`` (sampled),
+``replies`` (arrived) and who was left out: ``left_out`` and
+``left_out_rounds`` list, pair by pair, every sampled client whose reply was not
+aggregated since the previous row and its round (0-based, as in ``failures``),
+as :func:`ebfl.federated.run` records the clients that its ``failures`` silence.
+``failures`` rebuilt from these pairs replays the run in process (for an
+algorithm that trains idle clients, only if no idle client missed its message:
+those are not recorded). Privacy accounting is unaffected: a client's release
+is privatized on the client before it leaves, and the accountants count every
 round in which a client was sampled, whether or not its reply arrived (an
 upper bound on what it released). A node that stops answering keeps being
 sampled; its rounds count as failures. Evaluation averages the clients that
-answered (``answered`` in the history).
+answered (``answered`` in the history; ``not_answered`` names the others, whose
+metrics are NaN).
 
 Messages
 --------
@@ -105,6 +121,7 @@ from ebfl.federated.faults import check_failures, parse_failures  # noqa: E402
 from ebfl.federated.protocol import RoundContext, sample_clients  # noqa: E402
 from ebfl.federated.runtime import RunResult, history_row  # noqa: E402
 from ebfl.federated.tree import flatten, tree_cat, tree_nbytes, unflatten  # noqa: E402
+from ebfl.flower.deploy import check_min_clients  # noqa: E402
 from ebfl.flower.jobs import build_job  # noqa: E402
 
 __all__ = ["FLOWER_ENV", "SIM_WINDOW", "apply_flower_env", "cached_job", "client_app",
@@ -112,9 +129,13 @@ __all__ = ["FLOWER_ENV", "SIM_WINDOW", "apply_flower_env", "cached_job", "client
            "plot_comparison", "server_app", "simulate"]
 
 STATE_KEY = "ebfl-client-state"  # the node's persistent client state in Context.state
-FLOWER_KEYS = ("round-timeout", "hello-timeout", "result-path", "collect-states", "failures")
+FLOWER_KEYS = ("round-timeout", "hello-timeout", "min-clients", "result-path",
+               "collect-states", "failures")
 #: Messages a simulation keeps in Flower's message store at once (see ``_exchange``).
 SIM_WINDOW = 64
+#: Seconds between a deployment's pulls of replies from the SuperLink (each pull is a
+#: request to it; the SuperNodes themselves look for messages every few seconds).
+DEPLOY_POLL = 0.5
 
 
 class SimulatedFailure(RuntimeError):
@@ -331,24 +352,31 @@ def run_server(grid, run_config, *, job=0, simulation=False):
     _msg = functools.partial(_message, job=job)
     _send = functools.partial(_exchange, grid, timeout=timeout, window=window)
     m = cfg.n_clients
-    node_of = _bind(grid, m, float(run_config.get("hello-timeout", 120.0)), job, simulation)
+    least = check_min_clients(run_config.get("min-clients", ""), m) or m
+    nodes = _Nodes(grid, m, job=job, timeout=timeout, simulation=simulation)
+    nodes.start(float(run_config.get("hello-timeout", 120.0)), least)
     weights = np.full(m, np.nan)  # each filled by the client's first reply
     server = alg.init_server(cfg)
-    history, metrics = [], None
+    history, metrics, left_out = [], None, []
     t0 = time.perf_counter()
     for r in range(cfg.n_rounds):
+        nodes.refresh()  # nodes that connected since: bound before the round's sampling
         sampled = sample_clients(cfg, r, everyone=alg.all_clients_train)
         message = alg.broadcast(server, RoundContext(cfg, r, sampled))
-        out = [_msg(node_of[c], "train", r, message, c) for c in sampled]
+        out = [_msg(nodes.node_of[c], "train", r, message, c) for c in nodes.reachable(sampled)]
+        # bytes_down counts every sampled client, as in process (where a failing client
+        # still receives the broadcast), so that the two runtimes' rows compare
         traffic = {"clients": int(sampled.size), "replies": 0,
                    "bytes_down": tree_nbytes(message) * int(sampled.size), "bytes_up": 0}
         if alg.trains_idle:
             idle = np.setdiff1d(np.arange(m), sampled)
             if idle.size:
                 idle_msg = alg.idle_message(server, RoundContext(cfg, r, idle))
-                out += [_msg(node_of[c], "idle", r, idle_msg, c) for c in idle]
+                out += [_msg(nodes.node_of[c], "idle", r, idle_msg, c)
+                        for c in nodes.reachable(idle)]
                 traffic["bytes_down"] += tree_nbytes(idle_msg) * int(idle.size)
         replies = _arrived(_send(out), alg, "train", weights)
+        left_out += [(r, int(c)) for c in sampled if int(c) not in replies]
         if replies:
             ids = np.array(sorted(replies))
             stacked = tree_cat([replies[c] for c in ids])
@@ -358,19 +386,24 @@ def run_server(grid, run_config, *, job=0, simulation=False):
             server = alg.aggregate(server, None, weights[:0],
                                    RoundContext(cfg, r, np.zeros(0, np.int64)))
         done = r + 1
-        log(INFO, "%s round %d/%d: %d of %d sampled clients replied", alg.name, done,
-            cfg.n_rounds, traffic["replies"], traffic["clients"])
+        lost = [c for q, c in left_out if q == r]
+        log(INFO, "%s round %d/%d: %d of %d sampled clients replied%s", alg.name, done,
+            cfg.n_rounds, traffic["replies"], traffic["clients"],
+            f"; left out: {lost[:20]}{' ...' if len(lost) > 20 else ''}" if lost else "")
         if done % cfg.eval_every == 0 or done == cfg.n_rounds:
-            metrics = _evaluate(_send, alg, server, node_of, m, r, _msg)
-            history.append(history_row(cfg, done, metrics, alg.summary(server), traffic))
+            nodes.refresh()
+            metrics = _evaluate(_send, alg, server, nodes, m, r, _msg)
+            history.append(history_row(cfg, done, metrics, alg.summary(server), traffic,
+                                       left_out))
+            left_out = []
             log(INFO, "%s round %d: %s", alg.name, done,
                 {k: round(v, 6) for k, v in history[-1].items()
                  if k in metrics and isinstance(v, float)})
     if metrics is None:
-        metrics = _evaluate(_send, alg, server, node_of, m, cfg.n_rounds, _msg)
+        metrics = _evaluate(_send, alg, server, nodes, m, cfg.n_rounds, _msg)
     clients = {}
     if str(run_config.get("collect-states", "false")).lower() in ("1", "true", "yes"):
-        clients = _collect(_send, alg, node_of, m, _msg)
+        clients = _collect(_send, alg, nodes, m, _msg)
     return RunResult(server, clients, metrics, history, time.perf_counter() - t0,
                      cfg.to_dict())
 
@@ -410,16 +443,26 @@ def _exchange(grid, messages, *, timeout, window=None):
     the store, node after node, every 0.1 s, so a phase that sends one message to each
     of n nodes costs n x n checks per sweep; 3150 messages at once made a sweep take
     minutes. A window keeps a sweep at n x window checks.
+
+    Without ``window`` (a deployment) every message is pushed at once and the
+    replies are pulled every :data:`DEPLOY_POLL` seconds. A message the SuperLink
+    refuses to store (its node has gone since the server listed it) gets an empty
+    id and never a reply: it is dropped at once rather than waited for.
     """
-    if window is None or len(messages) <= window:
+    if not messages:
+        return []
+    if window is not None and len(messages) <= window:
         return list(grid.send_and_receive(messages, timeout=timeout))
+    poll = 0.02 if window is not None else DEPLOY_POLL
+    window = window or len(messages)
     waiting, pending, out = collections.deque(messages), {}, []
     while waiting or pending:
         if waiting and len(pending) < window:
             batch = [waiting.popleft() for _ in range(min(window - len(pending),
                                                           len(waiting)))]
             deadline = time.monotonic() + timeout
-            pending.update(dict.fromkeys(grid.push_messages(batch), deadline))
+            pending.update(dict.fromkeys([i for i in grid.push_messages(batch) if i],
+                                         deadline))
         got = list(grid.pull_messages(list(pending)))
         for reply in got:
             pending.pop(reply.metadata.reply_to_message_id, None)
@@ -427,54 +470,121 @@ def _exchange(grid, messages, *, timeout, window=None):
         now = time.monotonic()
         for late in [k for k, d in pending.items() if d <= now]:  # left out, as in Flower
             del pending[late]
-        if not got:
-            time.sleep(0.02)
+        if not got and pending:
+            time.sleep(poll)
     return out
 
 
-def _wait_nodes(grid, m, timeout):
-    """The connected nodes' ids, once at least m are (TimeoutError after ``timeout`` s)."""
+def _wait_nodes(grid, m, timeout, least=None):
+    """The connected nodes' ids, once m are, or once ``timeout`` s have passed and at
+    least ``least`` (default m) are (TimeoutError if fewer)."""
+    least = m if least is None else least
     deadline = time.monotonic() + timeout
     while len(nodes := sorted(grid.get_node_ids())) < m:
         if time.monotonic() > deadline:
+            if len(nodes) >= least:
+                log(WARNING, "%d of %d nodes connected within %s s: starting with them "
+                    "(min-clients %d); the others take part once they connect",
+                    len(nodes), m, timeout, least)
+                return nodes
+            need = ("the job needs one node per client" if least == m else
+                    f"the job needs at least {least} (min-clients)")
             raise TimeoutError(f"only {len(nodes)} of {m} nodes connected within {timeout} s; "
-                               f"the job needs one node per client")
+                               f"{need}")
         time.sleep(0.2)
     return nodes
 
 
-def _bind(grid, m, timeout, job, simulation):
-    """{client id: node id} (see the module docstring)."""
-    nodes = _wait_nodes(grid, m, timeout)
-    if simulation:  # Flower's virtual nodes differ only in their ids
-        return dict(enumerate(nodes[:m]))
-    return _hello(grid, nodes, m, timeout, job)
+class _Nodes:
+    """Which node serves which client (see the module docstring's *Binding*).
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+    m : int
+        The job's number of clients.
+    job : int
+        The job's number among those the nodes run.
+    timeout : float
+        Seconds a node has to answer the server's question for its client id.
+    simulation : bool
+        Flower's virtual nodes: client c is the c-th smallest node id; no message,
+        no late joiners.
+
+    Attributes
+    ----------
+    node_of : dict
+        {client id: node id} of the bound clients.
+    online : set
+        The node ids the SuperLink listed at the last :meth:`refresh`.
+    asked : set
+        Every node id asked for its client id (each is asked once).
+    """
+
+    def __init__(self, grid, m, *, job=0, timeout=120.0, simulation=False):
+        self.grid, self.m, self.job, self.timeout = grid, m, int(job), float(timeout)
+        self.simulation = simulation
+        self.node_of, self.online, self.asked = {}, set(), set()
+
+    def start(self, wait, least):
+        """Bind the clients of the nodes connected within ``wait`` seconds (at least
+        ``least`` clients, else TimeoutError or RuntimeError)."""
+        nodes = _wait_nodes(self.grid, self.m, wait, least)
+        self.online = set(nodes)
+        if self.simulation:  # Flower's virtual nodes differ only in their ids
+            self.node_of = dict(enumerate(nodes[:self.m]))
+            return self
+        self._hello(nodes, initial=True)
+        if len(self.node_of) < least:
+            missing = sorted(set(range(self.m)) - set(self.node_of))
+            need = "" if least == self.m else f" ({len(self.node_of)} bound, min-clients {least})"
+            raise RuntimeError(f"no node answered for clients {missing[:10]}{need}")
+        log(INFO, "bound %d of %d clients to their nodes", len(self.node_of), self.m)
+        return self
+
+    def refresh(self):
+        """List the online nodes; ask those never asked before for their client id."""
+        if self.simulation:
+            return
+        self.online = set(self.grid.get_node_ids())
+        new = sorted(self.online - self.asked)
+        if new:
+            self._hello(new, initial=False)
+
+    def reachable(self, clients):
+        """Those of ``clients`` bound to an online node, in their order."""
+        return [int(c) for c in clients if self.node_of.get(int(c)) in self.online]
+
+    def _hello(self, nodes, *, initial):
+        """Ask ``nodes`` their client id (``partition-id``) and bind them."""
+        self.asked.update(nodes)
+        hello = [Message(_content("hello", job=self.job), dst_node_id=int(n),
+                         message_type="query") for n in nodes]
+        for reply in _exchange(self.grid, hello, timeout=self.timeout):
+            node = reply.metadata.src_node_id
+            if reply.has_error():  # e.g. a partition-id outside 0..m-1: that node is not used
+                log(WARNING, "node %s did not join: %s", node, reply.error.reason)
+                continue
+            cid = int(reply.content["ebfl"]["client"])
+            held = self.node_of.get(cid)
+            if held is not None and held != node:
+                if initial:
+                    raise ValueError(f"two nodes claim client {cid} (partition-id); each "
+                                     "client needs its own node")
+                if held in self.online:
+                    log(WARNING, "node %s claims client %d, which node %s serves: not used",
+                        node, cid, held)
+                    continue
+                log(WARNING, "node %s takes over client %d from node %s, gone; the client's "
+                    "state starts afresh", node, cid, held)
+            elif not initial:
+                log(INFO, "node %s joined late: client %d", node, cid)
+            self.node_of[cid] = node
 
 
-def _hello(grid, nodes, m, timeout, job):
-    """Ask every node its client id (``partition-id``); map client ids to node ids."""
-    hello = [Message(_content("hello", job=int(job)), dst_node_id=int(n), message_type="query")
-             for n in nodes]
-    node_of = {}
-    for reply in grid.send_and_receive(hello, timeout=timeout):
-        if reply.has_error():  # e.g. a partition-id outside 0..m-1: that node is not used
-            log(WARNING, "node %s did not join: %s", reply.metadata.src_node_id,
-                reply.error.reason)
-            continue
-        cid = int(reply.content["ebfl"]["client"])
-        if cid in node_of:
-            raise ValueError(f"two nodes claim client {cid} (partition-id); each client "
-                             "needs its own node")
-        node_of[cid] = reply.metadata.src_node_id
-    missing = sorted(set(range(m)) - set(node_of))
-    if missing:
-        raise RuntimeError(f"no node answered for clients {missing[:10]}")
-    return node_of
-
-
-def _evaluate(send, alg, server, node_of, m, r, _msg):
+def _evaluate(send, alg, server, nodes, m, r, _msg):
     message = alg.evaluation_message(server)
-    out = [_msg(node_of[c], "evaluate", r, message, c) for c in range(m)]
+    out = [_msg(nodes.node_of[c], "evaluate", r, message, c) for c in nodes.reachable(range(m))]
     got = _arrived(send(out), alg, "evaluate")
     names = sorted({k for v in got.values() for k in v})
     metrics = {k: np.full(m, np.nan) for k in names}
@@ -484,8 +594,8 @@ def _evaluate(send, alg, server, node_of, m, r, _msg):
     return metrics
 
 
-def _collect(send, alg, node_of, m, _msg):
-    out = [_msg(node_of[c], "collect", -1, {}, c) for c in range(m)]
+def _collect(send, alg, nodes, m, _msg):
+    out = [_msg(nodes.node_of[c], "collect", -1, {}, c) for c in nodes.reachable(range(m))]
     got = _arrived(send(out), alg, "collect")
     if len(got) < m or not got[0]:
         return {c: got[c] for c in sorted(got)} if got else {}
