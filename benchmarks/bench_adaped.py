@@ -12,7 +12,7 @@ loop   the same Algorithm 5 iteration written the way client-by-client
        frameworks run it: for each client, load its parameters into an
        ``nn.Module`` and take the steps with ``torch.autograd``.
 Both start from the same state; after one round their parameters are checked
-equal (float32, to 1e-4) before timing. Both run with denormals flushed, as
+equal (float32, to 5e-4) before timing. Both run with denormals flushed, as
 ``train`` does (without it both are tens of times slower on x86).
 
 Goal: loop / ours >= 3 per round. ``--quick``: m = 10, 2 local iterations.
@@ -168,10 +168,16 @@ def _synchronized(fn, device):
 def _compare(args, m, tau, batch, ours, loop, init, device):
     state = ours()
     theta, mu, psi = loop()
+    # float32, ten steps of two gradients each, divided by psi: the two orders of
+    # summation drift apart by up to about 1e-4 (the CNN's grouped convolutions against
+    # one client's at a time); in float64 the engine's CNN steps equal a per-client loop
+    # to 1e-16 (tests/test_torch_stacked.py), so this bound checks the algorithm, not
+    # the rounding.
+    tol = 5e-4
     for n in init:
-        torch.testing.assert_close(state["theta"][n], theta[n], atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(state["work_mu"][n], mu[n], atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(state["work_psi"], psi, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(state["theta"][n], theta[n], atol=tol, rtol=tol)
+        torch.testing.assert_close(state["work_mu"][n], mu[n], atol=tol, rtol=tol)
+    torch.testing.assert_close(state["work_psi"], psi, atol=tol, rtol=tol)
 
     ours, loop = _synchronized(ours, device), _synchronized(loop, device)
     ours()  # settles the device (nothing queued) before the first clock reading

@@ -39,7 +39,7 @@ IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.nbi", "*.nbc", "*.eg
 #: modules) and ``flower`` (flwr).
 OPTIONAL = ("ebfl.learning.torch", "ebfl.fedhdp.algorithm", "ebfl.generative.algorithm",
             "ebfl.perada.algorithm", "ebfl.perada.dp", "ebfl.perada.generalization",
-            "ebfl.flower.runtime")
+            "ebfl.flower.runtime", "ebfl.flower.loopback")
 #: What pip prints when it cannot reach the index (then the test skips).
 NETWORK_ERRORS = ("NewConnectionError", "Failed to establish a new connection",
                   "Temporary failure in name resolution", "Name or service not known",

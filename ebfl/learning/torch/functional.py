@@ -3,7 +3,12 @@
 A model's parameters are a dict name -> tensor; a *stack* holds one copy per
 client along a new leading axis. :func:`client_forward` and
 :func:`client_grad` map a per-client function over a stack with
-``torch.func.vmap``, so K clients cost one batched call instead of K.
+``torch.func.vmap``, so K clients cost one batched call instead of K. For the
+models built from linear, convolution, pooling and ReLU layers the forward pass
+over the stack is written out as batched matrix products and grouped
+convolutions instead (:mod:`ebfl.learning.torch.stacked`), and only the loss is
+mapped with ``vmap`` (a CNN5 step of ten clients: 15 ms against 22 ms for
+``vmap(grad(...))`` over the whole model, on one CPU thread).
 
 A stack may also hold the model's float buffers (BatchNorm running means and
 variances), under their ``named_buffers()`` names: they are the clients' own
@@ -19,6 +24,8 @@ import contextlib
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
+
+from ebfl.learning.torch.stacked import batched_grad, stacked_forward
 
 __all__ = ["batch_counters", "buffer_names", "check_device", "clip_and_noise", "client_forward",
            "ce_loss", "client_generators", "client_grad", "clone_params", "cross_entropy",
@@ -302,12 +309,21 @@ def sgd_step(stack, grads, lr, weight_decay=0.0):
         if name not in grads:
             out[name] = p
             continue
-        g = grads[name] if weight_decay == 0 else grads[name] + weight_decay * p
+        g = grads[name]
+        # p - lr g - lr wd p: one new tensor, updated in place for the decay, since the
+        # step is memory-bound (each pass over a 10-client MLP stack costs about 1 ms)
         if isinstance(lr, torch.Tensor):  # one rate per client: broadcast over the rest
-            rate = lr.to(device=p.device, dtype=p.dtype)
-            out[name] = p - rate.reshape(-1, *([1] * (p.dim() - 1))) * g
-        else:  # one pass over memory instead of three (the step is memory-bound)
-            out[name] = torch.add(p, g, alpha=-lr)
+            rate = lr.to(device=p.device, dtype=p.dtype).reshape(-1, *([1] * (p.dim() - 1)))
+            # fused: ``p - rate * g`` as two broadcasting operations took 8x longer on
+            # the CPU (measured: 8.2 against 1.0 ms for 10 x 200 x 784 floats)
+            new = torch.addcmul(p, rate, g, value=-1)
+            if weight_decay:
+                new.addcmul_(rate, p, value=-weight_decay)
+        else:
+            new = torch.add(p, g, alpha=-lr)
+            if weight_decay:
+                new.add_(p, alpha=-lr * weight_decay)
+        out[name] = new
     return out
 
 
@@ -342,6 +358,9 @@ def client_forward(model, stack, x, *, frozen=None):
     (PerAda); ``stack`` then holds only the remaining parameters.
     """
     shared = {} if frozen is None else frozen
+    fast = stacked_forward(model) if frozen is None else None
+    if fast is not None and set(stack) == _param_names(model):
+        return fast(stack, x)
 
     def one(params, xb):
         return functional_call(model, (params, shared), (xb,))
@@ -361,6 +380,11 @@ def client_grad(model, loss, stack, *args, frozen=None):
     in place, and they are absent from the returned gradients.
     """
     shared = {} if frozen is None else frozen
+    fast = stacked_forward(model) if frozen is None else None
+    if fast is not None and set(stack) == _param_names(model):
+        grads = batched_grad(fast, loss, stack, args)
+        if grads is not None:
+            return grads
     buffers = set(buffer_names(model))
     params = {k: v for k, v in stack.items() if k not in buffers}
     state = {k: v for k, v in stack.items() if k in buffers}
@@ -372,6 +396,11 @@ def client_grad(model, loss, stack, *args, frozen=None):
         return loss(lambda q, xb: forward(q, xb, b), p, *a)
 
     return vmap(grad(one))(params, state, *args)
+
+
+def _param_names(model):
+    """The names of ``model``'s parameters (a stack with other entries takes ``vmap``)."""
+    return {name for name, _ in model.named_parameters()}
 
 
 def clip_and_noise(tensors, clip, noise_std, generator, *, rows_per_client=1):
