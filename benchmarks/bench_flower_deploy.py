@@ -54,6 +54,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ebfl.federated import run
+from ebfl.federated.faults import failures_of_history
 from ebfl.flower.deploy import write_app
 from ebfl.flower.jobs import build_job
 from ebfl.flower.loopback import LoopbackFederation
@@ -108,10 +109,7 @@ def who_answered(history, config):
     """Per round (1-based): the clients sampled, aggregated and left out."""
     from ebfl.federated.protocol import sample_clients
 
-    out = {}
-    for row in history:
-        for r, c in zip(row["left_out_rounds"], row["left_out"], strict=True):
-            out.setdefault(r, []).append(c)
+    out = failures_of_history(history)
     rounds = []
     for r in range(config.n_rounds):
         sampled = [int(c) for c in sample_clients(config, r)]
@@ -158,7 +156,7 @@ def deploy(m, n_rounds, algorithm="adaped", *, round_timeout=600.0, hello_timeou
             got = pickle.load(fh)
     cfg = job.config
     rounds = who_answered(got.history, cfg)
-    failures = {row["round"] - 1: set(row["left_out"]) for row in rounds if row["left_out"]}
+    failures = failures_of_history(got.history)
     ref = run(job.algorithm, job.data, cfg, failures=failures)
     answered = np.isfinite(got.metrics["accuracy"])
     marks = scenario.marks

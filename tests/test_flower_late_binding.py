@@ -25,6 +25,7 @@ from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 import ebfl.flower.runtime as runtime  # noqa: E402
 from ebfl.federated import run  # noqa: E402
+from ebfl.federated.faults import failures_of_history  # noqa: E402
 from ebfl.federated.protocol import sample_clients  # noqa: E402
 from ebfl.flower.deploy import write_app  # noqa: E402
 from ebfl.flower.jobs import build_job  # noqa: E402
@@ -146,9 +147,7 @@ def test_late_joiner_leaver_and_dead_node_match_the_in_process_run():
     last = sample_clients(cfg, 3)
     assert got.history[-1]["replies"] == sum(int(c) not in gone[3] for c in last)
 
-    failures = {}
-    for r, c in _pairs(got.history):
-        failures.setdefault(r, set()).add(c)
+    failures = failures_of_history(got.history)
     ref = run(job.algorithm, job.data, cfg, failures=failures)
     assert max_abs_diff(SimpleNamespace(server=got.server, clients={}),
                         SimpleNamespace(server=ref.server, clients={})) <= 1e-6

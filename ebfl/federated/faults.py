@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from ebfl._validation import check_bool, check_int_scalar
 
-__all__ = ["check_failures", "parse_failures"]
+__all__ = ["check_failures", "failures_of_history", "parse_failures"]
 
 
 def parse_failures(text, name="failures"):
@@ -91,4 +91,36 @@ def check_failures(failures, config, *, everyone=False, name="failures"):
         raise ValueError(f"{name} leave no client to reply in any of the {n_rounds} round(s): "
                          "the server would have nothing to aggregate and every estimate "
                          "would be NaN; let at least one sampled client of some round reply")
+    return out
+
+
+def failures_of_history(history):
+    """The ``failures`` that replay a run: ``{round: clients}`` from its history.
+
+    Each history row lists the sampled clients whose training replies were not
+    aggregated since the previous row (``left_out``, with their 0-based rounds in
+    ``left_out_rounds``). Given to :func:`ebfl.federated.run`, the result repeats
+    the run, for instance a Flower deployment where nodes joined late, left or
+    died, in process (exactly for the algorithms that do not train idle clients:
+    an idle client that missed its message is not recorded).
+
+    Parameters
+    ----------
+    history : list of dict
+        ``RunResult.history``.
+
+    Returns
+    -------
+    dict of int -> set of int
+
+    Examples
+    --------
+    >>> failures_of_history([{"left_out": [3, 1, 4], "left_out_rounds": [0, 2, 2]},
+    ...                      {"left_out": [], "left_out_rounds": []}])
+    {0: {3}, 2: {1, 4}}
+    """
+    out = {}
+    for row in history:
+        for r, c in zip(row["left_out_rounds"], row["left_out"], strict=True):
+            out.setdefault(int(r), set()).add(int(c))
     return out

@@ -692,7 +692,7 @@ def compare_runtimes(settings, *, failures=None, compare=True, verbose=False):
     """
     from ebfl.federated.runtime import run
 
-    job = build_job(_job_settings(settings))
+    job = cached_job(settings)  # simulate() finds it in the cache: one build, not two
     failures = check_failures(failures, job.config, everyone=job.algorithm.all_clients_train)
     flower = simulate(settings, failures=failures, collect_states=compare, verbose=verbose)
     payload = {"settings": job.settings, "config": job.config.to_dict(),

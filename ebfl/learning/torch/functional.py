@@ -358,8 +358,8 @@ def client_forward(model, stack, x, *, frozen=None):
     (PerAda); ``stack`` then holds only the remaining parameters.
     """
     shared = {} if frozen is None else frozen
-    fast = stacked_forward(model) if frozen is None else None
-    if fast is not None and set(stack) == _param_names(model):
+    fast = stacked_forward(model, stack) if frozen is None else None
+    if fast is not None:
         return fast(stack, x)
 
     def one(params, xb):
@@ -380,8 +380,8 @@ def client_grad(model, loss, stack, *args, frozen=None):
     in place, and they are absent from the returned gradients.
     """
     shared = {} if frozen is None else frozen
-    fast = stacked_forward(model) if frozen is None else None
-    if fast is not None and set(stack) == _param_names(model):
+    fast = stacked_forward(model, stack) if frozen is None else None
+    if fast is not None:
         grads = batched_grad(fast, loss, stack, args)
         if grads is not None:
             return grads
@@ -396,11 +396,6 @@ def client_grad(model, loss, stack, *args, frozen=None):
         return loss(lambda q, xb: forward(q, xb, b), p, *a)
 
     return vmap(grad(one))(params, state, *args)
-
-
-def _param_names(model):
-    """The names of ``model``'s parameters (a stack with other entries takes ``vmap``)."""
-    return {name for name, _ in model.named_parameters()}
 
 
 def clip_and_noise(tensors, clip, noise_std, generator, *, rows_per_client=1):

@@ -104,7 +104,7 @@ def _model_program(model):
 _PROGRAMS = weakref.WeakKeyDictionary()
 
 
-def stacked_forward(model):
+def stacked_forward(model, stack=None):
     """A batched forward pass of ``model`` over a stack, or None where it has none.
 
     Parameters
@@ -115,6 +115,9 @@ def stacked_forward(model):
         :class:`~ebfl.learning.torch.models.CNN5` built from ``Linear``,
         ``Conv2d``, ``ReLU``, ``MaxPool2d``, ``Flatten`` and ``Identity`` layers,
         without buffers.
+    stack : dict, optional
+        If given, None also when its names are not exactly the model's
+        parameters (a stack with other entries, or only some of them).
 
     Returns
     -------
@@ -137,14 +140,27 @@ def stacked_forward(model):
     >>> bool(torch.allclose(logits, client_forward(model, stack, x), atol=1e-6))
     True
     """
+    program = _program_of(model)
+    if program is None or (stack is not None and set(stack) != _names(program)):
+        return None
+    return functools.partial(_run, program)
+
+
+def _program_of(model):
+    """``model``'s program (a tuple of steps) or None, worked out once per model."""
     try:
         return _PROGRAMS[model]
     except KeyError:
         pass
     program = None if any(True for _ in model.buffers()) else _model_program(model)
-    fn = None if program is None else functools.partial(_run, tuple(program))
-    _PROGRAMS[model] = fn
-    return fn
+    _PROGRAMS[model] = None if program is None else tuple(program)
+    return _PROGRAMS[model]
+
+
+def _names(program):
+    """The parameter names a program reads (every parameter of its model)."""
+    return {name for step in program if step[0] in ("linear", "conv")
+            for name in step[1:3] if name is not None}
 
 
 def _run(program, stack, x):
@@ -281,8 +297,7 @@ def _dense_layers(model):
         return _DENSE[model]
     except KeyError:
         pass
-    fn = stacked_forward(model)
-    program = None if fn is None else fn.args[0]
+    program = _program_of(model)
     layers, flatten = [], False
     if program is not None:
         for step in program:
@@ -336,7 +351,7 @@ def ce_sgd_step_(model, stack, x, y, lr, weight_decay=0.0):
     if dense is None:
         return False
     layers, flatten = dense
-    if set(stack) != {n for layer in layers for n in layer[:2] if n} \
+    if set(stack) != _names(_program_of(model)) \
             or (x.dim() != 3 and not flatten) or y.dim() != 2 or y.dtype != torch.int64 \
             or torch._C._functorch.maybe_current_level() is not None \
             or any(v.requires_grad for v in stack.values()):
