@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_fedhdp.py
 	$(PY) benchmarks/bench_flower.py
 	$(PY) benchmarks/bench_dppfl.py
+	$(PY) benchmarks/bench_pfl.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ebfl tests benchmarks docs/_ext docs/figures

@@ -1,6 +1,7 @@
 """Timing helper shared by the benchmark scripts."""
 
 import gc
+import math
 import re
 import time
 
@@ -41,3 +42,22 @@ def reset_peak_rss():
         return True
     except OSError:
         return False
+
+
+def bmm_seconds(a, b, reps, calls=10):
+    """Best time of one ``torch.bmm(a, b)``, seconds (the operands reused: the fastest
+    this product runs here). ``best_of`` would ``gc.collect`` around each call, which
+    takes longer than a small product; on a GPU the clock is read after a synchronize."""
+    import torch
+
+    sync = torch.cuda.synchronize if a.device.type == "cuda" else (lambda: None)
+    out = torch.bmm(a, b)
+    best = math.inf
+    for _ in range(max(reps, 5)):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            torch.bmm(a, b, out=out)
+        sync()
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best

@@ -11,9 +11,10 @@ Inputs are random (the cost does not depend on pixel values); every sampled
 client starts the round from a personal model of its own.
 
 ours   ``FedHDP``'s client half (``ebfl.learning.torch``) on the stack of the K
-       clients: ``client_begin``, 50 ``local_step`` calls (each two
-       ``torch.func.vmap`` gradient calls), ``client_reply`` (clipping); then the
-       server's ``aggregate``.
+       clients: ``client_begin``, 50 ``local_step`` calls (each a global-model
+       step and a personal step, both fused for this dense model: one in-place
+       pass per layer), ``client_reply`` (clipping); then the server's
+       ``aggregate``.
 loop   the same round written the way client-by-client frameworks run it: for
        each client, load the global model and its personal model into two
        ``nn.Module`` copies, take the 50 global and 50 personal steps with
@@ -22,7 +23,7 @@ loop   the same round written the way client-by-client frameworks run it: for
 Both use the same minibatches, drawn once per client from the client's stream
 of the round as the engine does (``ClientSubset.sample_batch``); after one round
 the new global model, clip norm, replies and personal models are checked equal
-(float32, to 1e-4) before timing. Both run with denormals flushed, as ``train``
+(float32, to 5e-4) before timing. Both run with denormals flushed, as ``train``
 does, and with ``--threads`` (default 1) torch threads.
 
 floor  a physical reference: the round's matrix products (forward, weight and
@@ -41,12 +42,11 @@ import argparse
 import copy
 import json
 import math
-import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _timing import best_of
+from _timing import best_of, bmm_seconds
 
 from ebfl.federated import RoundContext, RunConfig, sample_clients
 from ebfl.fedhdp.algorithm import FedHDP
@@ -54,7 +54,6 @@ from ebfl.learning.torch import MLP, FederatedDataset
 from ebfl.learning.torch.engine import flush_denormals
 from ebfl.learning.torch.functional import (
     client_generators,
-    client_grad,
     clone_params,
     replicate,
 )
@@ -161,19 +160,6 @@ def _setting(k, tau):
     return model, strat, server, message, personal, batches, rc
 
 
-def _bmm_seconds(a, b, reps, calls=10):
-    """Best time of one ``torch.bmm(a, b)`` (``best_of`` would gc.collect around each call,
-    which here takes longer than the product)."""
-    out = torch.bmm(a, b)
-    best = math.inf
-    for _ in range(max(reps, 5)):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            torch.bmm(a, b, out=out)
-        best = min(best, (time.perf_counter() - t0) / calls)
-    return best
-
-
 def matmul_floor(model, k, tau, reps):
     """(GFLOP of the round's matrix products, their summed bmm time in seconds).
 
@@ -188,25 +174,17 @@ def matmul_floor(model, k, tau, reps):
         if j > 0:
             shapes.append(((k, BATCH, o), (k, o, i)))
         for a_shape, b_shape in shapes:
-            seconds += 2 * tau * _bmm_seconds(torch.rand(a_shape), torch.rand(b_shape), reps)
+            seconds += 2 * tau * bmm_seconds(torch.rand(a_shape), torch.rand(b_shape), reps)
             gflop += 2 * tau * 2 * k * BATCH * i * o / 1e9
     return gflop, seconds
 
 
-def _cross_entropy(forward, params, x, y):
-    return F.cross_entropy(forward(params, x), y)
-
-
-def gradient_calls(strat, personal, batches):
-    """The 2 tau vectorized gradient calls of the round alone (global copy and personal)."""
-    for x, y in batches:
-        client_grad(strat.model, _cross_entropy, personal, x, y)
-        client_grad(strat.model, _cross_entropy, personal, x, y)
-
-
 def _check_equal(a, b):
     (sa, pa, ra), (sb, pb, rb) = a, b
-    close = dict(atol=1e-4, rtol=1e-4)
+    # float32: the engine's fused steps sum in another order than autograd does, and
+    # over 50 steps at lr 0.5 single entries drift apart by up to about 1.2e-4; run in
+    # float64 the two agree to 5e-13 (personal models) and 1e-16 (global model)
+    close = dict(atol=5e-4, rtol=1e-4)
     for n in sa["global"]:
         torch.testing.assert_close(sa["global"][n], sb["global"][n], **close)
         torch.testing.assert_close(pa[n], pb[n], **close)
@@ -247,13 +225,12 @@ def _compare(args, k, tau):
     t_server, _ = best_of(lambda: strat.aggregate(server, replies, np.ones(k), rc), args.reps)
     t_ours, _ = best_of(ours, args.reps)
     t_loop, _ = best_of(loop, args.reps)
-    t_grad, _ = best_of(lambda: gradient_calls(strat, personal, batches), args.reps)
     gflop, t_floor = matmul_floor(model, k, tau, args.reps)
     ratio = t_loop / t_ours
     result = {"n_clients": N_CLIENTS, "clients_per_round": k, "local_iterations": tau,
               "batch": BATCH, "model": "MLP 784-50-10", "threads": torch.get_num_threads(),
               "seconds_per_round": {"vectorized": t_ours, "loop": t_loop},
-              "server_seconds": t_server, "vectorized_gradient_seconds": t_grad,
+              "server_seconds": t_server,
               "ratio_loop_over_ours": ratio, "goal": GOAL,
               "met": ratio >= GOAL,
               "floor": {"matmul_gflop": gflop, "bmm_seconds": t_floor,
@@ -268,8 +245,7 @@ def _compare(args, k, tau):
           f"torch threads = {torch.get_num_threads()}")
     print(f"  vectorized {t_ours:.3f} s   loop over clients {t_loop:.3f} s   "
           f"ratio {ratio:.1f}x (goal >= {GOAL:g})")
-    print(f"  of the vectorized round: {t_grad:.3f} s in its {2 * tau} vmap gradient calls, "
-          f"{t_server * 1e3:.1f} ms in the server step (the same in both)")
+    print(f"  of either round: {t_server * 1e3:.1f} ms in the server step (the same in both)")
     print(f"  floor: {gflop:.2f} GFLOP of matrix products = {t_floor:.3f} s as batched bmm "
           f"({gflop / t_floor:.1f} GFLOP/s); vectorized = {t_ours / t_floor:.1f}x the floor, "
           f"loop = {t_loop / t_floor:.1f}x (the most any vectorization could gain here)")

@@ -59,6 +59,7 @@ def test_bench_adaped_smoke():
     # Runs the vectorized and the loop AdaPeD round and checks they agree before timing.
     result = _load("bench_adaped").main(["--quick", "--reps", "1", "--json"])
     assert result["m"] == 10 and result["seconds_per_round"]["loop"] > 0
+    assert result["threads"] == 1 and result["floor"]["matmul_gflop"] > 0
 
 
 @pytest.mark.flower

@@ -188,7 +188,7 @@ def test_fused_step_equals_the_generic_step(make, shape, lr, weight_decay):
     """In place, one pass per layer: the same update as client_grad + sgd_step, for five
     steps (so that an error in the order of reads and writes would compound)."""
     from ebfl.learning.torch.functional import sgd_step
-    from ebfl.learning.torch.stacked import ce_sgd_step_
+    from ebfl.learning.torch.stacked import dense_sgd_step_
 
     model = make()
     k = 4
@@ -200,28 +200,119 @@ def test_fused_step_equals_the_generic_step(make, shape, lr, weight_decay):
         y = torch.randint(0, 3, (k, 6), generator=g)
         generic = sgd_step(generic, _vmap_grad(model, ce_loss, generic, x, y), rate,
                            weight_decay)
-        assert ce_sgd_step_(model, fused, x, y, rate, weight_decay)
+        assert dense_sgd_step_(model, ce_loss, fused, x, y, lr=rate, weight_decay=weight_decay)
     _close(fused, generic, tol=1e-5)
 
 
 def test_fused_step_declines_what_it_does_not_cover():
-    from ebfl.learning.torch.stacked import ce_sgd_step_
+    from ebfl.learning.torch.stacked import dense_sgd_step_
 
     x, y = torch.randn(2, 3, 28, 28), torch.randint(0, 10, (2, 3))
     cnn = CNN5()
     stack = _stack(cnn, 2)
     before = {n: v.clone() for n, v in stack.items()}
-    assert not ce_sgd_step_(cnn, stack, x, y, 0.1)  # convolutions: the generic step
+    assert not dense_sgd_step_(cnn, ce_loss, stack, x, y, lr=0.1)  # convolutions: the generic step
     _close(stack, before, tol=0)
     mlp = MLP(4, 3, hidden=(5,))
     stack = _stack(mlp, 2)
-    assert not ce_sgd_step_(mlp, {**stack, "extra": torch.zeros(2)}, torch.randn(2, 3, 4),
-                            torch.randint(0, 3, (2, 3)), 0.1)
-    assert not ce_sgd_step_(mlp, stack, torch.randn(2, 3, 4),
-                            torch.randint(0, 3, (2, 3), dtype=torch.int32), 0.1)
+    assert not dense_sgd_step_(mlp, ce_loss, {**stack, "extra": torch.zeros(2)},
+                               torch.randn(2, 3, 4), torch.randint(0, 3, (2, 3)), lr=0.1)
     lin = nn.Sequential(nn.Linear(4, 3))  # a Linear over the last axis of (B, 2, 4) inputs
-    assert not ce_sgd_step_(lin, _stack(lin, 2), torch.randn(2, 3, 2, 4),
-                            torch.randint(0, 3, (2, 3)), 0.1)
+    assert not dense_sgd_step_(lin, ce_loss, _stack(lin, 2), torch.randn(2, 3, 2, 4),
+                               torch.randint(0, 3, (2, 3)), lr=0.1)
+
+
+def _tempered_kd(forward, params, xb, yb, t, p):
+    """An AdaPeD-style loss: cross-entropy plus a distillation term weighted per client."""
+    z = forward(params, xb)
+    return cross_entropy(z, yb) + distillation_kl(t, z) / (2 * p)
+
+
+def _teacher_side_kd(forward, params, xb, s, p):
+    """AdaPeD's loss of the global model: the model is the KL's first argument."""
+    return distillation_kl(forward(params, xb), s) / (2 * p)
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+@pytest.mark.parametrize("lr", [0.2, "per-client"])
+def test_fused_proximal_step_equals_dittos_update(lr, weight_decay):
+    """anchor/lam: p - lr (g + lam (p - anchor) + wd p), per-client lam; a client with
+    rate 0 keeps its model bit for bit (FedHDP's clients of a group with r = 0)."""
+    from ebfl.learning.torch.stacked import dense_sgd_step_
+
+    model = MLP(12, 5, hidden=(7, 6))
+    k = 4
+    rate = torch.tensor([0.3, 0.0, 0.5, 0.2]) if lr == "per-client" else lr
+    lam = torch.tensor([0.0, 0.5, 2.0, 0.1], dtype=torch.float64)
+    anchor = fresh_params(model, 3)
+    generic, fused = _stack(model, k), _stack(model, k)
+    start = {n: v.clone() for n, v in fused.items()}
+    g = torch.Generator().manual_seed(8)
+    r = rate if isinstance(rate, torch.Tensor) else torch.full((k,), rate)
+
+    def rows(c, like):
+        return c.reshape(k, *[1] * (like.dim() - 1))
+    for _ in range(5):
+        x = torch.randn(k, 6, 12, generator=g)
+        y = torch.randint(0, 5, (k, 6), generator=g)
+        grads = _vmap_grad(model, ce_loss, generic, x, y)
+        generic = {n: v - rows(r, v) * (grads[n] + rows(lam.float(), v) * (v - anchor[n])
+                                        + weight_decay * v)
+                   for n, v in generic.items()}
+        assert dense_sgd_step_(model, ce_loss, fused, x, y, lr=rate,
+                               weight_decay=weight_decay, anchor=anchor, lam=lam)
+    _close(fused, generic, tol=1e-5)
+    if lr == "per-client":
+        for n in fused:
+            assert torch.equal(fused[n][1], start[n][1]), n
+
+
+@pytest.mark.parametrize("loss, extra", [
+    (_tempered_kd, "labels"),
+    (_teacher_side_kd, "logits"),
+])
+def test_fused_step_takes_any_loss_of_the_logits(loss, extra):
+    """Other losses than the cross-entropy (AdaPeD's two): the logits' gradient by
+    autograd, the layers' backward by hand, equal to client_grad + sgd_step."""
+    from ebfl.learning.torch.functional import sgd_step
+    from ebfl.learning.torch.stacked import dense_sgd_step_
+
+    model = MLP(12, 5, hidden=(7,))
+    k = 3
+    generic, fused = _stack(model, k), _stack(model, k)
+    g = torch.Generator().manual_seed(4)
+    psi = torch.tensor([0.5, 1.0, 4.0])
+    for _ in range(4):
+        x = torch.randn(k, 6, 12, generator=g)
+        other = torch.randn(k, 6, 5, generator=g)
+        args = ((x, torch.randint(0, 5, (k, 6), generator=g), other, psi)
+                if extra == "labels" else (x, other, psi))
+        generic = sgd_step(generic, _vmap_grad(model, loss, generic, *args), 0.3, 0.01)
+        assert dense_sgd_step_(model, loss, fused, *args, lr=0.3, weight_decay=0.01)
+    _close(fused, generic, tol=1e-5)
+
+
+def test_fused_step_declines_a_loss_that_uses_the_parameters_directly():
+    """A penalty on the parameters would get no update from a logits-only backward:
+    the fused step declines (stack untouched) and the generic step is exact."""
+    from ebfl.learning.torch.stacked import dense_sgd_step_
+
+    def penalized(forward, params, xb, yb):
+        return ce_loss(forward, params, xb, yb) + sum(v.square().sum() for v in params.values())
+
+    def other_input(forward, params, xb, yb):
+        return ce_loss(forward, params, xb * 2, yb)
+
+    model = MLP(4, 3, hidden=(5,))
+    x, y = torch.randn(2, 3, 4), torch.randint(0, 3, (2, 3))
+    for loss in (penalized, other_input):
+        stack = _stack(model, 2)
+        before = {n: v.clone() for n, v in stack.items()}
+        assert not dense_sgd_step_(model, loss, stack, x, y, lr=0.1)
+        _close(stack, before, tol=0)
+    with pytest.raises(ValueError, match="anchor and lam"):
+        dense_sgd_step_(model, ce_loss, _stack(model, 2), x, y, lr=0.1,
+                        anchor=fresh_params(model, 0))
 
 
 def test_cnn_steps_equal_a_per_client_loop_in_float64():

@@ -66,7 +66,7 @@ from ebfl.learning.torch.functional import (
     client_grad,
     replicate,
 )
-from ebfl.learning.torch.stacked import ce_sgd_step_
+from ebfl.learning.torch.stacked import dense_sgd_step_
 from ebfl.learning.torch.strategies import EVAL_CHUNK, Strategy, check_model, client_test_accuracy
 from ebfl.privacy.accounting.dp_fedavg import adaptive_clipping_noise
 
@@ -317,13 +317,18 @@ class FedHDP(Strategy):
         # In place: each update is one pass over the stacks (memory-bound at this size) and
         # the stacks are this round's copies (the work's model, the client's rows).
         lr, lr_p, wd = self.lr * scale, self.lr_personal * scale, self.weight_decay
-        if not ce_sgd_step_(self.model, work["model"], x, y, lr, wd):  # dense: fused
+        if not dense_sgd_step_(self.model, ce_loss, work["model"], x, y, lr=lr,
+                               weight_decay=wd):  # dense: fused
             g = client_grad(self.model, ce_loss, work["model"], x, y)
             for n, p in work["model"].items():
                 if wd:
                     g[n].add_(p, alpha=wd)
                 p.sub_(g[n], alpha=lr)
         v, w, lam, active = client["personal"], work["anchor"], work["lam"], work["active"]
+        # clients of a group with r = 0 keep their (untrained) personal model: rate 0
+        if dense_sgd_step_(self.model, ce_loss, v, x, y, lr=lr_p * active.to(torch.float64),
+                           weight_decay=wd, anchor=w, lam=lam):
+            return
         h = client_grad(self.model, ce_loss, v, x, y)
         everyone = bool(active.all())
         for n, vn in v.items():

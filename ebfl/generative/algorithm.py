@@ -28,6 +28,7 @@ from ebfl.learning.torch.functional import (
     sgd_step,
     weighted_mean,
 )
+from ebfl.learning.torch.stacked import dense_sgd_step_
 from ebfl.learning.torch.strategies import (
     GaussianRelease,
     Strategy,
@@ -124,16 +125,19 @@ class AdaPeD(Strategy):
         return work
 
     def theta_step(self, theta, mu, psi, x, y, scale):
-        """eta1 step of the personal models against teachers mu (stacks of K)."""
+        """eta1 step of the personal models against teachers mu (stacks of K).
+
+        ``theta`` is the sampled (or idle) clients' rows, a copy the engine owns: a
+        dense model's step updates it in place and returns it.
+        """
         with torch.no_grad():
             teacher = client_forward(self.model, mu, x)
-
-        def loss(forward, params, xb, yb, t, p):
-            z = forward(params, xb)
-            return cross_entropy(z, yb) + distillation_kl(t, z) / (2 * p)
-
-        g = client_grad(self.model, loss, theta, x, y, teacher, psi)
-        return sgd_step(theta, g, self.lr_theta * scale, self.weight_decay)
+        lr = self.lr_theta * scale
+        if dense_sgd_step_(self.model, _theta_loss, theta, x, y, teacher, psi, lr=lr,
+                           weight_decay=self.weight_decay):
+            return theta
+        g = client_grad(self.model, _theta_loss, theta, x, y, teacher, psi)
+        return sgd_step(theta, g, lr, self.weight_decay)
 
     def local_step(self, work, client, x, y, scale, rng):
         mu, psi = work["mu"], work["psi"]
@@ -141,15 +145,19 @@ class AdaPeD(Strategy):
         with torch.no_grad():
             student = client_forward(self.model, theta, x)
 
-        def kd_mu(forward, params, xb, s, p):
-            return distillation_kl(forward(params, xb), s) / (2 * p)
-
-        h = client_grad(self.model, kd_mu, mu, x, student, psi)
+        lr = self.lr_mu * scale
         if self.joint_release:  # [h; k] released together: k at the round's mu (see DPAdaPeD)
+            h = client_grad(self.model, _kd_mu, mu, x, student, psi)
             h, k = self.release_joint(h, self._psi_grad(mu, student, psi, x), rng)
-            mu = sgd_step(mu, h, self.lr_mu * scale, self.weight_decay)
+            mu = sgd_step(mu, h, lr, self.weight_decay)
         else:
-            mu = sgd_step(mu, self.release_mu(h, rng), self.lr_mu * scale, self.weight_decay)
+            # without privacy (release_mu passes h on as it is) a dense model's step on
+            # mu, this round's copy, is fused in place; DP-AdaPeD must clip h itself
+            if type(self).release_mu is not AdaPeD.release_mu \
+                    or not dense_sgd_step_(self.model, _kd_mu, mu, x, student, psi, lr=lr,
+                                           weight_decay=self.weight_decay):
+                h = client_grad(self.model, _kd_mu, mu, x, student, psi)
+                mu = sgd_step(mu, self.release_mu(h, rng), lr, self.weight_decay)
             k = self.release_psi(self._psi_grad(mu, student, psi, x), rng)
         psi = torch.clamp(psi - self.lr_psi * k, min=self.psi_floor)
         client["theta"] = theta
@@ -178,6 +186,17 @@ class AdaPeD(Strategy):
 
     def personal(self, message, client, data):
         return client["theta"]
+
+
+def _theta_loss(forward, params, xb, yb, t, p):
+    """The personal model's loss: cross-entropy plus KD(teacher || theta) / (2 psi)."""
+    z = forward(params, xb)
+    return cross_entropy(z, yb) + distillation_kl(t, z) / (2 * p)
+
+
+def _kd_mu(forward, params, xb, s, p):
+    """The global model's loss: KD(mu || student) / (2 psi)."""
+    return distillation_kl(forward(params, xb), s) / (2 * p)
 
 
 _PSI = "\0psi"  # key of k beside the parameter names in the joint release (no name clash)

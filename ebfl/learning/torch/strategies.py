@@ -71,7 +71,7 @@ from ebfl.learning.torch.functional import (
     train_mode,
     weighted_mean,
 )
-from ebfl.learning.torch.stacked import ce_sgd_step_
+from ebfl.learning.torch.stacked import dense_sgd_step_
 
 __all__ = ["FedAvg", "GaussianRelease", "Local", "Strategy", "check_model",
            "client_test_accuracy"]
@@ -322,7 +322,8 @@ class FedAvg(_PlainSGD):
     def local_step(self, work, client, x, y, scale, rng):
         # work["model"] is this round's copy of the global model: a dense model's step
         # may update it in place (one pass over the stack instead of four)
-        if ce_sgd_step_(self.model, work["model"], x, y, self.lr * scale, self.weight_decay):
+        if dense_sgd_step_(self.model, ce_loss, work["model"], x, y, lr=self.lr * scale,
+                           weight_decay=self.weight_decay):
             return
         g = client_grad(self.model, ce_loss, work["model"], x, y)
         work["model"] = sgd_step(work["model"], g, self.lr * scale, self.weight_decay)
