@@ -340,3 +340,20 @@ def test_cnn_steps_equal_a_per_client_loop_in_float64():
                                                                    strict=True)}
         for n in p:
             assert float((stacked[n][i] - p[n]).abs().max()) <= 1e-12, n
+
+
+def test_cnn_runs_channels_last_with_relu_after_pooling():
+    """The two layout choices the CNN's speed rests on stay in place: the grouped
+    convolutions see channels-last input on the CPU, and each ReLU that a max-pooling
+    follows runs after it (same values: ReLU and max commute)."""
+    from ebfl.learning.torch.stacked import _group, _program_of
+
+    x = torch.randn(3, 4, 2, 6, 6)
+    grouped = _group(x)
+    assert grouped.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(grouped, x.transpose(0, 1).reshape(4, 6, 6, 6))
+    ops = [step[0] for step in _program_of(CNN5())]
+    assert ops.count("maxpool") == 2
+    assert all(ops[i + 1] == "relu" for i, op in enumerate(ops) if op == "maxpool")
+    assert torch.equal(torch.relu(torch.nn.functional.max_pool2d(x[0], 2)),
+                       torch.nn.functional.max_pool2d(torch.relu(x[0]), 2))
