@@ -303,17 +303,8 @@ def batched_grad(forward, loss, params, args):
     with torch.enable_grad():
         leaves = {n: v.detach().requires_grad_(True) for n, v in params.items()}
         logits = forward(leaves, args[0])
-
-        def one(logits_i, p, *a):
-            def model_fn(q, xb):
-                if q is not p or xb is not a[0]:
-                    raise NotBatchable
-                return logits_i
-
-            return loss(model_fn, p, *a)
-
         try:
-            losses = vmap(one)(logits, leaves, *args)
+            losses = _client_losses(loss, logits, leaves, args)
         except NotBatchable:
             _UNBATCHABLE.add(key)
             return None
@@ -322,6 +313,21 @@ def batched_grad(forward, loss, params, args):
                                     allow_unused=True)
     return {n: torch.zeros_like(leaves[n]) if g is None else g
             for n, g in zip(names, grads, strict=True)}
+
+
+def _client_losses(loss, logits, params, args):
+    """Each client's ``loss`` (a (K,) tensor), mapped over the clients with ``vmap``,
+    its model's output taken from ``logits`` (K, B, C); raises NotBatchable when the
+    loss calls the model otherwise than on its own parameters and ``args[0]``."""
+    def one(logits_i, p, *a):
+        def model_fn(q, xb):
+            if q is not p or xb is not a[0]:
+                raise NotBatchable
+            return logits_i
+
+        return loss(model_fn, p, *a)
+
+    return vmap(one)(logits, params, *args)
 
 
 # ----------------------------------------------------------------- fused SGD steps
@@ -511,17 +517,8 @@ def _logits_grad(loss, logits, stack, args):
         # the parameters as leaves too: a loss that uses them outside the model would
         # get a gradient for them, which this step does not apply
         leaves = {n: v.detach().requires_grad_(True) for n, v in stack.items()}
-
-        def one(z_i, p, *a):
-            def model_fn(q, xb):
-                if q is not p or xb is not a[0]:
-                    raise NotBatchable
-                return z_i
-
-            return loss(model_fn, p, *a)
-
         try:
-            losses = vmap(one)(z, leaves, *args)
+            losses = _client_losses(loss, z, leaves, args)
         except NotBatchable:
             _NOT_LOGITS_ONLY.add(key)
             return None
