@@ -184,10 +184,21 @@ def _pool_before_relu(program):
     return tuple(out)
 
 
+def _traced(stack):
+    """Whether the call is inside a torch.func transform (a caller differentiating
+    through the step, as second-order methods do) or on tensors an outer autograd
+    graph tracks: detached leaves would cut that graph, so the fast paths step
+    aside for ``vmap(grad)``, which composes."""
+    return torch._C._functorch.maybe_current_level() is not None \
+        or any(v.requires_grad for v in stack.values())
+
+
+@functools.cache  # one entry per architecture (equal programs hash alike)
 def _names(program):
-    """The parameter names a program reads (every parameter of its model)."""
-    return {name for step in program if step[0] in ("linear", "conv")
-            for name in step[1:3] if name is not None}
+    """The parameter names a program reads (every parameter of its model); asked
+    on every step, so cached."""
+    return frozenset(name for step in program if step[0] in ("linear", "conv")
+                     for name in step[1:3] if name is not None)
 
 
 def _run(program, stack, x):
@@ -294,11 +305,7 @@ def batched_grad(forward, loss, params, args):
     key = getattr(loss, "__code__", loss)
     if key in _UNBATCHABLE or not args:
         return None
-    # Inside a torch.func transform (a caller differentiating through the step, as
-    # second-order methods do) or on tensors an outer autograd graph tracks, the
-    # detached leaves below would cut that graph: vmap(grad) composes, so use it.
-    if torch._C._functorch.maybe_current_level() is not None \
-            or any(v.requires_grad for v in params.values()):
+    if _traced(params):
         return None
     with torch.enable_grad():
         leaves = {n: v.detach().requires_grad_(True) for n, v in params.items()}
@@ -438,9 +445,7 @@ def dense_sgd_step_(model, loss, stack, *args, lr, weight_decay=0.0, anchor=None
     layers, flatten = dense
     x = args[0]
     if set(stack) != _names(_program_of(model)) or (x.dim() != 3 and not flatten) \
-            or (anchor is not None and set(anchor) != set(stack)) \
-            or torch._C._functorch.maybe_current_level() is not None \
-            or any(v.requires_grad for v in stack.values()):
+            or (anchor is not None and set(anchor) != set(stack)) or _traced(stack):
         return False
     k, b = x.shape[:2]
     with torch.no_grad():
